@@ -1,0 +1,138 @@
+//! `ginxctl`: each command is one request over the control socket.
+
+use std::io::Write;
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use clap::{Parser, Subcommand};
+
+use super::render;
+use crate::config::{self, DEFAULT_CONFIG_PATH, Duration};
+use crate::control::client::{Client, ClientError};
+use crate::control::protocol::{Command, HistoryReport, Status, SuspendReport, SyncReport};
+
+/// Talk to the ginx daemon on this node.
+#[derive(Debug, Parser)]
+#[command(name = "ginxctl", version, about, long_about = None)]
+pub struct CtlArgs {
+    /// The control socket [default: `socket` from the configuration, else /run/ginx/ginx.sock].
+    #[arg(long, global = true, env = "GINX_SOCKET")]
+    pub socket: Option<PathBuf>,
+    /// The configuration file, read only to find the socket.
+    #[arg(long, global = true, default_value = DEFAULT_CONFIG_PATH, env = "GINX_CONFIG")]
+    pub config: PathBuf,
+    /// How long to wait for an answer (a sync waits for the fetch).
+    #[arg(long, global = true, default_value = "10m")]
+    pub timeout: Duration,
+    #[command(subcommand)]
+    pub command: CtlCommand,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum CtlCommand {
+    /// Show sources, the apply state and health.
+    Status {
+        /// Print the status as JSON (a stable contract).
+        #[arg(long)]
+        json: bool,
+    },
+    /// Fetch now (one source, or all), then apply a new revision; retries a failed one at once.
+    Sync {
+        /// The source to fetch; all when omitted.
+        source: Option<String>,
+    },
+    /// Stop applying new revisions (sources keep fetching); survives restarts.
+    Suspend,
+    /// Apply again after `suspend`.
+    Resume,
+    /// Show past apply attempts, newest first.
+    History {
+        #[arg(long)]
+        json: bool,
+        /// Show at most this many attempts.
+        #[arg(long, short = 'n')]
+        limit: Option<usize>,
+        /// Also print each attempt's last output lines.
+        #[arg(long)]
+        output: bool,
+    },
+}
+
+pub fn main(args: CtlArgs) -> ExitCode {
+    let socket = args
+        .socket
+        .clone()
+        .or_else(|| config::peek_socket(&args.config))
+        .unwrap_or_else(|| config::Config::default().socket);
+    let client = Client::new(&socket, args.timeout.get());
+    match run(&client, args.command) {
+        Ok(code) => code,
+        Err(e) => {
+            eprintln!("ginxctl: {e}");
+            ExitCode::from(e.exit_code())
+        }
+    }
+}
+
+fn run(client: &Client, command: CtlCommand) -> Result<ExitCode, ClientError> {
+    let mut out = std::io::stdout().lock();
+    let mut print = |s: String| {
+        // A closed pipe (`ginxctl status | head`) is not an error.
+        let _ = out.write_all(s.as_bytes());
+    };
+    match command {
+        CtlCommand::Status { json } => {
+            if json {
+                let v = client.call_raw(Command::Status)?;
+                print(pretty(&v));
+            } else {
+                let s: Status = client.call(Command::Status)?;
+                print(render::status(&s));
+            }
+        }
+        CtlCommand::Sync { source } => {
+            let r: SyncReport = client.call(Command::Sync { source })?;
+            print(render::sync(&r));
+            if r.sources.iter().any(|s| s.error.is_some()) {
+                return Ok(ExitCode::from(1));
+            }
+        }
+        CtlCommand::Suspend => {
+            let r: SuspendReport = client.call(Command::Suspend)?;
+            print(if r.changed {
+                "suspended: sources keep fetching, nothing is applied until `ginxctl resume`\n"
+                    .into()
+            } else {
+                "already suspended\n".into()
+            });
+        }
+        CtlCommand::Resume => {
+            let r: SuspendReport = client.call(Command::Resume)?;
+            print(if r.changed {
+                "resumed\n".into()
+            } else {
+                "was not suspended\n".into()
+            });
+        }
+        CtlCommand::History {
+            json,
+            limit,
+            output,
+        } => {
+            if json {
+                let v = client.call_raw(Command::History { limit })?;
+                print(pretty(&v));
+            } else {
+                let h: HistoryReport = client.call(Command::History { limit })?;
+                print(render::history(&h, output));
+            }
+        }
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+fn pretty(v: &serde_json::Value) -> String {
+    let mut s = serde_json::to_string_pretty(v).unwrap_or_default();
+    s.push('\n');
+    s
+}

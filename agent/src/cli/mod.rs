@@ -1,0 +1,103 @@
+//! Command-line front ends of the two binaries: argument definitions (also used to generate
+//! completions and man pages) and what each command does.
+
+mod ctl;
+mod render;
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use clap::{Parser, Subcommand};
+
+use crate::config::{self, DEFAULT_CONFIG_PATH};
+
+pub use ctl::{CtlArgs, CtlCommand};
+
+/// ginx keeps this NixOS Kubernetes node in step with Git, safely.
+#[derive(Debug, Parser)]
+#[command(name = "ginx", version, about, long_about = None)]
+pub struct GinxArgs {
+    /// The configuration file; drop-ins are read from `config.d/*.toml` beside it.
+    #[arg(long, short, global = true, default_value = DEFAULT_CONFIG_PATH, env = "GINX_CONFIG")]
+    pub config: PathBuf,
+    /// Print the built-in defaults as TOML and exit.
+    #[arg(long)]
+    pub print_default_config: bool,
+    #[command(subcommand)]
+    pub command: Option<GinxCommand>,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum GinxCommand {
+    /// Run the daemon (the default).
+    Run,
+    /// Validate the configuration and print the effective result, secrets redacted.
+    CheckConfig,
+}
+
+pub fn ginx_main() -> ExitCode {
+    let args = GinxArgs::parse();
+    if args.print_default_config {
+        print!("{}", config::Config::default().to_toml());
+        return ExitCode::SUCCESS;
+    }
+    match args.command.unwrap_or(GinxCommand::Run) {
+        GinxCommand::CheckConfig => check_config(&args.config),
+        GinxCommand::Run => run_daemon(args.config),
+    }
+}
+
+fn check_config(path: &std::path::Path) -> ExitCode {
+    match config::load(path) {
+        Ok(loaded) => {
+            println!("# effective configuration, secrets redacted; read from:");
+            for f in &loaded.files {
+                println!("#   {}", f.display());
+            }
+            for (name, s) in &loaded.config.sources {
+                if s.url.has_inline_credentials() {
+                    eprintln!(
+                        "warning: sources.{name}.url carries credentials; anyone who can read the \
+                         configuration can read them"
+                    );
+                }
+            }
+            print!("{}", loaded.config.to_toml());
+            ExitCode::SUCCESS
+        }
+        Err(e) => {
+            eprintln!("error: {e}");
+            ExitCode::from(1)
+        }
+    }
+}
+
+fn run_daemon(config: PathBuf) -> ExitCode {
+    crate::logging::init();
+    let runtime = match tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .thread_name("ginx")
+        .build()
+    {
+        Ok(r) => r,
+        Err(e) => {
+            eprintln!("ginx: cannot start the async runtime: {e}");
+            return ExitCode::from(1);
+        }
+    };
+    let result = runtime.block_on(crate::daemon::run(config));
+    // A fetch stuck on a blocking thread must not hold up the exit.
+    runtime.shutdown_timeout(std::time::Duration::from_secs(1));
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            tracing::error!("{e:#}");
+            eprintln!("ginx: {e:#}");
+            ExitCode::from(1)
+        }
+    }
+}
+
+pub fn ginxctl_main() -> ExitCode {
+    ctl::main(CtlArgs::parse())
+}

@@ -1,0 +1,158 @@
+//! Human views of status, sync and history for `ginxctl`: one screen, ages like "3m ago".
+
+use std::fmt::Write;
+
+use jiff::Timestamp;
+
+use crate::control::protocol::{HistoryReport, Status, SyncReport};
+use crate::state::Stream;
+use crate::util::age;
+
+pub fn status(s: &Status) -> String {
+    let now = s.now;
+    let mut o = String::new();
+    let _ = writeln!(
+        o,
+        "ginx {} on {} ({}), up {}",
+        s.version,
+        s.node,
+        s.role,
+        age(s.started_at, now).trim_end_matches(" ago")
+    );
+    let a = &s.apply;
+    let rev = a.revision.as_ref().map_or("-", |r| r.short());
+    let mut line = format!(
+        "apply      {:<10} {} {rev} ({})",
+        a.state.as_str(),
+        a.source,
+        a.goal
+    );
+    match (a.started_at, a.finished_at) {
+        (Some(st), None) => {
+            let _ = write!(line, ", started {}", age(st, now));
+        }
+        (_, Some(f)) => {
+            let _ = write!(line, ", last attempt finished {}", age(f, now));
+        }
+        _ => {}
+    }
+    let _ = writeln!(o, "{line}");
+    if let Some(applied) = &a.applied_revision
+        && a.revision.as_ref() != Some(applied)
+    {
+        let when = a
+            .applied_at
+            .map(|t| format!(" ({})", age(t, now)))
+            .unwrap_or_default();
+        let _ = writeln!(o, "           applied: {}{when}", applied.short());
+    }
+    if let Some(err) = &a.error {
+        let _ = writeln!(o, "           error ({} attempt(s)): {err}", a.attempts);
+    }
+    if let Some(t) = a.next_retry_at {
+        let _ = writeln!(o, "           next try {} (or `ginxctl sync`)", age(t, now));
+    } else if let Some(reason) = &a.reason {
+        let _ = writeln!(o, "           {reason}");
+    }
+    let _ = writeln!(
+        o,
+        "suspended  {}",
+        if s.suspended {
+            "yes (`ginxctl resume` to apply again)"
+        } else {
+            "no"
+        }
+    );
+    let _ = writeln!(o, "sources");
+    let width = s.sources.keys().map(String::len).max().unwrap_or(0);
+    for (name, src) in &s.sources {
+        let rev = src.revision.as_ref().map_or("-", |r| r.short());
+        let state = match (&src.error, src.failing_since, src.fetched_at) {
+            (Some(e), since, _) => format!(
+                "failing since {}: {e}",
+                since.map_or_else(|| "?".to_owned(), |t| age(t, now))
+            ),
+            (None, _, Some(t)) => format!("fetched {}", age(t, now)),
+            (None, _, None) => "not fetched yet".to_owned(),
+        };
+        let _ = writeln!(
+            o,
+            "  {name:<width$}  {:<12} {rev:<12}  {state}  {}",
+            src.branch, src.url
+        );
+    }
+    if !s.health.is_empty() {
+        let _ = writeln!(o, "health");
+        for (probe, p) in &s.health {
+            let _ = writeln!(o, "  {probe:<12} {:<9} {}", p.status, p.message);
+        }
+    }
+    o
+}
+
+pub fn sync(r: &SyncReport) -> String {
+    let mut o = String::new();
+    for s in &r.sources {
+        let rev = s.revision.as_ref().map_or("-", |r| r.short());
+        match &s.error {
+            Some(e) => {
+                let _ = writeln!(o, "{}: fetch failed: {e} (keeping {rev})", s.source);
+            }
+            None => {
+                let what = if s.changed { "new" } else { "unchanged" };
+                let _ = writeln!(o, "{}: {rev} ({what})", s.source);
+            }
+        }
+    }
+    o
+}
+
+pub fn history(h: &HistoryReport, output: bool) -> String {
+    if h.attempts.is_empty() {
+        return "no apply attempts yet\n".to_owned();
+    }
+    let mut o = String::new();
+    let _ = writeln!(
+        o,
+        "{:<5} {:<20} {:<12} {:<13} {:<13} {:<12} {:<5} {:<9} ERROR",
+        "ID", "STARTED (UTC)", "SOURCE", "REVISION", "GOAL", "OUTCOME", "EXIT", "DURATION"
+    );
+    for a in &h.attempts {
+        let exit = a
+            .exit_code
+            .map_or_else(|| "-".to_owned(), |c| c.to_string());
+        let took = duration(a.started_at, a.finished_at);
+        let _ = writeln!(
+            o,
+            "{:<5} {:<20} {:<12} {:<13} {:<13} {:<12} {:<5} {:<9} {}",
+            a.id,
+            a.started_at.strftime("%Y-%m-%d %H:%M:%S").to_string(),
+            a.source,
+            a.revision.short(),
+            a.goal.as_str(),
+            a.outcome.as_str(),
+            exit,
+            took,
+            a.error.as_deref().unwrap_or("")
+        );
+        if output {
+            for l in &a.output {
+                let mark = match l.stream {
+                    Stream::Stdout => '|',
+                    Stream::Stderr => '!',
+                };
+                let _ = writeln!(o, "      {mark} {}", l.line);
+            }
+        }
+    }
+    o
+}
+
+fn duration(from: Timestamp, to: Timestamp) -> String {
+    let secs = to.duration_since(from).as_secs().max(0);
+    match secs {
+        0..=59 => format!("{secs}s"),
+        60..=3599 => format!("{}m{:02}s", secs / 60, secs % 60),
+        _ => format!("{}h{:02}m", secs / 3600, (secs % 3600) / 60),
+    }
+}

@@ -1,0 +1,619 @@
+//! The configuration: schema, defaults, drop-in merge and validation.
+//!
+//! Pure apart from reading the files: [`load`] returns a validated [`Config`] or a
+//! [`ConfigError`] naming `file:line:column` and the key. Defaults live here and only here, in
+//! the `Default` impls and `default_*` functions; the NixOS module and the README take them from
+//! `ginx --print-default-config`.
+//!
+//! Not here: what the daemon does when the configuration changes (see `daemon`).
+
+mod duration;
+mod load;
+
+use std::collections::BTreeMap;
+use std::fmt;
+use std::path::{Path, PathBuf};
+
+use serde::{Deserialize, Serialize};
+
+pub use duration::Duration;
+pub use load::{Location, config_files};
+use load::{Origins, join_index, join_key};
+
+use crate::source::RemoteUrl;
+
+/// Where the daemon and `ginxctl` look when no `--config` is given.
+pub const DEFAULT_CONFIG_PATH: &str = "/etc/ginx/config.toml";
+
+/// The whole configuration, after merging and validation.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct Config {
+    /// Clones, apply trees, the state file and the apply history.
+    pub state_dir: PathBuf,
+    /// The control socket `ginxctl` talks to.
+    pub socket: PathBuf,
+    pub node: NodeConfig,
+    /// Named Git sources; the name is used in paths, status and annotations.
+    pub sources: BTreeMap<String, SourceConfig>,
+    pub apply: ApplyConfig,
+    pub control: ControlConfig,
+}
+
+impl Default for Config {
+    fn default() -> Self {
+        Self {
+            state_dir: PathBuf::from("/var/lib/ginx"),
+            socket: PathBuf::from("/run/ginx/ginx.sock"),
+            node: NodeConfig::default(),
+            sources: BTreeMap::new(),
+            apply: ApplyConfig::default(),
+            control: ControlConfig::default(),
+        }
+    }
+}
+
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct NodeConfig {
+    /// The node's name in the hive and in Kubernetes. Filled from the kernel hostname when
+    /// absent, so after [`load`] it is always set.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub name: Option<String>,
+    /// Control-plane nodes are the ones a rollout must never take down together, so an
+    /// unspecified role errs on that side.
+    pub role: Role,
+}
+
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Role {
+    #[default]
+    ControlPlane,
+    Worker,
+}
+
+impl fmt::Display for Role {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            Role::ControlPlane => "control-plane",
+            Role::Worker => "worker",
+        })
+    }
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SourceConfig {
+    /// The remote. Shown everywhere without credentials.
+    pub url: RemoteUrl,
+    #[serde(default = "default_branch")]
+    pub branch: String,
+    /// How often to fetch; each wait is jittered by ±10% so a fleet does not fetch in step.
+    #[serde(default = "default_interval")]
+    pub interval: Duration,
+}
+
+fn default_branch() -> String {
+    "main".to_owned()
+}
+
+fn default_interval() -> Duration {
+    Duration::from_secs(60)
+}
+
+/// The `colmena apply-local` goal, appended to `apply.command`.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Goal {
+    #[default]
+    Switch,
+    Boot,
+    Test,
+    DryActivate,
+    Build,
+}
+
+impl Goal {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Goal::Switch => "switch",
+            Goal::Boot => "boot",
+            Goal::Test => "test",
+            Goal::DryActivate => "dry-activate",
+            Goal::Build => "build",
+        }
+    }
+}
+
+impl fmt::Display for Goal {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct ApplyConfig {
+    /// The source whose revisions are applied.
+    pub source: String,
+    /// argv; `{node}` is replaced by the node name and the goal is appended.
+    pub command: Vec<String>,
+    pub goal: Goal,
+    /// An attempt running longer is killed, with its whole process group.
+    pub timeout: Duration,
+    /// First wait before retrying a failed revision; doubles per failure.
+    pub retry_base: Duration,
+    /// Cap on that wait.
+    pub retry_max: Duration,
+    /// Between SIGTERM and SIGKILL when an attempt is stopped.
+    pub kill_grace: Duration,
+    /// How long a SIGTERM to ginx waits for a running attempt before stopping it.
+    pub shutdown_grace: Duration,
+}
+
+impl Default for ApplyConfig {
+    fn default() -> Self {
+        Self {
+            source: "hephaestus".to_owned(),
+            command: ["colmena", "apply-local", "--node", "{node}"]
+                .map(String::from)
+                .to_vec(),
+            goal: Goal::Switch,
+            timeout: Duration::from_secs(30 * 60),
+            retry_base: Duration::from_secs(30),
+            retry_max: Duration::from_secs(30 * 60),
+            kill_grace: Duration::from_secs(10),
+            shutdown_grace: Duration::from_secs(60),
+        }
+    }
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct ControlConfig {
+    /// Members (and root) may sync, suspend and resume; anyone who can open the socket may
+    /// read status.
+    pub group: String,
+}
+
+impl Default for ControlConfig {
+    fn default() -> Self {
+        Self {
+            group: "wheel".to_owned(),
+        }
+    }
+}
+
+/// A configuration that could not be read or is not valid.
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    #[error("cannot read configuration file {}: {source}", path.display())]
+    Read {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    #[error("cannot list drop-in directory {}: {source}", path.display())]
+    ReadDir {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    #[error("{location}: {message}")]
+    Parse { location: Location, message: String },
+    #[error("{place}: {key}: {message}")]
+    Invalid {
+        /// `file:line:column` where known, else the main file.
+        place: String,
+        key: String,
+        message: String,
+    },
+}
+
+/// A validated configuration and the files it was read from.
+#[derive(Clone, Debug)]
+pub struct Loaded {
+    pub config: Config,
+    pub files: Vec<PathBuf>,
+}
+
+/// Reads `main` and its drop-ins, merges and validates them.
+pub fn load(main: &Path) -> Result<Loaded, ConfigError> {
+    let files = config_files(main)?;
+    let config = load_files(&files)?;
+    Ok(Loaded { config, files })
+}
+
+/// The `socket` setting of the configuration at `main`, read leniently (for `ginxctl`, which
+/// must find the daemon even when the files hold an error the daemon refused).
+pub fn peek_socket(main: &Path) -> Option<PathBuf> {
+    let files = config_files(main).ok()?;
+    let (merged, _) = load::read_merged(&files).ok()?;
+    merged.get("socket")?.as_str().map(PathBuf::from)
+}
+
+fn load_files(files: &[PathBuf]) -> Result<Config, ConfigError> {
+    let (merged, origins) = load::read_merged(files)?;
+    let ctx = Ctx {
+        origins: &origins,
+        main: &files[0],
+    };
+    let mut config: Config =
+        serde_path_to_error::deserialize(toml::Value::Table(merged)).map_err(|e| {
+            let key = path_string(e.path());
+            let message = e.inner().message().trim().to_owned();
+            let message = if message.starts_with("unknown field") {
+                format!("{message}; remove or correct the key")
+            } else {
+                message
+            };
+            // A value error points at the value; an unknown key at the key itself.
+            ctx.error_at(&key, !message.starts_with("unknown field"), message)
+        })?;
+    config.validate(&ctx)?;
+    Ok(config)
+}
+
+fn path_string(path: &serde_path_to_error::Path) -> String {
+    use serde_path_to_error::Segment;
+    let mut s = String::new();
+    for seg in path.iter() {
+        s = match seg {
+            Segment::Seq { index } => join_index(&s, *index),
+            Segment::Map { key } | Segment::Enum { variant: key } => join_key(&s, key),
+            Segment::Unknown => s,
+        };
+    }
+    s
+}
+
+/// What validation needs to point at the right place.
+struct Ctx<'a> {
+    origins: &'a Origins,
+    main: &'a Path,
+}
+
+impl Ctx<'_> {
+    fn error_at(&self, key: &str, at_value: bool, message: impl Into<String>) -> ConfigError {
+        let place = match self.origins.find(key) {
+            Some(o) if at_value => o.value.to_string(),
+            Some(o) => o.key.to_string(),
+            None => self.main.display().to_string(),
+        };
+        ConfigError::Invalid {
+            place,
+            key: key.to_owned(),
+            message: message.into(),
+        }
+    }
+
+    fn error(&self, key: &str, message: impl Into<String>) -> ConfigError {
+        self.error_at(key, true, message)
+    }
+}
+
+impl Config {
+    /// The node's name; always set once loaded.
+    pub fn node_name(&self) -> &str {
+        self.node.name.as_deref().unwrap_or("")
+    }
+
+    /// The configuration rendered as TOML, with credentials redacted (URLs print without
+    /// them; no other key holds a secret, only paths to secrets).
+    pub fn to_toml(&self) -> String {
+        toml::to_string(self).unwrap_or_else(|e| format!("# cannot render configuration: {e}\n"))
+    }
+
+    fn validate(&mut self, ctx: &Ctx<'_>) -> Result<(), ConfigError> {
+        for (key, path) in [("state_dir", &self.state_dir), ("socket", &self.socket)] {
+            if !path.is_absolute() {
+                return Err(ctx.error(key, format!("{} must be an absolute path", path.display())));
+            }
+        }
+        match &self.node.name {
+            Some(name) => {
+                check_node_name(name).map_err(|m| ctx.error("node.name", m))?;
+            }
+            None => {
+                let host = nix::unistd::gethostname()
+                    .ok()
+                    .and_then(|h| h.into_string().ok())
+                    .map(|h| h.trim().to_ascii_lowercase())
+                    .filter(|h| !h.is_empty())
+                    .ok_or_else(|| {
+                        ctx.error(
+                            "node.name",
+                            "not set and the hostname cannot be read; set it",
+                        )
+                    })?;
+                check_node_name(&host).map_err(|m| {
+                    ctx.error(
+                        "node.name",
+                        format!("not set, and the hostname is unusable: {m}"),
+                    )
+                })?;
+                self.node.name = Some(host);
+            }
+        }
+        if self.sources.is_empty() {
+            return Err(ctx.error(
+                "sources",
+                "no sources configured; add a [sources.hephaestus] table with a url",
+            ));
+        }
+        for (name, source) in &self.sources {
+            let key = join_key("sources", name);
+            check_source_name(name).map_err(|m| ctx.error_at(&key, false, m))?;
+            let branch_ok = !source.branch.is_empty()
+                && git2::Reference::is_valid_name(&format!("refs/heads/{}", source.branch));
+            if !branch_ok {
+                return Err(ctx.error(
+                    &join_key(&key, "branch"),
+                    format!("{:?} is not a valid branch name", source.branch),
+                ));
+            }
+            if source.interval.is_zero() {
+                return Err(ctx.error(&join_key(&key, "interval"), "must be longer than 0s"));
+            }
+        }
+        if !self.sources.contains_key(&self.apply.source) {
+            let known: Vec<&str> = self.sources.keys().map(String::as_str).collect();
+            return Err(ctx.error(
+                "apply.source",
+                format!(
+                    "{:?} names no source; configured sources: {}",
+                    self.apply.source,
+                    known.join(", ")
+                ),
+            ));
+        }
+        if self
+            .apply
+            .command
+            .first()
+            .is_none_or(|c| c.trim().is_empty())
+        {
+            return Err(ctx.error(
+                "apply.command",
+                "must name a program, e.g. [\"colmena\", \"apply-local\", \"--node\", \"{node}\"]",
+            ));
+        }
+        for (key, d) in [
+            ("apply.timeout", self.apply.timeout),
+            ("apply.retry_base", self.apply.retry_base),
+            ("apply.retry_max", self.apply.retry_max),
+        ] {
+            if d.is_zero() {
+                return Err(ctx.error(key, "must be longer than 0s"));
+            }
+        }
+        if self.apply.retry_max < self.apply.retry_base {
+            return Err(ctx.error(
+                "apply.retry_max",
+                format!(
+                    "{} is shorter than apply.retry_base ({})",
+                    self.apply.retry_max, self.apply.retry_base
+                ),
+            ));
+        }
+        if self.control.group.trim().is_empty() {
+            return Err(ctx.error("control.group", "must name a group"));
+        }
+        Ok(())
+    }
+}
+
+/// Kubernetes node names are DNS subdomains; colmena node names must match them here.
+fn check_node_name(name: &str) -> Result<(), String> {
+    let ok = !name.is_empty()
+        && name.len() <= 253
+        && name
+            .bytes()
+            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-' || b == b'.')
+        && name.starts_with(|c: char| c.is_ascii_alphanumeric())
+        && name.ends_with(|c: char| c.is_ascii_alphanumeric());
+    if ok {
+        Ok(())
+    } else {
+        Err(format!(
+            "{name:?} is not a valid node name (lowercase letters, digits, '-' and '.', \
+             starting and ending with a letter or digit)"
+        ))
+    }
+}
+
+/// Source names become directory names and parts of annotation keys.
+fn check_source_name(name: &str) -> Result<(), String> {
+    let ok = !name.is_empty()
+        && name.len() <= 40
+        && name
+            .bytes()
+            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-' || b == b'_')
+        && name.starts_with(|c: char| c.is_ascii_lowercase());
+    if ok {
+        Ok(())
+    } else {
+        Err(format!(
+            "source name {name:?} must start with a lowercase letter and use only lowercase \
+             letters, digits, '-' and '_' (at most 40)"
+        ))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const BASE: &str = r#"
+state_dir = "/var/lib/ginx"
+
+[node]
+name = "lucy"
+
+[sources.hephaestus]
+url = "ssh://git@git.example.com/infra/hephaestus.git"
+"#;
+
+    fn write(dir: &Path, name: &str, text: &str) -> PathBuf {
+        let p = dir.join(name);
+        std::fs::create_dir_all(p.parent().unwrap()).unwrap();
+        std::fs::write(&p, text).unwrap();
+        p
+    }
+
+    fn load_text(text: &str) -> Result<Config, ConfigError> {
+        let dir = tempfile::tempdir().unwrap();
+        let main = write(dir.path(), "config.toml", text);
+        load(&main).map(|l| l.config)
+    }
+
+    fn err_text(text: &str) -> String {
+        load_text(text).unwrap_err().to_string()
+    }
+
+    #[test]
+    fn defaults_fill_what_is_not_written() {
+        let c = load_text(BASE).unwrap();
+        assert_eq!(c.socket, PathBuf::from("/run/ginx/ginx.sock"));
+        assert_eq!(c.node.role, Role::ControlPlane);
+        let s = &c.sources["hephaestus"];
+        assert_eq!(s.branch, "main");
+        assert_eq!(s.interval, Duration::from_secs(60));
+        assert_eq!(c.apply.source, "hephaestus");
+        assert_eq!(c.apply.command[0], "colmena");
+        assert_eq!(c.apply.goal, Goal::Switch);
+        assert_eq!(c.control.group, "wheel");
+    }
+
+    #[test]
+    fn dropins_merge_in_lexical_order_later_wins() {
+        let dir = tempfile::tempdir().unwrap();
+        let main = write(dir.path(), "config.toml", BASE);
+        write(
+            dir.path(),
+            "config.d/20-late.toml",
+            "[sources.hephaestus]\nbranch = \"late\"\n",
+        );
+        write(
+            dir.path(),
+            "config.d/10-early.toml",
+            "[sources.hephaestus]\nbranch = \"early\"\ninterval = \"5m\"\n",
+        );
+        write(dir.path(), "config.d/notes.txt", "not toml at all [");
+        let loaded = load(&main).unwrap();
+        let s = &loaded.config.sources["hephaestus"];
+        assert_eq!(s.branch, "late");
+        assert_eq!(s.interval, Duration::from_secs(300));
+        assert_eq!(loaded.files.len(), 3);
+    }
+
+    #[test]
+    fn unknown_key_names_file_line_column_and_key() {
+        let e = err_text(&format!("{BASE}\n[apply]\ncomand = [\"x\"]\n"));
+        assert!(
+            e.contains("config.toml:11:1: apply.comand: unknown field `comand`"),
+            "{e}"
+        );
+    }
+
+    #[test]
+    fn wrong_type_names_the_value() {
+        let e = err_text(&format!("{BASE}interval = 60\n"));
+        assert!(
+            e.contains("config.toml:9:12: sources.hephaestus.interval:"),
+            "{e}"
+        );
+        assert!(e.contains("duration"), "{e}");
+    }
+
+    #[test]
+    fn bad_duration_says_how_to_write_one() {
+        let e = err_text(&format!("{BASE}interval = \"10 fortnights\"\n"));
+        assert!(
+            e.contains(":9:12: sources.hephaestus.interval: invalid duration"),
+            "{e}"
+        );
+        assert!(e.contains("\"30s\""), "{e}");
+    }
+
+    #[test]
+    fn empty_url_is_an_error() {
+        let e = err_text("[node]\nname = \"lucy\"\n[sources.hephaestus]\nurl = \"\"\n");
+        assert!(e.contains(":4:7: sources.hephaestus.url: empty URL"), "{e}");
+    }
+
+    #[test]
+    fn apply_source_must_name_a_source() {
+        let e = err_text(&format!("{BASE}\n[apply]\nsource = \"argus\"\n"));
+        assert!(
+            e.contains(":11:10: apply.source: \"argus\" names no source"),
+            "{e}"
+        );
+        assert!(e.contains("configured sources: hephaestus"), "{e}");
+    }
+
+    #[test]
+    fn error_in_a_dropin_names_the_dropin() {
+        let dir = tempfile::tempdir().unwrap();
+        let main = write(dir.path(), "config.toml", BASE);
+        write(
+            dir.path(),
+            "config.d/10-node.toml",
+            "[node]\nrole = \"boss\"\n",
+        );
+        let e = load(&main).unwrap_err().to_string();
+        assert!(
+            e.contains("10-node.toml:2:8: node.role: unknown variant `boss`"),
+            "{e}"
+        );
+    }
+
+    #[test]
+    fn syntax_errors_have_locations() {
+        let e = err_text("[node\nname = 1\n");
+        assert!(e.contains("config.toml:1:"), "{e}");
+    }
+
+    #[test]
+    fn missing_url_points_at_the_source_table() {
+        let e = err_text("[node]\nname = \"lucy\"\n[sources.hephaestus]\nbranch = \"main\"\n");
+        assert!(
+            e.contains(":3:1: sources.hephaestus: missing field `url`"),
+            "{e}"
+        );
+    }
+
+    #[test]
+    fn invalid_names_are_refused() {
+        let e = err_text("[node]\nname = \"Lucy_1\"\n[sources.hephaestus]\nurl = \"/r\"\n");
+        assert!(
+            e.contains("node.name: \"Lucy_1\" is not a valid node name"),
+            "{e}"
+        );
+        let e = err_text("[node]\nname = \"lucy\"\n[sources.\"Bad Name\"]\nurl = \"/r\"\n");
+        assert!(e.contains("must start with a lowercase letter"), "{e}");
+    }
+
+    #[test]
+    fn secrets_are_redacted_when_printed() {
+        let c = load_text(
+            "[node]\nname = \"lucy\"\n[sources.hephaestus]\nurl = \"https://u:tok3n@h.example/r.git\"\n",
+        )
+        .unwrap();
+        let out = c.to_toml();
+        assert!(!out.contains("tok3n"), "{out}");
+        assert!(out.contains("https://h.example/r.git"), "{out}");
+    }
+
+    #[test]
+    fn printed_config_loads_back_identically() {
+        let c = load_text(BASE).unwrap();
+        let again = load_text(&c.to_toml()).unwrap();
+        assert_eq!(c, again);
+    }
+
+    #[test]
+    fn no_sources_is_an_error() {
+        let e = err_text("[node]\nname = \"lucy\"\n");
+        assert!(e.contains("sources: no sources configured"), "{e}");
+    }
+}

@@ -1,0 +1,193 @@
+//! The control socket protocol, shared by the daemon and `ginxctl`: newline-delimited JSON, one
+//! request per line, one response per request, each carrying the protocol version.
+//!
+//! ```text
+//! → {"version":1,"command":"sync","source":"hephaestus"}
+//! ← {"version":1,"ok":true,"result":{"sources":[...]}}
+//! ← {"version":1,"ok":false,"error":{"kind":"forbidden","message":"..."}}
+//! ```
+
+use std::collections::BTreeMap;
+
+use jiff::Timestamp;
+use serde::{Deserialize, Serialize};
+
+use crate::config::Role;
+use crate::reconcile::ApplyStatus;
+use crate::source::{SourceStatus, SyncOutcome};
+use crate::state::Attempt;
+
+pub const PROTOCOL_VERSION: u32 = 1;
+/// Longest request line accepted; longer ones get an error and the connection is closed.
+pub const MAX_REQUEST: usize = 64 * 1024;
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Request {
+    pub version: u32,
+    #[serde(flatten)]
+    pub command: Command,
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "command", rename_all = "kebab-case")]
+pub enum Command {
+    Status,
+    Sync {
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        source: Option<String>,
+    },
+    Suspend,
+    Resume,
+    History {
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        limit: Option<usize>,
+    },
+}
+
+impl Command {
+    /// Whether the command changes what ginx does (root or the control group only).
+    pub fn mutates(&self) -> bool {
+        matches!(
+            self,
+            Command::Sync { .. } | Command::Suspend | Command::Resume
+        )
+    }
+
+    pub fn name(&self) -> &'static str {
+        match self {
+            Command::Status => "status",
+            Command::Sync { .. } => "sync",
+            Command::Suspend => "suspend",
+            Command::Resume => "resume",
+            Command::History { .. } => "history",
+        }
+    }
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Response {
+    pub version: u32,
+    pub ok: bool,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub result: Option<serde_json::Value>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub error: Option<ErrorBody>,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ErrorBody {
+    pub kind: ErrorKind,
+    pub message: String,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum ErrorKind {
+    /// The request is not valid JSON or not a known command.
+    BadRequest,
+    TooLarge,
+    UnsupportedVersion,
+    Forbidden,
+    NotFound,
+    Unavailable,
+    Internal,
+}
+
+impl Response {
+    pub fn ok(result: impl Serialize) -> Self {
+        match serde_json::to_value(result) {
+            Ok(v) => Self {
+                version: PROTOCOL_VERSION,
+                ok: true,
+                result: Some(v),
+                error: None,
+            },
+            Err(e) => Self::error(
+                ErrorKind::Internal,
+                format!("cannot encode the result: {e}"),
+            ),
+        }
+    }
+
+    pub fn error(kind: ErrorKind, message: impl Into<String>) -> Self {
+        Self {
+            version: PROTOCOL_VERSION,
+            ok: false,
+            result: None,
+            error: Some(ErrorBody {
+                kind,
+                message: message.into(),
+            }),
+        }
+    }
+}
+
+/// Probe results (filled by the health probes of a later version; empty until then).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct ProbeStatus {
+    pub status: String,
+    pub message: String,
+    pub since: Option<Timestamp>,
+}
+
+/// What `ginxctl status --json` prints. Fields are added, never renamed.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Status {
+    pub node: String,
+    pub role: Role,
+    pub version: String,
+    pub suspended: bool,
+    pub sources: BTreeMap<String, SourceStatus>,
+    pub apply: ApplyStatus,
+    pub health: BTreeMap<String, ProbeStatus>,
+    pub started_at: Timestamp,
+    pub now: Timestamp,
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct SyncReport {
+    pub sources: Vec<SyncOutcome>,
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct SuspendReport {
+    pub suspended: bool,
+    /// False when it already was in that state.
+    pub changed: bool,
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct HistoryReport {
+    /// Newest first.
+    pub attempts: Vec<Attempt>,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn requests_are_tagged_by_command() {
+        let r: Request =
+            serde_json::from_str(r#"{"version":1,"command":"sync","source":"argus"}"#).unwrap();
+        assert_eq!(
+            r.command,
+            Command::Sync {
+                source: Some("argus".into())
+            }
+        );
+        let r: Request = serde_json::from_str(r#"{"version":1,"command":"status"}"#).unwrap();
+        assert_eq!(r.command, Command::Status);
+        assert!(serde_json::from_str::<Request>(r#"{"version":1,"command":"explode"}"#).is_err());
+        assert!(serde_json::from_str::<Request>(r#"{"command":"status"}"#).is_err());
+    }
+
+    #[test]
+    fn only_changes_need_the_group() {
+        assert!(!Command::Status.mutates());
+        assert!(!Command::History { limit: None }.mutates());
+        assert!(Command::Suspend.mutates());
+        assert!(Command::Resume.mutates());
+        assert!(Command::Sync { source: None }.mutates());
+    }
+}

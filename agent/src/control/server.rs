@@ -1,0 +1,382 @@
+//! The control socket server: binds the socket (mode 0660, the configured group), checks each
+//! peer's credentials, and answers requests from the daemon's live state.
+//!
+//! A bad request — not JSON, an unknown command, the wrong version, over 64 KiB — gets an error
+//! reply; it never disturbs other connections.
+
+use std::collections::BTreeMap;
+use std::os::fd::AsRawFd;
+use std::os::unix::fs::PermissionsExt;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use jiff::Timestamp;
+use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
+use tokio::net::{UnixListener, UnixStream};
+use tokio::sync::{Semaphore, mpsc, oneshot, watch};
+
+use super::protocol::{
+    Command, ErrorKind, HistoryReport, MAX_REQUEST, PROTOCOL_VERSION, Request, Response, Status,
+    SuspendReport, SyncReport,
+};
+use crate::config::Config;
+use crate::reconcile::{self, Published};
+use crate::source::{SourceStatus, SyncOutcome};
+
+/// Connections served at once; more wait in the kernel's backlog.
+const MAX_CONNECTIONS: usize = 64;
+/// A connection that sends nothing for this long is closed.
+const IDLE_TIMEOUT: Duration = Duration::from_secs(300);
+
+/// Everything the socket can ask of the daemon.
+pub struct Backend {
+    pub config: watch::Receiver<Arc<Config>>,
+    pub sources: watch::Receiver<BTreeMap<String, SourceStatus>>,
+    pub published: watch::Receiver<Published>,
+    pub reconciler: mpsc::Sender<reconcile::Command>,
+    /// Sync request channels of the running pollers, by source name.
+    pub pollers: Arc<Mutex<BTreeMap<String, mpsc::Sender<oneshot::Sender<SyncOutcome>>>>>,
+    pub started_at: Timestamp,
+}
+
+impl Backend {
+    /// The one status value; the socket, STATUS= and (later) the cluster report read it.
+    pub fn status(&self) -> Status {
+        let cfg = self.config.borrow();
+        let published = self.published.borrow();
+        Status {
+            node: cfg.node_name().to_owned(),
+            role: cfg.node.role,
+            version: crate::VERSION.to_owned(),
+            suspended: published.suspended,
+            sources: self.sources.borrow().clone(),
+            apply: published.apply.clone(),
+            health: BTreeMap::new(),
+            started_at: self.started_at,
+            now: crate::util::now(),
+        }
+    }
+
+    async fn sync(&self, source: Option<String>) -> Result<SyncReport, (ErrorKind, String)> {
+        let targets: Vec<(String, mpsc::Sender<_>)> = {
+            let pollers = self.pollers.lock().unwrap_or_else(|p| p.into_inner());
+            match &source {
+                Some(name) => match pollers.get(name) {
+                    Some(tx) => vec![(name.clone(), tx.clone())],
+                    None => {
+                        let known: Vec<&str> = pollers.keys().map(String::as_str).collect();
+                        return Err((
+                            ErrorKind::NotFound,
+                            format!("no source named {name:?}; configured: {}", known.join(", ")),
+                        ));
+                    }
+                },
+                None => pollers
+                    .iter()
+                    .map(|(n, t)| (n.clone(), t.clone()))
+                    .collect(),
+            }
+        };
+        let mut waits = Vec::new();
+        for (name, tx) in targets {
+            let (reply, rx) = oneshot::channel();
+            if tx.send(reply).await.is_err() {
+                return Err((
+                    ErrorKind::Unavailable,
+                    format!("source {name} is shutting down"),
+                ));
+            }
+            waits.push((name, rx));
+        }
+        let mut report = SyncReport {
+            sources: Vec::new(),
+        };
+        for (name, rx) in waits {
+            match rx.await {
+                Ok(outcome) => report.sources.push(outcome),
+                Err(_) => {
+                    return Err((
+                        ErrorKind::Unavailable,
+                        format!("source {name} stopped before fetching"),
+                    ));
+                }
+            }
+        }
+        // A revision that failed before is tried again now rather than after its backoff.
+        let _ = self.reconciler.send(reconcile::Command::Retry).await;
+        Ok(report)
+    }
+
+    async fn ask<T>(
+        &self,
+        make: impl FnOnce(oneshot::Sender<T>) -> reconcile::Command,
+    ) -> Result<T, (ErrorKind, String)> {
+        let (tx, rx) = oneshot::channel();
+        let unavailable = || {
+            (
+                ErrorKind::Unavailable,
+                "the apply loop is shutting down".to_owned(),
+            )
+        };
+        self.reconciler
+            .send(make(tx))
+            .await
+            .map_err(|_| unavailable())?;
+        rx.await.map_err(|_| unavailable())
+    }
+
+    async fn answer(&self, command: Command) -> Response {
+        let result = match command {
+            Command::Status => return Response::ok(self.status()),
+            Command::Sync { source } => self.sync(source).await.map(Response::ok),
+            Command::Suspend => self.ask(reconcile::Command::Suspend).await.map(|changed| {
+                Response::ok(SuspendReport {
+                    suspended: true,
+                    changed,
+                })
+            }),
+            Command::Resume => self.ask(reconcile::Command::Resume).await.map(|changed| {
+                Response::ok(SuspendReport {
+                    suspended: false,
+                    changed,
+                })
+            }),
+            Command::History { limit } => {
+                self.ask(reconcile::Command::History).await.map(|mut a| {
+                    a.reverse();
+                    a.truncate(limit.unwrap_or(usize::MAX));
+                    Response::ok(HistoryReport { attempts: a })
+                })
+            }
+        };
+        result.unwrap_or_else(|(kind, message)| Response::error(kind, message))
+    }
+}
+
+/// Binds the control socket at `path`: parent directory created, a stale socket replaced (a
+/// live one is an error), mode 0660, group `group` when it exists.
+pub fn bind(path: &Path, group: &str) -> anyhow::Result<UnixListener> {
+    use anyhow::Context;
+    if let Some(dir) = path.parent()
+        && !dir.exists()
+    {
+        std::fs::create_dir_all(dir)
+            .with_context(|| format!("creating the socket directory {}", dir.display()))?;
+    }
+    if path.exists() {
+        if std::os::unix::net::UnixStream::connect(path).is_ok() {
+            anyhow::bail!(
+                "another process (another ginx?) is already listening on {}; stop it or set \
+                 `socket` to another path",
+                path.display()
+            );
+        }
+        std::fs::remove_file(path)
+            .with_context(|| format!("removing the stale socket {}", path.display()))?;
+    }
+    let listener = UnixListener::bind(path)
+        .with_context(|| format!("binding the control socket {}", path.display()))?;
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o660))
+        .with_context(|| format!("setting the mode of {}", path.display()))?;
+    apply_group(path, group);
+    Ok(listener)
+}
+
+/// Gives the socket to `group`; a missing group leaves only root (and ginx's own user) able to
+/// change things, which is said once.
+pub fn apply_group(path: &Path, group: &str) {
+    match nix::unistd::Group::from_name(group) {
+        Ok(Some(g)) => {
+            if let Err(e) = nix::unistd::chown(path, None, Some(g.gid)) {
+                tracing::warn!(socket = %path.display(), group, error = %e, "cannot give the control socket to its group");
+            }
+        }
+        _ => tracing::warn!(
+            group,
+            "control.group does not exist on this system; only root can use ginxctl to change things"
+        ),
+    }
+}
+
+/// Serves `listener` until `shutdown` turns true, then removes the socket file.
+pub async fn serve(
+    listener: UnixListener,
+    path: PathBuf,
+    backend: Arc<Backend>,
+    mut shutdown: watch::Receiver<bool>,
+) {
+    let slots = Arc::new(Semaphore::new(MAX_CONNECTIONS));
+    loop {
+        tokio::select! {
+            accepted = listener.accept() => match accepted {
+                Ok((stream, _)) => {
+                    let Ok(permit) = Arc::clone(&slots).acquire_owned().await else { break };
+                    let backend = Arc::clone(&backend);
+                    tokio::spawn(async move {
+                        handle(stream, backend).await;
+                        drop(permit);
+                    });
+                }
+                Err(e) => {
+                    tracing::warn!(error = %e, "accept on the control socket failed");
+                    tokio::time::sleep(Duration::from_millis(100)).await;
+                }
+            },
+            _ = shutdown.changed() => break,
+        }
+    }
+    drop(listener);
+    let _ = std::fs::remove_file(&path);
+}
+
+/// Who is on the other end.
+struct Peer {
+    uid: u32,
+    gid: u32,
+    groups: Vec<u32>,
+}
+
+impl Peer {
+    fn of(stream: &UnixStream) -> Option<Self> {
+        let cred = stream.peer_cred().ok()?;
+        Some(Self {
+            uid: cred.uid(),
+            gid: cred.gid(),
+            groups: peer_groups(stream).unwrap_or_default(),
+        })
+    }
+
+    fn may_change(&self, group: &str) -> bool {
+        if self.uid == 0 || self.uid == nix::unistd::geteuid().as_raw() {
+            return true;
+        }
+        match nix::unistd::Group::from_name(group) {
+            Ok(Some(g)) => self.gid == g.gid.as_raw() || self.groups.contains(&g.gid.as_raw()),
+            _ => false,
+        }
+    }
+}
+
+/// The peer's supplementary groups as the kernel saw them at connect time (SO_PEERGROUPS).
+fn peer_groups(stream: &UnixStream) -> Option<Vec<u32>> {
+    let fd = stream.as_raw_fd();
+    let mut groups: Vec<libc::gid_t> = vec![0; 64];
+    for _ in 0..2 {
+        let mut len = libc::socklen_t::try_from(groups.len() * size_of::<libc::gid_t>()).ok()?;
+        // SAFETY: the buffer is valid for `len` bytes and the kernel writes at most that many.
+        let rc = unsafe {
+            libc::getsockopt(
+                fd,
+                libc::SOL_SOCKET,
+                libc::SO_PEERGROUPS,
+                groups.as_mut_ptr().cast(),
+                &raw mut len,
+            )
+        };
+        let n = usize::try_from(len).ok()? / size_of::<libc::gid_t>();
+        if rc == 0 {
+            groups.truncate(n);
+            return Some(groups);
+        }
+        if std::io::Error::last_os_error().raw_os_error() != Some(libc::ERANGE) {
+            return None;
+        }
+        groups = vec![0; n];
+    }
+    None
+}
+
+async fn handle(stream: UnixStream, backend: Arc<Backend>) {
+    let peer = Peer::of(&stream);
+    let (read, mut write) = stream.into_split();
+    let mut reader = BufReader::new(read);
+    loop {
+        let mut line = Vec::new();
+        let read = tokio::time::timeout(
+            IDLE_TIMEOUT,
+            (&mut reader)
+                .take(MAX_REQUEST as u64 + 1)
+                .read_until(b'\n', &mut line),
+        )
+        .await;
+        let n = match read {
+            Ok(Ok(n)) => n,
+            Ok(Err(_)) | Err(_) => return,
+        };
+        if n == 0 {
+            return;
+        }
+        let complete = line.last() == Some(&b'\n');
+        if complete {
+            line.pop();
+        }
+        let (response, close) = if line.len() > MAX_REQUEST {
+            (
+                Response::error(
+                    ErrorKind::TooLarge,
+                    format!("request exceeds {MAX_REQUEST} bytes"),
+                ),
+                true,
+            )
+        } else if line.iter().all(u8::is_ascii_whitespace) {
+            continue;
+        } else {
+            (respond(&line, peer.as_ref(), &backend).await, !complete)
+        };
+        let mut bytes = serde_json::to_vec(&response).unwrap_or_default();
+        bytes.push(b'\n');
+        if write.write_all(&bytes).await.is_err() || close {
+            return;
+        }
+    }
+}
+
+async fn respond(line: &[u8], peer: Option<&Peer>, backend: &Backend) -> Response {
+    let value: serde_json::Value = match serde_json::from_slice(line) {
+        Ok(v) => v,
+        Err(e) => {
+            return Response::error(
+                ErrorKind::BadRequest,
+                format!("request is not valid JSON: {e}"),
+            );
+        }
+    };
+    match value.get("version").and_then(serde_json::Value::as_u64) {
+        Some(v) if v == u64::from(PROTOCOL_VERSION) => {}
+        Some(v) => {
+            return Response::error(
+                ErrorKind::UnsupportedVersion,
+                format!(
+                    "protocol version {v} is not supported; this ginx speaks {PROTOCOL_VERSION}: use a matching ginxctl"
+                ),
+            );
+        }
+        None => return Response::error(ErrorKind::BadRequest, "request has no \"version\" number"),
+    }
+    let request: Request = match serde_json::from_value(value) {
+        Ok(r) => r,
+        Err(e) => {
+            return Response::error(ErrorKind::BadRequest, format!("not a valid request: {e}"));
+        }
+    };
+    if request.command.mutates() {
+        let group = backend.config.borrow().control.group.clone();
+        let allowed = peer.is_some_and(|p| p.may_change(&group));
+        if !allowed {
+            let who = peer.map_or_else(
+                || "an unknown peer".to_owned(),
+                |p| format!("uid {}", p.uid),
+            );
+            tracing::warn!(command = request.command.name(), peer = %who, "refused a change from a peer outside the control group");
+            return Response::error(
+                ErrorKind::Forbidden,
+                format!(
+                    "{} is refused for {who}: it needs root or membership in group {group:?} (control.group)",
+                    request.command.name()
+                ),
+            );
+        }
+    }
+    backend.answer(request.command).await
+}

@@ -1,0 +1,391 @@
+//! Wiring: loads the configuration, starts the pollers, the apply loop and the control socket,
+//! talks to systemd (READY, STATUS, WATCHDOG, STOPPING), reloads on SIGHUP or when the
+//! configuration files change, and drains on SIGTERM.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use anyhow::Context;
+use sd_notify::NotifyState;
+use tokio::signal::unix::{SignalKind, signal};
+use tokio::sync::{mpsc, watch};
+
+use crate::config::{self, Config};
+use crate::control::server::{self, Backend};
+use crate::reconcile::{self, ApplyState, Published, Reconciler};
+use crate::source::{self, PollerHandle, StatusMap, Workspace};
+use crate::util;
+
+/// Runs the daemon until SIGTERM/SIGINT. Errors are start-up failures.
+pub async fn run(config_path: PathBuf) -> anyhow::Result<()> {
+    let loaded = config::load(&config_path)?;
+    let cfg = Arc::new(loaded.config);
+    tracing::info!(
+        node = cfg.node_name(),
+        version = crate::VERSION,
+        files = ?loaded.files,
+        "starting ginx"
+    );
+    std::fs::create_dir_all(&cfg.state_dir)
+        .with_context(|| format!("creating state_dir {}", cfg.state_dir.display()))?;
+
+    let (shutdown_tx, shutdown_rx) = watch::channel(false);
+    let (config_tx, config_rx) = watch::channel(Arc::clone(&cfg));
+    let statuses: Arc<StatusMap> = Arc::new(watch::channel(BTreeMap::new()).0);
+    let workspace = Workspace::new(cfg.state_dir.clone());
+    let (published_tx, published_rx) = watch::channel(Published::default());
+    let (commands_tx, commands_rx) = mpsc::channel(32);
+
+    let reconciler = Reconciler::new(
+        config_rx.clone(),
+        statuses.subscribe(),
+        Arc::clone(&workspace),
+        commands_rx,
+        published_tx,
+        shutdown_rx.clone(),
+    )
+    .with_context(|| format!("loading state from {}", cfg.state_dir.display()))?;
+    let listener = server::bind(&cfg.socket, &cfg.control.group)?;
+
+    let mut sources = Sources {
+        running: BTreeMap::new(),
+        sync_channels: Arc::new(Mutex::new(BTreeMap::new())),
+        workspace,
+        statuses: Arc::clone(&statuses),
+        shutdown: shutdown_rx.clone(),
+    };
+    sources.reconcile(&cfg);
+
+    let backend = Arc::new(Backend {
+        config: config_rx.clone(),
+        sources: statuses.subscribe(),
+        published: published_rx.clone(),
+        reconciler: commands_tx.clone(),
+        pollers: Arc::clone(&sources.sync_channels),
+        started_at: util::now(),
+    });
+    let server_task = tokio::spawn(server::serve(
+        listener,
+        cfg.socket.clone(),
+        Arc::clone(&backend),
+        shutdown_rx.clone(),
+    ));
+    let reconciler_task = tokio::spawn(reconciler.run());
+
+    notify(&[NotifyState::Ready]);
+    tracing::info!(socket = %cfg.socket.display(), "ready");
+    tokio::spawn(report_status(Arc::clone(&backend), shutdown_rx.clone()));
+    if let Some(period) = sd_notify::watchdog_enabled() {
+        tokio::spawn(watchdog(period, commands_tx.clone(), shutdown_rx.clone()));
+    }
+
+    let mut sigterm = signal(SignalKind::terminate()).context("installing the SIGTERM handler")?;
+    let mut sigint = signal(SignalKind::interrupt()).context("installing the SIGINT handler")?;
+    let mut sighup = signal(SignalKind::hangup()).context("installing the SIGHUP handler")?;
+    let (changes_tx, mut changes_rx) = mpsc::channel::<()>(16);
+    let mut watcher = ConfigWatcher::new(&config_path, changes_tx);
+
+    let mut reloader = Reloader {
+        path: config_path,
+        config: config_tx,
+    };
+    loop {
+        tokio::select! {
+            _ = sigterm.recv() => break,
+            _ = sigint.recv() => break,
+            _ = sighup.recv() => {
+                tracing::info!("SIGHUP: reloading the configuration");
+                reloader.reload(&mut sources);
+            }
+            Some(()) = changes_rx.recv() => {
+                // Editors write in several steps; let them finish.
+                tokio::time::sleep(Duration::from_millis(250)).await;
+                while changes_rx.try_recv().is_ok() {}
+                if let Some(w) = watcher.as_mut() {
+                    w.refresh();
+                }
+                reloader.reload(&mut sources);
+            }
+        }
+    }
+
+    notify(&[NotifyState::Stopping, NotifyState::Status("stopping")]);
+    tracing::info!("stopping: no more fetches; waiting for a running apply");
+    let _ = shutdown_tx.send(true);
+    drop(watcher);
+    sources.stop_all();
+    if let Err(e) = reconciler_task.await {
+        tracing::error!(error = %e, "apply loop ended abnormally");
+    }
+    let _ = server_task.await;
+    tracing::info!("stopped");
+    Ok(())
+}
+
+fn notify(states: &[NotifyState<'_>]) {
+    if let Err(e) = sd_notify::notify(states) {
+        tracing::debug!(error = %e, "sd_notify failed");
+    }
+}
+
+/// The running pollers, kept in line with the configuration.
+struct Sources {
+    running: BTreeMap<String, PollerHandle>,
+    sync_channels: Arc<
+        Mutex<BTreeMap<String, mpsc::Sender<tokio::sync::oneshot::Sender<source::SyncOutcome>>>>,
+    >,
+    workspace: Arc<Workspace>,
+    statuses: Arc<StatusMap>,
+    shutdown: watch::Receiver<bool>,
+}
+
+impl Sources {
+    /// Starts pollers for new sources, stops removed ones, hands changed settings over.
+    fn reconcile(&mut self, cfg: &Config) {
+        let removed: Vec<String> = self
+            .running
+            .keys()
+            .filter(|n| !cfg.sources.contains_key(*n))
+            .cloned()
+            .collect();
+        for name in removed {
+            if let Some(p) = self.running.remove(&name) {
+                p.task.abort();
+            }
+            self.statuses.send_modify(|m| {
+                m.remove(&name);
+            });
+            tracing::info!(source = %name, "source removed");
+        }
+        for (name, sc) in &cfg.sources {
+            match self.running.get(name) {
+                Some(p) => {
+                    p.config.send_if_modified(|old| {
+                        let changed = old != sc;
+                        if changed {
+                            *old = sc.clone();
+                        }
+                        changed
+                    });
+                }
+                None => {
+                    let handle = source::spawn_poller(
+                        name.clone(),
+                        sc.clone(),
+                        &self.workspace,
+                        Arc::clone(&self.statuses),
+                        self.shutdown.clone(),
+                    );
+                    self.running.insert(name.clone(), handle);
+                }
+            }
+        }
+        let mut channels = self.sync_channels.lock().unwrap_or_else(|p| p.into_inner());
+        *channels = self
+            .running
+            .iter()
+            .map(|(n, p)| (n.clone(), p.sync.clone()))
+            .collect();
+    }
+
+    fn stop_all(&mut self) {
+        self.sync_channels
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clear();
+        for (_, p) in std::mem::take(&mut self.running) {
+            // A fetch in progress runs on a blocking thread; it is abandoned, not awaited.
+            p.task.abort();
+        }
+    }
+}
+
+struct Reloader {
+    path: PathBuf,
+    config: watch::Sender<Arc<Config>>,
+}
+
+impl Reloader {
+    fn reload(&mut self, sources: &mut Sources) {
+        let mut new = match config::load(&self.path) {
+            Ok(l) => l.config,
+            Err(e) => {
+                tracing::error!(error = %e, "configuration reload failed; the running configuration stays in force");
+                return;
+            }
+        };
+        let old = Arc::clone(&self.config.borrow());
+        // What the running process is built around changes only with a restart.
+        for (key, differs) in [
+            ("state_dir", old.state_dir != new.state_dir),
+            ("socket", old.socket != new.socket),
+            ("node.name", old.node.name != new.node.name),
+        ] {
+            if differs {
+                tracing::warn!(
+                    key,
+                    "this setting changes only when ginx restarts; keeping the running value"
+                );
+            }
+        }
+        new.state_dir.clone_from(&old.state_dir);
+        new.socket.clone_from(&old.socket);
+        new.node.name.clone_from(&old.node.name);
+        if new == *old {
+            tracing::debug!("configuration unchanged");
+            return;
+        }
+        if new.control.group != old.control.group {
+            server::apply_group(&new.socket, &new.control.group);
+        }
+        sources.reconcile(&new);
+        let _ = self.config.send(Arc::new(new));
+        tracing::info!("configuration reloaded");
+    }
+}
+
+/// Sends `STATUS=` whenever the one-line summary changes.
+async fn report_status(backend: Arc<Backend>, mut shutdown: watch::Receiver<bool>) {
+    let mut published = backend.published.clone();
+    let mut sources = backend.sources.clone();
+    let mut last = String::new();
+    loop {
+        let line = summary(&backend.status());
+        if line != last {
+            notify(&[NotifyState::Status(&line)]);
+            last = line;
+        }
+        tokio::select! {
+            r = published.changed() => if r.is_err() { return },
+            r = sources.changed() => if r.is_err() { return },
+            _ = shutdown.changed() => return,
+        }
+    }
+}
+
+/// One sentence for `systemctl status`: what ginx is doing or waiting for.
+pub fn summary(status: &crate::control::Status) -> String {
+    let a = &status.apply;
+    let rev = a.revision.as_ref().map_or("-", |r| r.short());
+    let mut line = match a.state {
+        ApplyState::Idle => format!("waiting for the first fetch of {}", a.source),
+        ApplyState::Pending => format!("{} {rev} pending", a.source),
+        ApplyState::Waiting => format!("suspended; {} {rev} waits to be applied", a.source),
+        ApplyState::Applying => format!("applying {} {rev} ({})", a.source, a.goal),
+        ApplyState::Verifying => format!("verifying {} {rev}", a.source),
+        ApplyState::Succeeded => format!("up to date: {} {rev} applied", a.source),
+        ApplyState::Failed => format!(
+            "{} {rev} failed {} time(s); next try {}",
+            a.source,
+            a.attempts,
+            a.next_retry_at
+                .map_or_else(|| "on sync".to_owned(), |t| t.to_string())
+        ),
+        ApplyState::RolledBack => format!("{} {rev} rolled back", a.source),
+    };
+    if status.suspended && a.state != ApplyState::Waiting {
+        line.push_str("; suspended");
+    }
+    let failing: Vec<&str> = status
+        .sources
+        .iter()
+        .filter(|(_, s)| s.error.is_some())
+        .map(|(n, _)| n.as_str())
+        .collect();
+    if !failing.is_empty() {
+        line.push_str(&format!("; fetch failing: {}", failing.join(", ")));
+    }
+    line
+}
+
+/// `WATCHDOG=1` only while the apply loop answers: a wedged loop gets ginx restarted.
+async fn watchdog(
+    period: Duration,
+    commands: mpsc::Sender<reconcile::Command>,
+    mut shutdown: watch::Receiver<bool>,
+) {
+    let every = period / 2;
+    let mut tick = tokio::time::interval(every);
+    loop {
+        tokio::select! {
+            _ = tick.tick() => {}
+            _ = shutdown.changed() => return,
+        }
+        let (tx, rx) = tokio::sync::oneshot::channel();
+        if commands.send(reconcile::Command::Ping(tx)).await.is_err() {
+            return;
+        }
+        if tokio::time::timeout(every, rx)
+            .await
+            .is_ok_and(|r| r.is_ok())
+        {
+            notify(&[NotifyState::Watchdog]);
+        } else {
+            tracing::warn!("apply loop did not answer the watchdog ping");
+        }
+    }
+}
+
+/// Watches the configuration file and its drop-in directory.
+struct ConfigWatcher {
+    watcher: notify::RecommendedWatcher,
+    dropins: PathBuf,
+    watching_dropins: bool,
+}
+
+impl ConfigWatcher {
+    fn new(config: &Path, changes: mpsc::Sender<()>) -> Option<Self> {
+        use notify::Watcher;
+        let dir = config.parent().unwrap_or_else(|| Path::new("/")).to_owned();
+        let dropins = dir.join("config.d");
+        let file = config.to_owned();
+        let dropins_for_events = dropins.clone();
+        let handler = move |event: notify::Result<notify::Event>| {
+            let Ok(event) = event else { return };
+            if event.kind.is_access() {
+                return;
+            }
+            let relevant = event
+                .paths
+                .iter()
+                .any(|p| p == &file || p.starts_with(&dropins_for_events));
+            if relevant {
+                let _ = changes.try_send(());
+            }
+        };
+        let mut watcher = match notify::recommended_watcher(handler) {
+            Ok(w) => w,
+            Err(e) => {
+                tracing::warn!(error = %e, "cannot watch the configuration; reload with SIGHUP");
+                return None;
+            }
+        };
+        if let Err(e) = watcher.watch(&dir, notify::RecursiveMode::NonRecursive) {
+            tracing::warn!(dir = %dir.display(), error = %e, "cannot watch the configuration directory; reload with SIGHUP");
+            return None;
+        }
+        let mut me = Self {
+            watcher,
+            dropins,
+            watching_dropins: false,
+        };
+        me.refresh();
+        Some(me)
+    }
+
+    /// Starts watching `config.d` once it exists.
+    fn refresh(&mut self) {
+        use notify::Watcher;
+        let exists = self.dropins.is_dir();
+        if exists && !self.watching_dropins {
+            self.watching_dropins = self
+                .watcher
+                .watch(&self.dropins, notify::RecursiveMode::NonRecursive)
+                .is_ok();
+        } else if !exists {
+            self.watching_dropins = false;
+        }
+    }
+}

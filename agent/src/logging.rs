@@ -1,0 +1,31 @@
+//! Logging: to journald (with structured fields) when its socket exists, else to stderr.
+//! `RUST_LOG` filters; the default is `info`.
+
+use std::io::IsTerminal;
+
+use tracing_subscriber::EnvFilter;
+use tracing_subscriber::layer::SubscriberExt;
+use tracing_subscriber::util::SubscriberInitExt;
+
+const JOURNAL_SOCKET: &str = "/run/systemd/journal/socket";
+
+pub fn init() {
+    let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info"));
+    let registry = tracing_subscriber::registry().with(filter);
+    if std::path::Path::new(JOURNAL_SOCKET).exists()
+        && let Ok(journald) = tracing_journald::layer()
+    {
+        registry
+            .with(journald.with_syslog_identifier("ginx".into()))
+            .init();
+        return;
+    }
+    registry
+        .with(
+            tracing_subscriber::fmt::layer()
+                .with_writer(std::io::stderr)
+                .with_ansi(std::io::stderr().is_terminal())
+                .with_target(false),
+        )
+        .init();
+}

@@ -1,0 +1,336 @@
+//! The persisted state (`<state_dir>/state.json`) and apply history (`history.json`).
+//!
+//! Both are JSON with a format version, written atomically: a temporary file in the same
+//! directory, fsync, rename over the old file, fsync the directory. A file that does not parse,
+//! or carries a version this ginx does not know, is moved aside as `<name>.corrupt-<timestamp>`
+//! with a warning and ginx starts from an empty value: it never crashes on it and never deletes
+//! it.
+//!
+//! Not here: what the fields mean for the apply loop (see `reconcile`).
+
+use std::fs::{self, File, OpenOptions};
+use std::io::{self, Write};
+use std::path::{Path, PathBuf};
+
+use jiff::Timestamp;
+use serde::de::DeserializeOwned;
+use serde::{Deserialize, Serialize};
+
+use crate::config::Goal;
+use crate::source::Revision;
+
+/// Bumped when a change is not backwards compatible; readers refuse newer versions.
+pub const STATE_VERSION: u32 = 1;
+pub const HISTORY_VERSION: u32 = 1;
+/// Attempts kept in `history.json`.
+pub const HISTORY_LIMIT: usize = 50;
+
+/// What must survive a restart.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct State {
+    pub version: u32,
+    /// Set by `ginxctl suspend`, cleared by `ginxctl resume`.
+    pub suspended: bool,
+    /// The last revision applied successfully; never applied again.
+    pub applied: Option<Applied>,
+    /// Failures of the revision currently wanted, for backoff across restarts.
+    pub failure: Option<Failure>,
+    /// An attempt that had started when this file was written. Found at start-up, it means
+    /// ginx stopped during that attempt.
+    pub in_flight: Option<InFlight>,
+    /// Id of the next attempt; ids are never reused.
+    pub next_attempt_id: u64,
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Applied {
+    pub source: String,
+    pub revision: Revision,
+    pub goal: Goal,
+    pub at: Timestamp,
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Failure {
+    pub revision: Revision,
+    /// Failed attempts of this revision so far.
+    pub attempts: u32,
+    pub error: String,
+    pub next_retry_at: Timestamp,
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct InFlight {
+    pub id: u64,
+    pub source: String,
+    pub revision: Revision,
+    pub goal: Goal,
+    pub started_at: Timestamp,
+    /// Process group of the apply command, to stop what an unclean exit left running.
+    pub pgid: Option<i32>,
+    /// The boot the process group belongs to; after a reboot the number means nothing.
+    #[serde(default)]
+    pub boot_id: Option<String>,
+    /// The group leader's start time (clock ticks since boot), so a reused pid is not taken
+    /// for it.
+    #[serde(default)]
+    pub start_time: Option<u64>,
+}
+
+/// How an attempt ended.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Outcome {
+    Succeeded,
+    Failed,
+    TimedOut,
+    /// ginx stopped (or died) while the attempt ran; it does not count as a failure.
+    Interrupted,
+}
+
+impl Outcome {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Outcome::Succeeded => "succeeded",
+            Outcome::Failed => "failed",
+            Outcome::TimedOut => "timed-out",
+            Outcome::Interrupted => "interrupted",
+        }
+    }
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Stream {
+    Stdout,
+    Stderr,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct OutputLine {
+    pub stream: Stream,
+    pub line: String,
+}
+
+/// One run of the apply command, as `ginxctl history` shows it.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Attempt {
+    pub id: u64,
+    pub source: String,
+    pub revision: Revision,
+    pub goal: Goal,
+    pub started_at: Timestamp,
+    pub finished_at: Timestamp,
+    pub outcome: Outcome,
+    pub exit_code: Option<i32>,
+    pub error: Option<String>,
+    /// The last lines the command printed, stdout and stderr interleaved as they arrived.
+    pub output: Vec<OutputLine>,
+}
+
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct History {
+    pub version: u32,
+    /// Oldest first.
+    pub attempts: Vec<Attempt>,
+}
+
+impl History {
+    pub fn push(&mut self, attempt: Attempt) {
+        self.attempts.push(attempt);
+        let excess = self.attempts.len().saturating_sub(HISTORY_LIMIT);
+        self.attempts.drain(..excess);
+    }
+}
+
+/// A versioned JSON document on disk.
+pub trait Document: Default + Serialize + DeserializeOwned {
+    const VERSION: u32;
+    fn version(&self) -> u32;
+    fn set_version(&mut self);
+}
+
+impl Document for State {
+    const VERSION: u32 = STATE_VERSION;
+    fn version(&self) -> u32 {
+        self.version
+    }
+    fn set_version(&mut self) {
+        self.version = STATE_VERSION;
+    }
+}
+
+impl Document for History {
+    const VERSION: u32 = HISTORY_VERSION;
+    fn version(&self) -> u32 {
+        self.version
+    }
+    fn set_version(&mut self) {
+        self.version = HISTORY_VERSION;
+    }
+}
+
+/// What loading found besides the value: a file moved aside, to be reported.
+#[derive(Debug)]
+pub struct MovedAside {
+    pub to: PathBuf,
+    pub reason: String,
+}
+
+/// Reads `path`; a missing file is an empty document, a bad one is moved aside.
+pub fn load<T: Document>(path: &Path) -> io::Result<(T, Option<MovedAside>)> {
+    let bytes = match fs::read(path) {
+        Ok(b) => b,
+        Err(e) if e.kind() == io::ErrorKind::NotFound => {
+            let mut fresh = T::default();
+            fresh.set_version();
+            return Ok((fresh, None));
+        }
+        Err(e) => return Err(e),
+    };
+    let reason = match serde_json::from_slice::<T>(&bytes) {
+        Ok(doc) if doc.version() == T::VERSION => return Ok((doc, None)),
+        Ok(doc) => format!(
+            "format version {} is not the {} this ginx understands",
+            doc.version(),
+            T::VERSION
+        ),
+        Err(e) => format!("does not parse: {e}"),
+    };
+    let stamp = Timestamp::now().strftime("%Y%m%dT%H%M%SZ").to_string();
+    let mut to = path.as_os_str().to_owned();
+    to.push(format!(".corrupt-{stamp}"));
+    let to = PathBuf::from(to);
+    fs::rename(path, &to)?;
+    let mut fresh = T::default();
+    fresh.set_version();
+    Ok((fresh, Some(MovedAside { to, reason })))
+}
+
+/// Writes `doc` to `path` atomically and durably.
+pub fn save<T: Document>(path: &Path, doc: &T) -> io::Result<()> {
+    let bytes = serde_json::to_vec_pretty(doc).map_err(io::Error::other)?;
+    write_atomic(path, &bytes)
+}
+
+/// Replaces `path` with `bytes` so that readers see the old or the new content, never a mix,
+/// even across a crash.
+pub fn write_atomic(path: &Path, bytes: &[u8]) -> io::Result<()> {
+    let dir = path.parent().unwrap_or_else(|| Path::new("."));
+    let mut tmp = path.as_os_str().to_owned();
+    tmp.push(format!(".tmp-{}", std::process::id()));
+    let tmp = PathBuf::from(tmp);
+    let result = (|| {
+        let mut f = OpenOptions::new()
+            .write(true)
+            .create(true)
+            .truncate(true)
+            .open(&tmp)?;
+        f.write_all(bytes)?;
+        f.write_all(b"\n")?;
+        f.sync_all()?;
+        fs::rename(&tmp, path)?;
+        File::open(dir)?.sync_all()
+    })();
+    if result.is_err() {
+        let _ = fs::remove_file(&tmp);
+    }
+    result
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn rev(c: char) -> Revision {
+        c.to_string().repeat(40).parse().unwrap()
+    }
+
+    #[test]
+    fn missing_file_is_a_fresh_state() {
+        let dir = tempfile::tempdir().unwrap();
+        let (s, aside) = load::<State>(&dir.path().join("state.json")).unwrap();
+        assert_eq!(s.version, STATE_VERSION);
+        assert!(aside.is_none());
+    }
+
+    #[test]
+    fn round_trips() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("state.json");
+        let mut s = State {
+            suspended: true,
+            applied: Some(Applied {
+                source: "hephaestus".into(),
+                revision: rev('a'),
+                goal: Goal::Switch,
+                at: Timestamp::UNIX_EPOCH,
+            }),
+            ..State::default()
+        };
+        s.set_version();
+        save(&p, &s).unwrap();
+        let (back, aside) = load::<State>(&p).unwrap();
+        assert_eq!(back, s);
+        assert!(aside.is_none());
+        assert_eq!(
+            fs::read_dir(dir.path()).unwrap().count(),
+            1,
+            "no temp file left"
+        );
+    }
+
+    #[test]
+    fn corrupt_file_is_moved_aside_not_lost() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("state.json");
+        fs::write(&p, b"{\"version\": 1, \"suspended\": tru").unwrap();
+        let (s, aside) = load::<State>(&p).unwrap();
+        assert_eq!(
+            s,
+            State {
+                version: STATE_VERSION,
+                ..State::default()
+            }
+        );
+        let aside = aside.unwrap();
+        assert!(aside.to.to_string_lossy().contains("state.json.corrupt-"));
+        assert_eq!(
+            fs::read(&aside.to).unwrap(),
+            b"{\"version\": 1, \"suspended\": tru"
+        );
+        assert!(!p.exists());
+    }
+
+    #[test]
+    fn newer_version_is_moved_aside() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("state.json");
+        fs::write(&p, b"{\"version\": 99}").unwrap();
+        let (_, aside) = load::<State>(&p).unwrap();
+        assert!(aside.unwrap().reason.contains("version 99"));
+    }
+
+    #[test]
+    fn history_keeps_the_newest() {
+        let mut h = History::default();
+        for id in 0..(HISTORY_LIMIT as u64 + 5) {
+            h.push(Attempt {
+                id,
+                source: "h".into(),
+                revision: rev('b'),
+                goal: Goal::Switch,
+                started_at: Timestamp::UNIX_EPOCH,
+                finished_at: Timestamp::UNIX_EPOCH,
+                outcome: Outcome::Succeeded,
+                exit_code: Some(0),
+                error: None,
+                output: vec![],
+            });
+        }
+        assert_eq!(h.attempts.len(), HISTORY_LIMIT);
+        assert_eq!(h.attempts[0].id, 5);
+    }
+}

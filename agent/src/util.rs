@@ -1,0 +1,88 @@
+//! Small helpers shared by the daemon's parts: backoff, jitter, human ages.
+
+use std::time::Duration;
+
+use jiff::Timestamp;
+
+/// `base * 2^(n-1)`, capped at `max`; `n` counts failures so far (1 for the first).
+pub fn backoff(base: Duration, max: Duration, n: u32) -> Duration {
+    let factor = 1u32
+        .checked_shl(n.saturating_sub(1).min(31))
+        .unwrap_or(u32::MAX);
+    base.checked_mul(factor).unwrap_or(max).min(max)
+}
+
+/// `d` scaled by a random factor in `[1 - spread, 1 + spread]`.
+pub fn jitter(d: Duration, spread: f64) -> Duration {
+    let factor = 1.0 + spread * (2.0 * fastrand::f64() - 1.0);
+    d.mul_f64(factor.max(0.0))
+}
+
+/// A timestamp with the millisecond precision used in state, status and history.
+pub fn now() -> Timestamp {
+    let t = Timestamp::now();
+    t.round(jiff::Unit::Millisecond).unwrap_or(t)
+}
+
+/// `t` plus `d`, saturating at the far future.
+pub fn after(t: Timestamp, d: Duration) -> Timestamp {
+    jiff::SignedDuration::try_from(d)
+        .ok()
+        .and_then(|d| t.checked_add(d).ok())
+        .unwrap_or(Timestamp::MAX)
+}
+
+/// "12s", "3m", "2h", "5d": how long ago (or until) `t`, for one-line human views.
+pub fn age(t: Timestamp, now: Timestamp) -> String {
+    let secs = now.duration_since(t).as_secs();
+    let (abs, future) = (secs.unsigned_abs(), secs < 0);
+    let short = match abs {
+        0..=59 => format!("{abs}s"),
+        60..=3599 => format!("{}m", abs / 60),
+        3600..=86_399 => format!("{}h", abs / 3600),
+        _ => format!("{}d", abs / 86_400),
+    };
+    if future {
+        format!("in {short}")
+    } else {
+        format!("{short} ago")
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn backoff_doubles_and_caps() {
+        let b = Duration::from_secs(5);
+        let m = Duration::from_secs(60);
+        assert_eq!(backoff(b, m, 1), Duration::from_secs(5));
+        assert_eq!(backoff(b, m, 2), Duration::from_secs(10));
+        assert_eq!(backoff(b, m, 4), Duration::from_secs(40));
+        assert_eq!(backoff(b, m, 5), m);
+        assert_eq!(backoff(b, m, 1000), m);
+    }
+
+    #[test]
+    fn jitter_stays_within_ten_percent() {
+        for _ in 0..1000 {
+            let j = jitter(Duration::from_secs(100), 0.1);
+            assert!(
+                j >= Duration::from_secs(90) && j <= Duration::from_secs(110),
+                "{j:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn ages_read_like_an_operator_speaks() {
+        let now: Timestamp = "2026-11-30T12:00:00Z".parse().unwrap();
+        let ago = |s: i64| age(now - jiff::SignedDuration::from_secs(s), now);
+        assert_eq!(ago(12), "12s ago");
+        assert_eq!(ago(185), "3m ago");
+        assert_eq!(ago(7300), "2h ago");
+        assert_eq!(ago(3 * 86_400), "3d ago");
+        assert_eq!(ago(-30), "in 30s");
+    }
+}

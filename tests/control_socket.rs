@@ -1,0 +1,203 @@
+//! The control socket and systemd integration: protocol errors, permissions, exit codes,
+//! sd_notify.
+
+use std::io::{BufRead, BufReader, Write};
+use std::os::unix::fs::PermissionsExt;
+use std::os::unix::net::UnixStream;
+use std::process::Command;
+
+use serde_json::Value;
+
+use crate::support::{self, Env, daemon::ctl_at};
+
+fn exchange(stream: &mut UnixStream, request: &[u8]) -> Value {
+    stream.write_all(request).unwrap();
+    let mut line = String::new();
+    BufReader::new(&*stream).read_line(&mut line).unwrap();
+    serde_json::from_str(&line).unwrap_or_else(|e| panic!("{e}: {line:?}"))
+}
+
+#[test]
+fn malformed_and_oversized_requests_get_errors_and_status_still_answers() {
+    let env = Env::new();
+    let d = env.start();
+    let mut s = UnixStream::connect(&env.socket).unwrap();
+
+    let r = exchange(&mut s, b"this is not json\n");
+    assert_eq!(r["ok"], false);
+    assert_eq!(r["error"]["kind"], "bad-request");
+    // The same connection keeps working.
+    let r = exchange(&mut s, b"{\"version\":1,\"command\":\"launch-missiles\"}\n");
+    assert_eq!(r["error"]["kind"], "bad-request");
+    let r = exchange(&mut s, b"{\"version\":99,\"command\":\"status\"}\n");
+    assert_eq!(r["error"]["kind"], "unsupported-version");
+    let r = exchange(&mut s, b"{\"version\":1,\"command\":\"status\"}\n");
+    assert_eq!(r["ok"], true);
+    assert_eq!(r["version"], 1);
+    assert_eq!(r["result"]["node"], "lucy");
+
+    // Over 64 KiB: an error, then the connection is closed.
+    let mut big = UnixStream::connect(&env.socket).unwrap();
+    let mut request = b"{\"version\":1,\"command\":\"status\",\"pad\":\"".to_vec();
+    request.extend(std::iter::repeat_n(b'x', 70 * 1024));
+    request.extend(b"\"}\n");
+    let r = exchange(&mut big, &request);
+    assert_eq!(r["error"]["kind"], "too-large");
+    let mut rest = Vec::new();
+    let _ = std::io::Read::read_to_end(&mut big, &mut rest);
+    assert!(rest.is_empty(), "closed after the error");
+
+    // Everyone else is still served.
+    assert_eq!(d.status()["node"], "lucy");
+}
+
+#[test]
+fn a_peer_outside_the_group_can_read_status_but_not_sync() {
+    if !support::require("setpriv") {
+        return;
+    }
+    let env = Env::new();
+    let d = env.start();
+    d.wait_applied(&env.repo.head());
+    let meta = std::fs::metadata(&env.socket).unwrap();
+    assert_eq!(meta.permissions().mode() & 0o777, 0o660);
+
+    // nobody must be able to reach the socket's directory.
+    for dir in env
+        .socket
+        .ancestors()
+        .skip(1)
+        .take_while(|p| p.starts_with(&env.root) || *p == env.root)
+    {
+        std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o755)).unwrap();
+    }
+    let as_nobody = |args: &[&str]| {
+        Command::new("setpriv")
+            .args(["--reuid=nobody", "--regid=nogroup", "--clear-groups"])
+            .arg(support::ginxctl_bin())
+            .arg("--socket")
+            .arg(&env.socket)
+            .args(args)
+            .output()
+            .unwrap()
+    };
+    // With mode 0660 the kernel refuses nobody outright.
+    let out = as_nobody(&["status"]);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("permission denied"));
+
+    // Opened wider, status is for anyone; changes still need root or the group.
+    std::fs::set_permissions(&env.socket, std::fs::Permissions::from_mode(0o666)).unwrap();
+    let out = as_nobody(&["status", "--json"]);
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    for cmd in [&["sync"][..], &["suspend"], &["resume"]] {
+        let out = as_nobody(cmd);
+        assert_eq!(out.status.code(), Some(1), "{cmd:?}");
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(
+            err.contains("needs root or membership in group \"root\""),
+            "{err}"
+        );
+    }
+    assert_eq!(d.status()["suspended"], false);
+    assert_eq!(env.calls().len(), 1);
+}
+
+#[test]
+fn ginxctl_exits_2_when_ginx_is_not_running() {
+    let dir = tempfile::tempdir().unwrap();
+    let sock = dir.path().join("ginx.sock");
+    let out = ctl_at(&sock, &["status"]);
+    assert_eq!(out.status.code(), Some(2));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains(&format!("cannot reach ginx at {}", sock.display())),
+        "{err}"
+    );
+    assert!(err.contains("is ginx.service running?"), "{err}");
+}
+
+#[test]
+fn ginxctl_reports_daemon_errors_with_exit_1() {
+    let env = Env::new();
+    let d = env.start();
+    let out = d.ctl(&["sync", "nosuchsource"]);
+    assert_eq!(out.status.code(), Some(1));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("no source named \"nosuchsource\""));
+}
+
+#[test]
+fn ginxctl_finds_the_socket_through_the_config() {
+    let env = Env::new();
+    let d = env.start();
+    d.wait_applied(&env.repo.head());
+    let out = Command::new(support::ginxctl_bin())
+        .arg("--config")
+        .arg(&env.config)
+        .arg("status")
+        .env_remove("GINX_SOCKET")
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        text.contains("ginx ") && text.contains(" on lucy (control-plane)"),
+        "{text}"
+    );
+    assert!(text.contains("apply      succeeded"), "{text}");
+    assert!(
+        text.contains("hephaestus") && text.contains("fetched") && text.contains("ago"),
+        "{text}"
+    );
+}
+
+#[test]
+fn ready_status_and_stopping_reach_the_notify_socket() {
+    let env = Env::new();
+    let head = env.repo.head();
+    let mut d = env.start();
+    assert_eq!(d.notes.first().map(String::as_str), Some("READY=1"));
+    d.wait_applied(&head);
+    d.wait_note("STATUS= up to date", |n| {
+        n.starts_with("STATUS=up to date: hephaestus")
+    });
+    assert_eq!(d.stop().code(), Some(0));
+}
+
+#[test]
+fn stopping_is_announced_before_exit() {
+    let env = Env::new();
+    let mut d = env.start();
+    d.signal(nix::sys::signal::Signal::SIGTERM);
+    assert_eq!(d.wait_exit().code(), Some(0));
+    assert!(d.notes.iter().any(|n| n == "STOPPING=1"), "{:?}", d.notes);
+    assert!(!env.socket.exists());
+}
+
+#[test]
+fn watchdog_is_fed_when_requested() {
+    let env = Env::new();
+    let mut d = env.start_with(|c| {
+        c.env("WATCHDOG_USEC", "200000");
+    });
+    d.wait_note("WATCHDOG=1", |n| n == "WATCHDOG=1");
+}
+
+#[test]
+fn no_watchdog_pings_without_watchdog_usec() {
+    let env = Env::new();
+    let mut d = env.start();
+    d.wait_applied(&env.repo.head());
+    d.ctl_ok(&["sync"]);
+    d.poll_notes();
+    assert!(!d.notes.iter().any(|n| n == "WATCHDOG=1"));
+}

@@ -1,0 +1,509 @@
+//! The core loop: clone, apply with colmena, remember, retry with backoff, survive restarts.
+
+use std::path::PathBuf;
+
+use jiff::Timestamp;
+use nix::sys::signal::Signal;
+use serde_json::Value;
+
+use crate::support::{self, Env, GitRepo, inetd, process_running, wait_for};
+
+fn ts(v: &Value) -> Timestamp {
+    v.as_str().expect("a timestamp").parse().expect("RFC 3339")
+}
+
+#[test]
+fn first_clone_is_applied_with_colmena_in_a_clean_tree() {
+    let env = Env::new();
+    let head = env.repo.head();
+    let d = env.start();
+    let s = d.wait_applied(&head);
+    assert_eq!(s["node"], "lucy");
+    assert_eq!(s["sources"]["hephaestus"]["revision"], head.as_str());
+    assert_eq!(s["sources"]["hephaestus"]["error"], Value::Null);
+    assert!(s["sources"]["hephaestus"]["fetched_at"].is_string());
+
+    let calls = env.calls();
+    assert_eq!(calls.len(), 1);
+    let call = &calls[0];
+    assert_eq!(call.argv, ["apply-local", "--node", "lucy", "switch"]);
+    assert!(
+        call.cwd.join("hive.nix").is_file(),
+        "runs in the checked-out tree"
+    );
+    assert!(
+        !call.cwd.join(".git").exists(),
+        "a clean tree, not a work tree"
+    );
+    assert!(
+        call.cwd.starts_with(&env.state_dir),
+        "{}",
+        call.cwd.display()
+    );
+    assert_eq!(call.env["GINX_REVISION"], head);
+    assert_eq!(call.env["GINX_NODE"], "lucy");
+    assert!(
+        env.state_dir.join("sources/hephaestus").is_dir(),
+        "clone under state_dir/sources"
+    );
+    assert!(env.state_dir.join("state.json").is_file());
+}
+
+#[test]
+fn new_commit_and_sync_is_applied() {
+    let env = Env::new();
+    let d = env.start();
+    d.wait_applied(&env.repo.head());
+    let second = env.repo.commit("hosts/lucy.nix", "{ }\n", "configure lucy");
+    let out = d.ctl_ok(&["sync"]);
+    assert!(
+        out.contains("hephaestus:") && out.contains("(new)"),
+        "{out}"
+    );
+    d.wait_applied(&second);
+    let calls = env.calls();
+    assert_eq!(calls.len(), 2);
+    assert_eq!(calls[1].env["GINX_REVISION"], second);
+    assert!(calls[1].cwd.join("hosts/lucy.nix").is_file());
+    // The tree of the old revision is gone; the new one stays.
+    assert!(!calls[0].cwd.exists(), "old trees are cleaned up");
+    assert!(calls[1].cwd.exists());
+
+    let history: Value = serde_json::from_str(&d.ctl_ok(&["history", "--json"])).unwrap();
+    let attempts = history["attempts"].as_array().unwrap();
+    assert_eq!(attempts.len(), 2);
+    assert_eq!(attempts[0]["revision"], second.as_str(), "newest first");
+    assert_eq!(attempts[0]["outcome"], "succeeded");
+    assert_eq!(attempts[0]["exit_code"], 0);
+    let lines: Vec<&str> = attempts[0]["output"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|l| l["line"].as_str().unwrap())
+        .collect();
+    assert!(
+        lines
+            .iter()
+            .any(|l| l.contains("Activation of lucy (switch) done")),
+        "{lines:?}"
+    );
+    assert!(lines.contains(&"a warning on stderr"));
+}
+
+#[test]
+fn apply_failure_is_recorded_and_backed_off() {
+    let env = Env::new();
+    env.stub("exit_code", "1");
+    let head = env.repo.head();
+    let d = env.start();
+    let s = d.wait_status("the first failure", |s| s["apply"]["state"] == "failed");
+    assert_eq!(s["apply"]["revision"], head.as_str());
+    assert_eq!(s["apply"]["attempts"], 1);
+    assert!(
+        s["apply"]["error"]
+            .as_str()
+            .unwrap()
+            .contains("exited with code 1")
+    );
+    // retry_base is 1h: the next try is an hour after the failure, not in a tight loop.
+    let wait = ts(&s["apply"]["next_retry_at"]).duration_since(ts(&s["apply"]["finished_at"]));
+    assert_eq!(wait.as_secs(), 3600);
+    assert_eq!(env.calls().len(), 1);
+    let again = d.status();
+    assert_eq!(again["apply"]["attempts"], 1, "not retried before its time");
+
+    // `ginxctl sync` asks again at once; the wait doubles.
+    d.ctl_ok(&["sync"]);
+    let s = d.wait_status("the second failure", |s| s["apply"]["attempts"] == 2);
+    let wait = ts(&s["apply"]["next_retry_at"]).duration_since(ts(&s["apply"]["finished_at"]));
+    assert_eq!(wait.as_secs(), 7200);
+    assert_eq!(env.calls().len(), 2);
+
+    let history: Value = serde_json::from_str(&d.ctl_ok(&["history", "--json"])).unwrap();
+    let last = &history["attempts"][0];
+    assert_eq!(last["outcome"], "failed");
+    assert_eq!(last["exit_code"], 1);
+
+    // A fixed revision is applied at once, whatever the backoff of the broken one.
+    env.unstub("exit_code");
+    let fixed = env.repo.commit("fix.nix", "{ }\n", "fix");
+    d.ctl_ok(&["sync"]);
+    let s = d.wait_applied(&fixed);
+    assert_eq!(s["apply"]["error"], Value::Null);
+}
+
+#[test]
+fn timeout_kills_the_whole_process_group() {
+    let env = Env::new();
+    env.dropin("50-timeout.toml", "[apply]\ntimeout = \"1s\"\n");
+    env.stub("hang", "");
+    let d = env.start();
+    let s = d.wait_status("the timeout", |s| s["apply"]["state"] == "failed");
+    assert!(
+        s["apply"]["error"].as_str().unwrap().contains("timed out"),
+        "{s}"
+    );
+    let call = &env.calls()[0];
+    let grandchildren = call.grandchildren();
+    assert_eq!(
+        grandchildren.len(),
+        2,
+        "the stand-in started its grandchildren"
+    );
+    // One grandchild ignores SIGTERM; SIGKILL after kill_grace ends it too.
+    for pid in grandchildren.into_iter().chain([call.pid()]) {
+        wait_for(&format!("process {pid} to be gone"), || {
+            (!process_running(pid)).then_some(())
+        });
+    }
+    let history: Value = serde_json::from_str(&d.ctl_ok(&["history", "--json"])).unwrap();
+    assert_eq!(history["attempts"][0]["outcome"], "timed-out");
+}
+
+#[test]
+fn restart_does_not_apply_again() {
+    let env = Env::new();
+    let head = env.repo.head();
+    let d = env.start();
+    d.wait_applied(&head);
+    assert!(d.stop().success());
+
+    let d = env.start();
+    // The sync returns after the fetch, when the loop has seen the revision.
+    d.ctl_ok(&["sync"]);
+    let s = d.wait_applied(&head);
+    assert_eq!(s["apply"]["state"], "succeeded");
+    assert_eq!(env.calls().len(), 1, "applied once, across the restart");
+}
+
+#[test]
+fn suspend_survives_a_restart_and_holds_back_applies() {
+    let env = Env::new();
+    let first = env.repo.head();
+    let d = env.start();
+    d.wait_applied(&first);
+    assert!(d.ctl_ok(&["suspend"]).contains("suspended"));
+    assert!(d.ctl_ok(&["suspend"]).contains("already suspended"));
+    assert!(d.stop().success());
+
+    let d = env.start();
+    assert_eq!(d.status()["suspended"], true);
+    let second = env.repo.commit("b.nix", "{ }\n", "second");
+    d.ctl_ok(&["sync"]);
+    let s = d.wait_status("the new revision waiting", |s| {
+        s["apply"]["state"] == "waiting"
+    });
+    assert_eq!(
+        s["sources"]["hephaestus"]["revision"],
+        second.as_str(),
+        "still fetching"
+    );
+    assert_eq!(s["apply"]["applied_revision"], first.as_str());
+    assert_eq!(env.calls().len(), 1);
+    let human = d.ctl_ok(&["status"]);
+    assert!(human.contains("suspended  yes"), "{human}");
+
+    assert!(d.ctl_ok(&["resume"]).contains("resumed"));
+    d.wait_applied(&second);
+    assert_eq!(env.calls().len(), 2);
+}
+
+#[test]
+fn a_corrupt_state_file_is_moved_aside_and_ginx_starts_fresh() {
+    let env = Env::new();
+    let head = env.repo.head();
+    let d = env.start();
+    d.wait_applied(&head);
+    assert!(d.stop().success());
+    std::fs::write(
+        env.state_dir.join("state.json"),
+        b"{\"version\": 1, \"applied\": {\"sou",
+    )
+    .unwrap();
+
+    let d = env.start();
+    d.wait_status("a fresh state", |s| s["apply"]["state"] == "succeeded");
+    let aside: Vec<PathBuf> = std::fs::read_dir(&env.state_dir)
+        .unwrap()
+        .flatten()
+        .map(|e| e.path())
+        .filter(|p| p.to_string_lossy().contains("state.json.corrupt-"))
+        .collect();
+    assert_eq!(aside.len(), 1, "the corrupt file is kept");
+    assert!(
+        std::fs::read_to_string(&aside[0])
+            .unwrap()
+            .contains("\"sou")
+    );
+    assert!(
+        d.log().contains("state file unusable; moved aside"),
+        "{}",
+        d.log()
+    );
+}
+
+#[test]
+fn invalid_config_exits_1_naming_file_line_column() {
+    let env = Env::new();
+    env.dropin(
+        "20-bad.toml",
+        "[apply]\ngoal = \"switch\"\ntimeout = \"soon\"\n",
+    );
+    let out = std::process::Command::new(support::ginx_bin())
+        .arg("--config")
+        .arg(&env.config)
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(1));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("config.d/20-bad.toml:3:11: apply.timeout: invalid duration"),
+        "{err}"
+    );
+
+    let check = std::process::Command::new(support::ginx_bin())
+        .args(["check-config", "--config"])
+        .arg(&env.config)
+        .output()
+        .unwrap();
+    assert_eq!(check.status.code(), Some(1));
+
+    env.dropin("20-bad.toml", "[apply]\ntimeout = \"45m\"\n");
+    let check = std::process::Command::new(support::ginx_bin())
+        .args(["check-config", "--config"])
+        .arg(&env.config)
+        .output()
+        .unwrap();
+    assert_eq!(
+        check.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&check.stderr)
+    );
+    let shown = String::from_utf8_lossy(&check.stdout);
+    assert!(shown.contains("timeout = \"45m\""), "{shown}");
+    assert!(shown.contains("retry_base = \"1h\""), "{shown}");
+}
+
+#[test]
+fn reload_with_an_invalid_config_keeps_the_old_one() {
+    let env = Env::new();
+    let d = env.start();
+    d.wait_applied(&env.repo.head());
+
+    // Picked up by the file watcher, refused, logged with its location.
+    env.dropin("30-goal.toml", "[apply]\ngoal = \"reboot-now\"\n");
+    wait_for("the refused reload in the log", || {
+        d.log()
+            .contains("configuration reload failed")
+            .then_some(())
+    });
+    assert!(
+        d.log()
+            .contains("30-goal.toml:2:8: apply.goal: unknown variant `reboot-now`"),
+        "{}",
+        d.log()
+    );
+    let second = env.repo.commit("c.nix", "{ }\n", "c");
+    d.ctl_ok(&["sync"]);
+    d.wait_applied(&second);
+    assert_eq!(
+        env.calls().last().unwrap().argv.last().unwrap(),
+        "switch",
+        "old config in force"
+    );
+
+    // A valid change, announced with SIGHUP, takes effect.
+    env.dropin("30-goal.toml", "[apply]\ngoal = \"boot\"\n");
+    d.signal(Signal::SIGHUP);
+    wait_for("the reload", || {
+        d.log().contains("configuration reloaded").then_some(())
+    });
+    let third = env.repo.commit("d.nix", "{ }\n", "d");
+    d.ctl_ok(&["sync"]);
+    d.wait_applied(&third);
+    assert_eq!(env.calls().last().unwrap().argv.last().unwrap(), "boot");
+}
+
+#[test]
+fn git_daemon_remote_is_cloned_and_fetched() {
+    if !support::require("git") {
+        return;
+    }
+    let env = Env::new();
+    let served = env.root.join("served");
+    std::fs::create_dir_all(&served).unwrap();
+    let bare = served.join("hephaestus.git");
+    crate::support::git::git_cmd()
+        .args(["clone", "-q", "--bare"])
+        .arg(&env.repo.path)
+        .arg(&bare)
+        .status()
+        .unwrap();
+    let server = inetd::git_daemon(&served);
+    env.dropin(
+        "10-url.toml",
+        &format!(
+            "[sources.hephaestus]\nurl = \"git://127.0.0.1:{}/hephaestus.git\"\n",
+            server.port
+        ),
+    );
+    let d = env.start();
+    d.wait_applied(&env.repo.head());
+
+    let next = env.repo.commit("e.nix", "{ }\n", "e");
+    env.repo
+        .git(&["push", "-q", bare.to_str().unwrap(), "main"]);
+    d.ctl_ok(&["sync", "hephaestus"]);
+    let s = d.wait_applied(&next);
+    assert!(
+        s["sources"]["hephaestus"]["url"]
+            .as_str()
+            .unwrap()
+            .starts_with("git://127.0.0.1:")
+    );
+}
+
+#[test]
+fn https_remote_is_cloned_and_fetched() {
+    if !support::require("git") {
+        return;
+    }
+    let env = Env::new();
+    let served = env.root.join("served");
+    std::fs::create_dir_all(&served).unwrap();
+    let bare = served.join("hephaestus.git");
+    crate::support::git::git_cmd()
+        .args(["clone", "-q", "--bare"])
+        .arg(&env.repo.path)
+        .arg(&bare)
+        .status()
+        .unwrap();
+    let server = support::http::GitHttpServer::start(
+        &served,
+        support::http::Options {
+            tls: true,
+            ..Default::default()
+        },
+    );
+    env.dropin(
+        "10-url.toml",
+        &format!(
+            "[sources.hephaestus]\nurl = \"{}/hephaestus.git\"\n",
+            server.base_url
+        ),
+    );
+    let mut env = env;
+    let ca = server.ca.as_ref().unwrap().pem_path.display().to_string();
+    env.daemon_env.push(("SSL_CERT_FILE".into(), ca));
+    let d = env.start();
+    d.wait_applied(&env.repo.head());
+    let next = env.repo.commit("f.nix", "{ }\n", "f");
+    env.repo
+        .git(&["push", "-q", bare.to_str().unwrap(), "main"]);
+    d.ctl_ok(&["sync"]);
+    d.wait_applied(&next);
+    assert!(
+        server
+            .requests()
+            .iter()
+            .any(|r| r.uri.contains("git-upload-pack"))
+    );
+}
+
+#[test]
+fn file_url_and_fetch_errors_are_reported_then_recover() {
+    let env = Env::new();
+    let moved = env.root.join("moved-away");
+    env.dropin(
+        "10-url.toml",
+        &format!(
+            "[sources.hephaestus]\nurl = \"file://{}\"\n",
+            moved.display()
+        ),
+    );
+    let d = env.start();
+    let s = d.wait_status("the fetch error", |s| {
+        s["sources"]["hephaestus"]["error"].is_string()
+    });
+    assert!(s["sources"]["hephaestus"]["failing_since"].is_string());
+    assert_eq!(s["apply"]["state"], "idle");
+    let out = d.ctl(&["sync"]);
+    assert_eq!(out.status.code(), Some(1), "a failed fetch fails the sync");
+    assert!(String::from_utf8_lossy(&out.stdout).contains("fetch failed"));
+
+    std::fs::rename(&env.repo.path, &moved).unwrap();
+    let moved_repo = GitRepo { path: moved };
+    d.ctl_ok(&["sync"]);
+    let s = d.wait_applied(&moved_repo.head());
+    assert_eq!(s["sources"]["hephaestus"]["error"], Value::Null);
+    assert_eq!(s["sources"]["hephaestus"]["failing_since"], Value::Null);
+}
+
+#[test]
+fn sigterm_during_an_apply_waits_then_stops_it_and_exits_0() {
+    let env = Env::new();
+    env.dropin("50-grace.toml", "[apply]\nshutdown_grace = \"1s\"\n");
+    env.stub("hang", "");
+    let mut d = env.start();
+    d.wait_status("the apply to run", |s| s["apply"]["state"] == "applying");
+    let call = wait_for("the stand-in to start its grandchildren", || {
+        env.calls()
+            .into_iter()
+            .next()
+            .filter(|c| c.grandchildren().len() == 2)
+    });
+    d.signal(Signal::SIGTERM);
+    let status = d.wait_exit();
+    assert_eq!(status.code(), Some(0), "log:\n{}", d.log());
+    assert!(d.notes.iter().any(|n| n == "STOPPING=1"));
+    for pid in call.grandchildren().into_iter().chain([call.pid()]) {
+        wait_for(&format!("process {pid} to be gone"), || {
+            (!process_running(pid)).then_some(())
+        });
+    }
+    assert!(!env.socket.exists(), "the socket is removed");
+    let history: Value =
+        serde_json::from_str(&std::fs::read_to_string(env.state_dir.join("history.json")).unwrap())
+            .unwrap();
+    assert_eq!(history["attempts"][0]["outcome"], "interrupted");
+    drop(d);
+
+    // The interrupted revision is applied on the next start.
+    env.unstub("hang");
+    let d = env.start();
+    d.wait_applied(&env.repo.head());
+}
+
+#[test]
+fn killed_mid_apply_resolves_the_attempt_on_the_next_start() {
+    let env = Env::new();
+    env.stub("hang", "");
+    let d = env.start();
+    let call = wait_for("the stand-in to start its grandchildren", || {
+        env.calls()
+            .into_iter()
+            .next()
+            .filter(|c| c.grandchildren().len() == 2)
+    });
+    d.crash();
+    // The apply runs in its own process group, so it outlives the SIGKILLed ginx...
+    assert!(process_running(call.pid()));
+    env.unstub("hang");
+    let d = env.start();
+    // ...until the next ginx finds it recorded in flight and stops it.
+    for pid in call.grandchildren().into_iter().chain([call.pid()]) {
+        wait_for(&format!("process {pid} to be gone"), || {
+            (!process_running(pid)).then_some(())
+        });
+    }
+    d.wait_applied(&env.repo.head());
+    let history: Value = serde_json::from_str(&d.ctl_ok(&["history", "--json"])).unwrap();
+    let outcomes: Vec<&str> = history["attempts"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|a| a["outcome"].as_str().unwrap())
+        .collect();
+    assert_eq!(outcomes, ["succeeded", "interrupted"]);
+}

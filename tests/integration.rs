@@ -1,0 +1,7 @@
+//! Integration tests: the real `ginx` and `ginxctl` binaries, in temporary directories, against
+//! real Git repositories and servers on 127.0.0.1 and a stand-in colmena.
+
+mod support;
+
+mod control_socket;
+mod core_loop;

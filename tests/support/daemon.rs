@@ -1,0 +1,352 @@
+//! A test environment (a Hephaestus repo, the stand-in colmena, a configuration) and the real
+//! `ginx` daemon running in it, with a `NOTIFY_SOCKET` the test binds.
+
+use std::cell::Cell;
+use std::collections::HashMap;
+use std::os::unix::fs::PermissionsExt;
+use std::os::unix::net::UnixDatagram;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, ExitStatus, Output, Stdio};
+use std::time::{Duration, Instant};
+
+use nix::sys::signal::{Signal, kill};
+use nix::unistd::Pid;
+use serde_json::Value;
+
+use super::{GitRepo, PATIENCE, ginx_bin, ginxctl_bin, support_dir, wait_for};
+
+/// One recorded call of the stand-in colmena.
+#[derive(Debug, Clone)]
+pub struct Call {
+    pub dir: PathBuf,
+    pub argv: Vec<String>,
+    pub cwd: PathBuf,
+    pub env: HashMap<String, String>,
+    pub finished: bool,
+}
+
+impl Call {
+    pub fn grandchildren(&self) -> Vec<i32> {
+        std::fs::read_to_string(self.dir.join("grandchildren"))
+            .unwrap_or_default()
+            .lines()
+            .filter_map(|l| l.trim().parse().ok())
+            .collect()
+    }
+
+    pub fn pid(&self) -> i32 {
+        std::fs::read_to_string(self.dir.join("pid"))
+            .unwrap()
+            .trim()
+            .parse()
+            .unwrap()
+    }
+}
+
+pub struct Env {
+    _tmp: tempfile::TempDir,
+    pub root: PathBuf,
+    pub repo: GitRepo,
+    pub stub_dir: PathBuf,
+    pub colmena: PathBuf,
+    pub config: PathBuf,
+    pub socket: PathBuf,
+    pub state_dir: PathBuf,
+    /// Extra environment for the daemon.
+    pub daemon_env: Vec<(String, String)>,
+    starts: Cell<u32>,
+}
+
+impl Env {
+    /// A repo with a trivial hive and a configuration that applies it with the stand-in colmena.
+    /// Fetching is left to `ginxctl sync` (the interval is an hour) and failed revisions wait an
+    /// hour, so nothing happens behind a test's back.
+    pub fn new() -> Self {
+        let tmp = tempfile::Builder::new()
+            .prefix("ginx-test-")
+            .tempdir()
+            .unwrap();
+        let root = tmp.path().to_owned();
+        let repo = GitRepo::init(&root.join("hephaestus"));
+        let stub_dir = root.join("stub");
+        std::fs::create_dir_all(&stub_dir).unwrap();
+        let bin = root.join("bin");
+        std::fs::create_dir_all(&bin).unwrap();
+        let colmena = bin.join("colmena");
+        std::fs::copy(support_dir().join("colmena-stub"), &colmena).unwrap();
+        std::fs::set_permissions(&colmena, std::fs::Permissions::from_mode(0o755)).unwrap();
+        let env = Self {
+            config: root.join("etc/config.toml"),
+            socket: root.join("run/ginx.sock"),
+            state_dir: root.join("state"),
+            _tmp: tmp,
+            root,
+            repo,
+            stub_dir,
+            colmena,
+            daemon_env: Vec::new(),
+            starts: Cell::new(0),
+        };
+        env.write_config(&env.base_config());
+        env
+    }
+
+    pub fn base_config(&self) -> String {
+        format!(
+            r#"state_dir = "{state}"
+socket = "{socket}"
+
+[node]
+name = "lucy"
+
+[sources.hephaestus]
+url = "{repo}"
+interval = "1h"
+
+[apply]
+command = ["{colmena}", "apply-local", "--node", "{{node}}"]
+retry_base = "1h"
+retry_max = "8h"
+kill_grace = "1s"
+
+[control]
+group = "root"
+"#,
+            state = self.state_dir.display(),
+            socket = self.socket.display(),
+            repo = self.repo.path.display(),
+            colmena = self.colmena.display(),
+        )
+    }
+
+    pub fn write_config(&self, text: &str) {
+        std::fs::create_dir_all(self.config.parent().unwrap()).unwrap();
+        std::fs::write(&self.config, text).unwrap();
+    }
+
+    /// Writes `config.d/<name>`; drop-ins override the base configuration key by key.
+    pub fn dropin(&self, name: &str, text: &str) {
+        let dir = self.config.parent().unwrap().join("config.d");
+        std::fs::create_dir_all(&dir).unwrap();
+        std::fs::write(dir.join(name), text).unwrap();
+    }
+
+    /// Sets a behaviour file of the stand-in colmena (see tests/support/colmena-stub).
+    pub fn stub(&self, file: &str, content: &str) {
+        std::fs::write(self.stub_dir.join(file), content).unwrap();
+    }
+
+    pub fn unstub(&self, file: &str) {
+        let _ = std::fs::remove_file(self.stub_dir.join(file));
+    }
+
+    /// Every call of the stand-in colmena so far, oldest first.
+    pub fn calls(&self) -> Vec<Call> {
+        let Ok(entries) = std::fs::read_dir(self.stub_dir.join("calls")) else {
+            return Vec::new();
+        };
+        let mut dirs: Vec<PathBuf> = entries.flatten().map(|e| e.path()).collect();
+        dirs.sort();
+        dirs.into_iter()
+            .filter_map(|dir| {
+                // A call directory is complete once the stub wrote its pid (the last record).
+                let pid = std::fs::read_to_string(dir.join("pid")).ok()?;
+                if pid.trim().is_empty() {
+                    return None;
+                }
+                let argv = std::fs::read_to_string(dir.join("argv")).ok()?;
+                let cwd = std::fs::read_to_string(dir.join("cwd")).ok()?;
+                let env = std::fs::read_to_string(dir.join("env"))
+                    .ok()?
+                    .lines()
+                    .filter_map(|l| l.split_once('='))
+                    .map(|(k, v)| (k.to_owned(), v.to_owned()))
+                    .collect();
+                Some(Call {
+                    argv: argv.lines().map(str::to_owned).collect(),
+                    cwd: PathBuf::from(cwd.trim()),
+                    env,
+                    finished: dir.join("finished").exists(),
+                    dir,
+                })
+            })
+            .collect()
+    }
+
+    pub fn start(&self) -> Daemon {
+        self.start_with(|_| {})
+    }
+
+    /// Starts `ginx`, letting `tweak` adjust the command, and waits for `READY=1`.
+    pub fn start_with(&self, tweak: impl FnOnce(&mut Command)) -> Daemon {
+        let n = self.starts.get();
+        self.starts.set(n + 1);
+        let notify_path = self.root.join(format!("notify-{n}.sock"));
+        let notify = UnixDatagram::bind(&notify_path).unwrap();
+        notify.set_nonblocking(true).unwrap();
+        let log = self.root.join(format!("ginx-{n}.log"));
+        let log_file = std::fs::File::create(&log).unwrap();
+        let mut cmd = Command::new(ginx_bin());
+        cmd.arg("--config")
+            .arg(&self.config)
+            .env("NOTIFY_SOCKET", &notify_path)
+            .env("RUST_LOG", "info")
+            .env("GINX_STUB_DIR", &self.stub_dir)
+            .env_remove("WATCHDOG_USEC")
+            .env_remove("WATCHDOG_PID")
+            .env_remove("INVOCATION_ID")
+            .envs(self.daemon_env.iter().map(|(k, v)| (k, v)))
+            .stdin(Stdio::null())
+            .stdout(log_file.try_clone().unwrap())
+            .stderr(log_file);
+        tweak(&mut cmd);
+        let child = cmd.spawn().expect("starting ginx");
+        let mut d = Daemon {
+            pid: child.id() as i32,
+            child: Some(child),
+            notify,
+            notes: Vec::new(),
+            socket: self.socket.clone(),
+            log,
+        };
+        d.wait_note("READY=1", |n| n == "READY=1");
+        d
+    }
+}
+
+pub struct Daemon {
+    pub pid: i32,
+    child: Option<Child>,
+    notify: UnixDatagram,
+    /// Every sd_notify datagram received so far, split into lines.
+    pub notes: Vec<String>,
+    pub socket: PathBuf,
+    pub log: PathBuf,
+}
+
+impl Daemon {
+    /// Reads pending sd_notify datagrams.
+    pub fn poll_notes(&mut self) {
+        let mut buf = vec![0u8; 4096];
+        while let Ok(n) = self.notify.recv(&mut buf) {
+            let text = String::from_utf8_lossy(&buf[..n]).into_owned();
+            self.notes.extend(text.lines().map(str::to_owned));
+        }
+    }
+
+    /// Waits for a notification matching `pred`.
+    pub fn wait_note(&mut self, what: &str, pred: impl Fn(&str) -> bool) -> String {
+        let start = Instant::now();
+        loop {
+            if let Some(n) = self.notes.iter().find(|n| pred(n)) {
+                return n.clone();
+            }
+            self.poll_notes();
+            if let Some(status) = self
+                .child
+                .as_mut()
+                .and_then(|c| c.try_wait().ok().flatten())
+            {
+                panic!("ginx exited ({status}) before {what}; log:\n{}", self.log());
+            }
+            if start.elapsed() > PATIENCE {
+                panic!("no {what} from ginx; log:\n{}", self.log());
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    pub fn log(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+
+    pub fn ctl(&self, args: &[&str]) -> Output {
+        ctl_at(&self.socket, args)
+    }
+
+    /// Runs `ginxctl`, failing the test unless it exits 0; returns stdout.
+    pub fn ctl_ok(&self, args: &[&str]) -> String {
+        let out = self.ctl(args);
+        assert!(
+            out.status.success(),
+            "ginxctl {args:?} failed ({}): {}\nlog:\n{}",
+            out.status,
+            String::from_utf8_lossy(&out.stderr),
+            self.log()
+        );
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    }
+
+    pub fn status(&self) -> Value {
+        serde_json::from_str(&self.ctl_ok(&["status", "--json"])).unwrap()
+    }
+
+    /// Waits until the status satisfies `pred`, and returns that status.
+    pub fn wait_status(&self, what: &str, pred: impl Fn(&Value) -> bool) -> Value {
+        let start = Instant::now();
+        loop {
+            let s = self.status();
+            if pred(&s) {
+                return s;
+            }
+            if start.elapsed() > PATIENCE {
+                panic!(
+                    "timed out waiting for {what}; last status:\n{s:#}\nlog:\n{}",
+                    self.log()
+                );
+            }
+            std::thread::sleep(Duration::from_millis(25));
+        }
+    }
+
+    /// Waits until `revision` is applied.
+    pub fn wait_applied(&self, revision: &str) -> Value {
+        self.wait_status(&format!("{revision} applied"), |s| {
+            s["apply"]["state"] == "succeeded" && s["apply"]["applied_revision"] == revision
+        })
+    }
+
+    pub fn signal(&self, sig: Signal) {
+        kill(Pid::from_raw(self.pid), sig).unwrap();
+    }
+
+    /// SIGTERM, then waits for the exit.
+    pub fn stop(mut self) -> ExitStatus {
+        self.signal(Signal::SIGTERM);
+        self.wait_exit()
+    }
+
+    pub fn wait_exit(&mut self) -> ExitStatus {
+        let child = self.child.as_mut().expect("ginx already reaped");
+        let status = wait_for("ginx to exit", || child.try_wait().unwrap());
+        self.child = None;
+        self.poll_notes();
+        status
+    }
+
+    /// SIGKILL: ginx gets no chance to clean up.
+    pub fn crash(mut self) {
+        self.signal(Signal::SIGKILL);
+        self.wait_exit();
+    }
+}
+
+impl Drop for Daemon {
+    fn drop(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+}
+
+/// Runs the real `ginxctl` against `socket`.
+pub fn ctl_at(socket: &Path, args: &[&str]) -> Output {
+    Command::new(ginxctl_bin())
+        .arg("--socket")
+        .arg(socket)
+        .args(args)
+        .env_remove("GINX_SOCKET")
+        .output()
+        .expect("running ginxctl")
+}

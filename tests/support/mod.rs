@@ -1,0 +1,77 @@
+//! Support for the integration tests: the real binaries in temp directories, real Git servers on
+//! 127.0.0.1, a stand-in colmena, and helpers to wait for behaviour (never for wall-clock time).
+
+#![allow(dead_code)] // Each test module uses a different part of the support code.
+
+pub mod daemon;
+pub mod git;
+pub mod http;
+pub mod inetd;
+pub mod tls;
+
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+pub use daemon::Env;
+pub use git::GitRepo;
+
+/// How long a wait for some behaviour may take before the test fails. Generous, because CI
+/// machines are slow and shared; tests never assert on how long things take.
+pub const PATIENCE: Duration = Duration::from_secs(90);
+
+pub fn ginx_bin() -> PathBuf {
+    PathBuf::from(env!("CARGO_BIN_EXE_ginx"))
+}
+
+pub fn ginxctl_bin() -> PathBuf {
+    PathBuf::from(env!("CARGO_BIN_EXE_ginxctl"))
+}
+
+/// The tests/support directory (fixtures and stand-ins live here).
+pub fn support_dir() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/support")
+}
+
+/// Whether `tool` can be run. In CI (`CI=true`) a missing tool fails the test; on a developer
+/// machine the test is skipped with a note saying why.
+pub fn require(tool: &str) -> bool {
+    let found = which(tool).is_some();
+    if !found {
+        if std::env::var("CI").is_ok_and(|v| v == "true") {
+            panic!("{tool} is required in CI but was not found; .ci/run must install it");
+        }
+        eprintln!("SKIPPED: {tool} is not installed on this machine");
+    }
+    found
+}
+
+pub fn which(tool: &str) -> Option<PathBuf> {
+    if tool.contains('/') {
+        return Path::new(tool).exists().then(|| PathBuf::from(tool));
+    }
+    std::env::var_os("PATH").and_then(|paths| {
+        std::env::split_paths(&paths)
+            .map(|p| p.join(tool))
+            .find(|p| p.is_file())
+    })
+}
+
+/// Polls `f` until it returns `Some`, failing the test with `what` after [`PATIENCE`].
+pub fn wait_for<T>(what: &str, mut f: impl FnMut() -> Option<T>) -> T {
+    let start = Instant::now();
+    loop {
+        if let Some(v) = f() {
+            return v;
+        }
+        if start.elapsed() > PATIENCE {
+            panic!("timed out waiting for {what}");
+        }
+        std::thread::sleep(Duration::from_millis(25));
+    }
+}
+
+/// Whether process `pid` is running (not gone, not a zombie).
+pub fn process_running(pid: i32) -> bool {
+    std::fs::read_to_string(format!("/proc/{pid}/stat"))
+        .is_ok_and(|s| !s.contains(") Z ") && !s.contains(") X "))
+}

@@ -1,0 +1,59 @@
+//! A test certificate authority: a CA written to a PEM file (for `SSL_CERT_FILE` or a
+//! kubeconfig) and server certificates for 127.0.0.1 signed by it.
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use rcgen::{BasicConstraints, CertificateParams, CertifiedIssuer, IsCa, KeyPair};
+use rustls::pki_types::{CertificateDer, PrivateKeyDer, PrivatePkcs8KeyDer};
+
+pub struct TestCa {
+    issuer: CertifiedIssuer<'static, KeyPair>,
+    /// The CA certificate, PEM.
+    pub pem_path: PathBuf,
+}
+
+impl TestCa {
+    pub fn new(dir: &Path) -> Self {
+        let mut params = CertificateParams::new(Vec::<String>::new()).unwrap();
+        params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+        params
+            .distinguished_name
+            .push(rcgen::DnType::CommonName, "ginx test CA");
+        let issuer = CertifiedIssuer::self_signed(params, KeyPair::generate().unwrap()).unwrap();
+        let pem_path = dir.join("test-ca.pem");
+        std::fs::write(&pem_path, issuer.pem()).unwrap();
+        Self { issuer, pem_path }
+    }
+
+    pub fn pem(&self) -> String {
+        self.issuer.pem()
+    }
+
+    /// A certificate and key for `names` (DNS names or IP addresses), signed by this CA.
+    pub fn issue(&self, names: &[&str]) -> (CertificateDer<'static>, PrivateKeyDer<'static>) {
+        let key = KeyPair::generate().unwrap();
+        let params =
+            CertificateParams::new(names.iter().map(|s| (*s).to_owned()).collect::<Vec<_>>())
+                .unwrap();
+        let cert = params.signed_by(&key, &self.issuer).unwrap();
+        (
+            cert.der().clone(),
+            PrivateKeyDer::Pkcs8(PrivatePkcs8KeyDer::from(key.serialize_der())),
+        )
+    }
+
+    /// A rustls server configuration for 127.0.0.1 and localhost.
+    pub fn server_config(&self) -> Arc<rustls::ServerConfig> {
+        let (cert, key) = self.issue(&["127.0.0.1", "localhost"]);
+        let config = rustls::ServerConfig::builder_with_provider(Arc::new(
+            rustls::crypto::ring::default_provider(),
+        ))
+        .with_safe_default_protocol_versions()
+        .unwrap()
+        .with_no_client_auth()
+        .with_single_cert(vec![cert, self.issuer.der().clone()], key)
+        .unwrap();
+        Arc::new(config)
+    }
+}
