@@ -201,3 +201,19 @@ fn no_watchdog_pings_without_watchdog_usec() {
     d.poll_notes();
     assert!(!d.notes.iter().any(|n| n == "WATCHDOG=1"));
 }
+
+/// Regression: sd_notify blocked in `sendmsg` once the notify socket's queue was full, which
+/// froze the whole daemon (found by the core-loop benchmark).
+#[test]
+fn a_notify_socket_nobody_reads_does_not_stall_ginx() {
+    let env = Env::new();
+    let d = env.start();
+    d.wait_applied(&env.repo.head());
+    // Each apply changes STATUS= several times; the unread queue holds about ten datagrams.
+    for i in 0..8 {
+        let rev = env.repo.commit(&format!("n{i}.nix"), "{ }\n", "n");
+        d.ctl_ok(&["sync"]);
+        d.wait_applied(&rev);
+    }
+    assert_eq!(d.status()["apply"]["state"], "succeeded");
+}

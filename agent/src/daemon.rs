@@ -74,11 +74,21 @@ pub async fn run(config_path: PathBuf) -> anyhow::Result<()> {
     ));
     let reconciler_task = tokio::spawn(reconciler.run());
 
-    notify(&[NotifyState::Ready]);
+    let notifier = Notifier::start();
+    notifier.send(Note::Ready);
     tracing::info!(socket = %cfg.socket.display(), "ready");
-    tokio::spawn(report_status(Arc::clone(&backend), shutdown_rx.clone()));
+    tokio::spawn(report_status(
+        Arc::clone(&backend),
+        notifier.clone(),
+        shutdown_rx.clone(),
+    ));
     if let Some(period) = sd_notify::watchdog_enabled() {
-        tokio::spawn(watchdog(period, commands_tx.clone(), shutdown_rx.clone()));
+        tokio::spawn(watchdog(
+            period,
+            commands_tx.clone(),
+            notifier.clone(),
+            shutdown_rx.clone(),
+        ));
     }
 
     let mut sigterm = signal(SignalKind::terminate()).context("installing the SIGTERM handler")?;
@@ -111,7 +121,8 @@ pub async fn run(config_path: PathBuf) -> anyhow::Result<()> {
         }
     }
 
-    notify(&[NotifyState::Stopping, NotifyState::Status("stopping")]);
+    notifier.send(Note::Stopping);
+    notifier.send(Note::Status("stopping".into()));
     tracing::info!("stopping: no more fetches; waiting for a running apply");
     let _ = shutdown_tx.send(true);
     drop(watcher);
@@ -120,13 +131,72 @@ pub async fn run(config_path: PathBuf) -> anyhow::Result<()> {
         tracing::error!(error = %e, "apply loop ended abnormally");
     }
     let _ = server_task.await;
+    notifier.flush();
     tracing::info!("stopped");
     Ok(())
 }
 
-fn notify(states: &[NotifyState<'_>]) {
-    if let Err(e) = sd_notify::notify(states) {
-        tracing::debug!(error = %e, "sd_notify failed");
+/// Talks to systemd from a thread of its own: a notify socket that nobody reads (a full
+/// queue blocks `sendmsg`) must never stall the daemon. Status lines are coalesced to the
+/// newest while the socket is slow; everything else is sent in order.
+#[derive(Clone)]
+struct Notifier {
+    tx: std::sync::mpsc::Sender<Note>,
+}
+
+enum Note {
+    Ready,
+    Status(String),
+    Watchdog,
+    Stopping,
+    Flush(std::sync::mpsc::Sender<()>),
+}
+
+impl Notifier {
+    fn start() -> Self {
+        let (tx, rx) = std::sync::mpsc::channel::<Note>();
+        let spawned = std::thread::Builder::new()
+            .name("sd-notify".into())
+            .spawn(move || {
+                while let Ok(first) = rx.recv() {
+                    let mut batch = vec![first];
+                    batch.extend(rx.try_iter());
+                    let newest_status = batch.iter().rposition(|n| matches!(n, Note::Status(_)));
+                    for (i, note) in batch.into_iter().enumerate() {
+                        let sent = match &note {
+                            Note::Ready => sd_notify::notify(&[NotifyState::Ready]),
+                            Note::Watchdog => sd_notify::notify(&[NotifyState::Watchdog]),
+                            Note::Stopping => sd_notify::notify(&[NotifyState::Stopping]),
+                            Note::Status(s) if Some(i) == newest_status => {
+                                sd_notify::notify(&[NotifyState::Status(s)])
+                            }
+                            Note::Status(_) => Ok(()),
+                            Note::Flush(done) => {
+                                let _ = done.send(());
+                                Ok(())
+                            }
+                        };
+                        if let Err(e) = sent {
+                            tracing::debug!(error = %e, "sd_notify failed");
+                        }
+                    }
+                }
+            });
+        if let Err(e) = spawned {
+            tracing::warn!(error = %e, "cannot start the sd_notify thread; systemd will not hear from ginx");
+        }
+        Self { tx }
+    }
+
+    fn send(&self, note: Note) {
+        let _ = self.tx.send(note);
+    }
+
+    /// Waits (briefly) until everything sent so far has gone out.
+    fn flush(&self) {
+        let (tx, rx) = std::sync::mpsc::channel();
+        self.send(Note::Flush(tx));
+        let _ = rx.recv_timeout(Duration::from_secs(2));
     }
 }
 
@@ -247,14 +317,18 @@ impl Reloader {
 }
 
 /// Sends `STATUS=` whenever the one-line summary changes.
-async fn report_status(backend: Arc<Backend>, mut shutdown: watch::Receiver<bool>) {
+async fn report_status(
+    backend: Arc<Backend>,
+    notifier: Notifier,
+    mut shutdown: watch::Receiver<bool>,
+) {
     let mut published = backend.published.clone();
     let mut sources = backend.sources.clone();
     let mut last = String::new();
     loop {
         let line = summary(&backend.status());
         if line != last {
-            notify(&[NotifyState::Status(&line)]);
+            notifier.send(Note::Status(line.clone()));
             last = line;
         }
         tokio::select! {
@@ -304,6 +378,7 @@ pub fn summary(status: &crate::control::Status) -> String {
 async fn watchdog(
     period: Duration,
     commands: mpsc::Sender<reconcile::Command>,
+    notifier: Notifier,
     mut shutdown: watch::Receiver<bool>,
 ) {
     let every = period / 2;
@@ -321,7 +396,7 @@ async fn watchdog(
             .await
             .is_ok_and(|r| r.is_ok())
         {
-            notify(&[NotifyState::Watchdog]);
+            notifier.send(Note::Watchdog);
         } else {
             tracing::warn!("apply loop did not answer the watchdog ping");
         }

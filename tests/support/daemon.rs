@@ -345,6 +345,7 @@ pub fn ctl_at(socket: &Path, args: &[&str]) -> Output {
     Command::new(ginxctl_bin())
         .arg("--socket")
         .arg(socket)
+        .args(["--timeout", "90s"])
         .args(args)
         .env_remove("GINX_SOCKET")
         .output()
