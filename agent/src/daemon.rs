@@ -15,7 +15,7 @@ use tokio::sync::{mpsc, watch};
 use crate::config::{self, Config};
 use crate::control::server::{self, Backend};
 use crate::reconcile::{self, ApplyState, Published, Reconciler};
-use crate::source::{self, PollerHandle, StatusMap, Workspace};
+use crate::source::{self, PollerCmd, PollerConfig, PollerHandle, StatusMap, Workspace};
 use crate::util;
 
 /// Runs the daemon until SIGTERM/SIGINT. Errors are start-up failures.
@@ -28,6 +28,9 @@ pub async fn run(config_path: PathBuf) -> anyhow::Result<()> {
         files = ?loaded.files,
         "starting ginx"
     );
+    if let Some(t) = cfg.sources.values().map(|s| s.fetch_timeout.get()).min() {
+        source::set_network_timeout(t);
+    }
     std::fs::create_dir_all(&cfg.state_dir)
         .with_context(|| format!("creating state_dir {}", cfg.state_dir.display()))?;
 
@@ -51,7 +54,7 @@ pub async fn run(config_path: PathBuf) -> anyhow::Result<()> {
 
     let mut sources = Sources {
         running: BTreeMap::new(),
-        sync_channels: Arc::new(Mutex::new(BTreeMap::new())),
+        channels: Arc::new(Mutex::new(BTreeMap::new())),
         workspace,
         statuses: Arc::clone(&statuses),
         shutdown: shutdown_rx.clone(),
@@ -63,7 +66,7 @@ pub async fn run(config_path: PathBuf) -> anyhow::Result<()> {
         sources: statuses.subscribe(),
         published: published_rx.clone(),
         reconciler: commands_tx.clone(),
-        pollers: Arc::clone(&sources.sync_channels),
+        pollers: Arc::clone(&sources.channels),
         started_at: util::now(),
     });
     let server_task = tokio::spawn(server::serve(
@@ -203,9 +206,8 @@ impl Notifier {
 /// The running pollers, kept in line with the configuration.
 struct Sources {
     running: BTreeMap<String, PollerHandle>,
-    sync_channels: Arc<
-        Mutex<BTreeMap<String, mpsc::Sender<tokio::sync::oneshot::Sender<source::SyncOutcome>>>>,
-    >,
+    /// Command channels of the running pollers, shared with the control socket.
+    channels: Arc<Mutex<BTreeMap<String, mpsc::Sender<PollerCmd>>>>,
     workspace: Arc<Workspace>,
     statuses: Arc<StatusMap>,
     shutdown: watch::Receiver<bool>,
@@ -230,12 +232,17 @@ impl Sources {
             tracing::info!(source = %name, "source removed");
         }
         for (name, sc) in &cfg.sources {
+            let pc = PollerConfig {
+                source: sc.clone(),
+                node: cfg.node_name().to_owned(),
+                applied: cfg.apply.source == *name,
+            };
             match self.running.get(name) {
                 Some(p) => {
                     p.config.send_if_modified(|old| {
-                        let changed = old != sc;
+                        let changed = *old != pc;
                         if changed {
-                            *old = sc.clone();
+                            *old = pc;
                         }
                         changed
                     });
@@ -243,7 +250,7 @@ impl Sources {
                 None => {
                     let handle = source::spawn_poller(
                         name.clone(),
-                        sc.clone(),
+                        pc,
                         &self.workspace,
                         Arc::clone(&self.statuses),
                         self.shutdown.clone(),
@@ -252,16 +259,16 @@ impl Sources {
                 }
             }
         }
-        let mut channels = self.sync_channels.lock().unwrap_or_else(|p| p.into_inner());
+        let mut channels = self.channels.lock().unwrap_or_else(|p| p.into_inner());
         *channels = self
             .running
             .iter()
-            .map(|(n, p)| (n.clone(), p.sync.clone()))
+            .map(|(n, p)| (n.clone(), p.commands.clone()))
             .collect();
     }
 
     fn stop_all(&mut self) {
-        self.sync_channels
+        self.channels
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .clear();

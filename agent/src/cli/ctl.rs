@@ -9,7 +9,9 @@ use clap::{Parser, Subcommand};
 use super::render;
 use crate::config::{self, DEFAULT_CONFIG_PATH, Duration};
 use crate::control::client::{Client, ClientError};
-use crate::control::protocol::{Command, HistoryReport, Status, SuspendReport, SyncReport};
+use crate::control::protocol::{
+    AcceptReport, Command, HistoryReport, Status, SuspendReport, SyncReport,
+};
 
 /// Talk to the ginx daemon on this node.
 #[derive(Debug, Parser)]
@@ -45,6 +47,13 @@ pub enum CtlCommand {
     Suspend,
     /// Apply again after `suspend`.
     Resume,
+    /// After a deliberate history rewrite (force push), make REVISION the commit new heads of
+    /// SOURCE must descend from.
+    Accept {
+        source: String,
+        /// A commit id (full, or an unambiguous prefix) present in the clone.
+        revision: String,
+    },
     /// Show past apply attempts, newest first.
     History {
         #[arg(long)]
@@ -113,6 +122,13 @@ fn run(client: &Client, command: CtlCommand) -> Result<ExitCode, ClientError> {
             } else {
                 "was not suspended\n".into()
             });
+        }
+        CtlCommand::Accept { source, revision } => {
+            let r: AcceptReport = client.call(Command::Accept { source, revision })?;
+            print(render::accept(&r));
+            if r.outcome.error.is_some() {
+                return Ok(ExitCode::from(1));
+            }
         }
         CtlCommand::History {
             json,

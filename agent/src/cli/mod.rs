@@ -10,6 +10,7 @@ use std::process::ExitCode;
 use clap::{Parser, Subcommand};
 
 use crate::config::{self, DEFAULT_CONFIG_PATH};
+use crate::source::RemoteUrl;
 
 pub use ctl::{CtlArgs, CtlCommand};
 
@@ -55,7 +56,7 @@ fn check_config(path: &std::path::Path) -> ExitCode {
                 println!("#   {}", f.display());
             }
             for (name, s) in &loaded.config.sources {
-                if s.url.has_inline_credentials() {
+                if s.remotes().iter().any(RemoteUrl::has_inline_credentials) {
                     eprintln!(
                         "warning: sources.{name}.url carries credentials; anyone who can read the \
                          configuration can read them"

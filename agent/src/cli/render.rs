@@ -4,7 +4,7 @@ use std::fmt::Write;
 
 use jiff::Timestamp;
 
-use crate::control::protocol::{HistoryReport, Status, SyncReport};
+use crate::control::protocol::{AcceptReport, HistoryReport, Status, SyncReport};
 use crate::state::Stream;
 use crate::util::age;
 
@@ -104,6 +104,17 @@ pub fn sync(r: &SyncReport) -> String {
             }
         }
     }
+    o
+}
+
+pub fn accept(r: &AcceptReport) -> String {
+    let mut o = format!(
+        "{}: accepted {} as the new base; new heads must descend from it\n",
+        r.source, r.revision
+    );
+    o.push_str(&sync(&SyncReport {
+        sources: vec![r.outcome.clone()],
+    }));
     o
 }
 

@@ -20,7 +20,7 @@ pub use duration::Duration;
 pub use load::{Location, config_files};
 use load::{Origins, join_index, join_key};
 
-use crate::source::RemoteUrl;
+use crate::source::{RemoteUrl, Transport};
 
 /// Where the daemon and `ginxctl` look when no `--config` is given.
 pub const DEFAULT_CONFIG_PATH: &str = "/etc/ginx/config.toml";
@@ -85,13 +85,74 @@ impl fmt::Display for Role {
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct SourceConfig {
-    /// The remote. Shown everywhere without credentials.
-    pub url: RemoteUrl,
+    /// The remote. Shown everywhere without credentials. Either this or `urls`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub url: Option<RemoteUrl>,
+    /// Several remotes, tried in order on every fetch; the first that answers serves.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub urls: Vec<RemoteUrl>,
     #[serde(default = "default_branch")]
     pub branch: String,
     /// How often to fetch; each wait is jittered by ±10% so a fleet does not fetch in step.
     #[serde(default = "default_interval")]
     pub interval: Duration,
+    /// A fetch (all remotes together) taking longer is abandoned and counted as failed.
+    #[serde(default = "default_fetch_timeout")]
+    pub fetch_timeout: Duration,
+    /// Private key for SSH remotes (a deploy key); must not be readable by group or others.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ssh_key_file: Option<PathBuf>,
+    /// Host keys SSH remotes are checked against; an unknown or changed key is an error.
+    #[serde(default = "default_known_hosts_file")]
+    pub known_hosts_file: PathBuf,
+    /// Token for HTTPS remotes, sent as the password of HTTP basic authentication.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub token_file: Option<PathBuf>,
+    /// The user name sent with `token_file` (some servers want a particular one).
+    #[serde(default = "default_token_username")]
+    pub username: String,
+    /// Git's SSH allowed-signers file (`gpg.format=ssh`): when set, the head must carry a valid
+    /// SSH signature by a key listed there for the `git` namespace.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub allowed_signers_file: Option<PathBuf>,
+    /// OpenPGP public keys (armored or binary): when set, the head must carry a valid OpenPGP
+    /// signature by one of them. With `allowed_signers_file` too, either kind is accepted.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub openpgp_keyring_file: Option<PathBuf>,
+    /// A per-node branch (`{node}` is replaced) preferred while it descends from `branch`'s
+    /// head, applied with `testing_goal`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub testing_branch: Option<String>,
+    /// The goal for revisions of the testing branch; `test` does not touch the boot entries, so
+    /// a reboot returns to the last deployment of `branch`.
+    #[serde(default = "default_testing_goal")]
+    pub testing_goal: Goal,
+    /// A directory inside the repository to apply in (a hive in a subfolder).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub path: Option<PathBuf>,
+}
+
+impl SourceConfig {
+    /// The remotes in the order they are tried.
+    pub fn remotes(&self) -> Vec<RemoteUrl> {
+        if self.urls.is_empty() {
+            self.url.iter().cloned().collect()
+        } else {
+            self.urls.clone()
+        }
+    }
+
+    /// The testing branch of node `node`, if one is configured.
+    pub fn testing_branch_for(&self, node: &str) -> Option<String> {
+        self.testing_branch
+            .as_ref()
+            .map(|t| t.replace("{node}", node))
+    }
+
+    /// Whether any signature policy is configured.
+    pub fn requires_signature(&self) -> bool {
+        self.allowed_signers_file.is_some() || self.openpgp_keyring_file.is_some()
+    }
 }
 
 fn default_branch() -> String {
@@ -100,6 +161,22 @@ fn default_branch() -> String {
 
 fn default_interval() -> Duration {
     Duration::from_secs(60)
+}
+
+fn default_fetch_timeout() -> Duration {
+    Duration::from_secs(5 * 60)
+}
+
+fn default_known_hosts_file() -> PathBuf {
+    PathBuf::from("/etc/ssh/ssh_known_hosts")
+}
+
+fn default_token_username() -> String {
+    "git".to_owned()
+}
+
+fn default_testing_goal() -> Goal {
+    Goal::Test
 }
 
 /// The `colmena apply-local` goal, appended to `apply.command`.
@@ -351,8 +428,95 @@ impl Config {
                     format!("{:?} is not a valid branch name", source.branch),
                 ));
             }
-            if source.interval.is_zero() {
-                return Err(ctx.error(&join_key(&key, "interval"), "must be longer than 0s"));
+            for (field, d) in [
+                ("interval", source.interval),
+                ("fetch_timeout", source.fetch_timeout),
+            ] {
+                if d.is_zero() {
+                    return Err(ctx.error(&join_key(&key, field), "must be longer than 0s"));
+                }
+            }
+            match (&source.url, source.urls.is_empty()) {
+                (Some(_), false) => {
+                    return Err(ctx.error_at(
+                        &join_key(&key, "urls"),
+                        false,
+                        "set either url or urls, not both",
+                    ));
+                }
+                (None, true) => {
+                    return Err(ctx.error_at(&key, false,
+                        "missing url; give the remote as url = \"...\" (or several as urls = [...])"));
+                }
+                _ => {}
+            }
+            let remotes = source.remotes();
+            if source.ssh_key_file.is_some()
+                && !remotes.iter().any(|r| r.transport() == Transport::Ssh)
+            {
+                return Err(ctx.error(
+                    &join_key(&key, "ssh_key_file"),
+                    "is set but no remote of this source uses SSH",
+                ));
+            }
+            if source.token_file.is_some()
+                && !remotes
+                    .iter()
+                    .any(|r| matches!(r.transport(), Transport::Http | Transport::Https))
+            {
+                return Err(ctx.error(
+                    &join_key(&key, "token_file"),
+                    "is set but no remote of this source uses HTTP(S)",
+                ));
+            }
+            for (field, path) in [
+                ("ssh_key_file", &source.ssh_key_file),
+                ("token_file", &source.token_file),
+                ("allowed_signers_file", &source.allowed_signers_file),
+                ("openpgp_keyring_file", &source.openpgp_keyring_file),
+                ("known_hosts_file", &Some(source.known_hosts_file.clone())),
+            ] {
+                if let Some(p) = path
+                    && !p.is_absolute()
+                {
+                    return Err(ctx.error(
+                        &join_key(&key, field),
+                        format!("{} must be an absolute path", p.display()),
+                    ));
+                }
+            }
+            if let Some(testing) = source.testing_branch_for(self.node_name()) {
+                let valid = !testing.is_empty()
+                    && git2::Reference::is_valid_name(&format!("refs/heads/{testing}"));
+                if !valid {
+                    return Err(ctx.error(
+                        &join_key(&key, "testing_branch"),
+                        format!("{testing:?} is not a valid branch name"),
+                    ));
+                }
+                if testing == source.branch {
+                    return Err(
+                        ctx.error(&join_key(&key, "testing_branch"), "must differ from branch")
+                    );
+                }
+            }
+            if let Some(p) = &source.path {
+                let ok = p.is_relative()
+                    && p.components().all(|c| {
+                        matches!(
+                            c,
+                            std::path::Component::Normal(_) | std::path::Component::CurDir
+                        )
+                    });
+                if !ok {
+                    return Err(ctx.error(
+                        &join_key(&key, "path"),
+                        format!(
+                            "{} must be a relative path inside the repository, without \"..\"",
+                            p.display()
+                        ),
+                    ));
+                }
             }
         }
         if !self.sources.contains_key(&self.apply.source) {
@@ -576,10 +740,7 @@ url = "ssh://git@git.example.com/infra/hephaestus.git"
     #[test]
     fn missing_url_points_at_the_source_table() {
         let e = err_text("[node]\nname = \"lucy\"\n[sources.hephaestus]\nbranch = \"main\"\n");
-        assert!(
-            e.contains(":3:1: sources.hephaestus: missing field `url`"),
-            "{e}"
-        );
+        assert!(e.contains(":3:10: sources.hephaestus: missing url"), "{e}");
     }
 
     #[test]

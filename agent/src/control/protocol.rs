@@ -14,7 +14,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::config::Role;
 use crate::reconcile::ApplyStatus;
-use crate::source::{SourceStatus, SyncOutcome};
+use crate::source::{Revision, SourceStatus, SyncOutcome};
 use crate::state::Attempt;
 
 pub const PROTOCOL_VERSION: u32 = 1;
@@ -38,6 +38,12 @@ pub enum Command {
     },
     Suspend,
     Resume,
+    /// Make REVISION the commit new heads of SOURCE must descend from (after a deliberate
+    /// history rewrite).
+    Accept {
+        source: String,
+        revision: String,
+    },
     History {
         #[serde(default, skip_serializing_if = "Option::is_none")]
         limit: Option<usize>,
@@ -49,7 +55,7 @@ impl Command {
     pub fn mutates(&self) -> bool {
         matches!(
             self,
-            Command::Sync { .. } | Command::Suspend | Command::Resume
+            Command::Sync { .. } | Command::Suspend | Command::Resume | Command::Accept { .. }
         )
     }
 
@@ -59,6 +65,7 @@ impl Command {
             Command::Sync { .. } => "sync",
             Command::Suspend => "suspend",
             Command::Resume => "resume",
+            Command::Accept { .. } => "accept",
             Command::History { .. } => "history",
         }
     }
@@ -150,6 +157,15 @@ pub struct SyncReport {
 }
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct AcceptReport {
+    pub source: String,
+    /// The full commit id accepted.
+    pub revision: Revision,
+    /// The fetch that followed.
+    pub outcome: SyncOutcome,
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct SuspendReport {
     pub suspended: bool,
     /// False when it already was in that state.
@@ -189,5 +205,12 @@ mod tests {
         assert!(Command::Suspend.mutates());
         assert!(Command::Resume.mutates());
         assert!(Command::Sync { source: None }.mutates());
+        assert!(
+            Command::Accept {
+                source: "h".into(),
+                revision: "abc".into()
+            }
+            .mutates()
+        );
     }
 }

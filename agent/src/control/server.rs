@@ -17,12 +17,12 @@ use tokio::net::{UnixListener, UnixStream};
 use tokio::sync::{Semaphore, mpsc, oneshot, watch};
 
 use super::protocol::{
-    Command, ErrorKind, HistoryReport, MAX_REQUEST, PROTOCOL_VERSION, Request, Response, Status,
-    SuspendReport, SyncReport,
+    AcceptReport, Command, ErrorKind, HistoryReport, MAX_REQUEST, PROTOCOL_VERSION, Request,
+    Response, Status, SuspendReport, SyncReport,
 };
 use crate::config::Config;
 use crate::reconcile::{self, Published};
-use crate::source::{SourceStatus, SyncOutcome};
+use crate::source::{PollerCmd, SourceStatus};
 
 /// Connections served at once; more wait in the kernel's backlog.
 const MAX_CONNECTIONS: usize = 64;
@@ -36,7 +36,7 @@ pub struct Backend {
     pub published: watch::Receiver<Published>,
     pub reconciler: mpsc::Sender<reconcile::Command>,
     /// Sync request channels of the running pollers, by source name.
-    pub pollers: Arc<Mutex<BTreeMap<String, mpsc::Sender<oneshot::Sender<SyncOutcome>>>>>,
+    pub pollers: Arc<Mutex<BTreeMap<String, mpsc::Sender<PollerCmd>>>>,
     pub started_at: Timestamp,
 }
 
@@ -81,7 +81,7 @@ impl Backend {
         let mut waits = Vec::new();
         for (name, tx) in targets {
             let (reply, rx) = oneshot::channel();
-            if tx.send(reply).await.is_err() {
+            if tx.send(PollerCmd::Sync(reply)).await.is_err() {
                 return Err((
                     ErrorKind::Unavailable,
                     format!("source {name} is shutting down"),
@@ -106,6 +106,45 @@ impl Backend {
         // A revision that failed before is tried again now rather than after its backoff.
         let _ = self.reconciler.send(reconcile::Command::Retry).await;
         Ok(report)
+    }
+
+    fn poller(&self, name: &str) -> Result<mpsc::Sender<PollerCmd>, (ErrorKind, String)> {
+        let pollers = self.pollers.lock().unwrap_or_else(|p| p.into_inner());
+        pollers.get(name).cloned().ok_or_else(|| {
+            let known: Vec<&str> = pollers.keys().map(String::as_str).collect();
+            (
+                ErrorKind::NotFound,
+                format!("no source named {name:?}; configured: {}", known.join(", ")),
+            )
+        })
+    }
+
+    async fn accept(
+        &self,
+        source: String,
+        revision: String,
+    ) -> Result<AcceptReport, (ErrorKind, String)> {
+        let tx = self.poller(&source)?;
+        let (reply, rx) = oneshot::channel();
+        let gone = || {
+            (
+                ErrorKind::Unavailable,
+                format!("source {source} is shutting down"),
+            )
+        };
+        tx.send(PollerCmd::Accept(revision, reply))
+            .await
+            .map_err(|_| gone())?;
+        let (revision, outcome) = rx
+            .await
+            .map_err(|_| gone())?
+            .map_err(|e| (ErrorKind::NotFound, format!("cannot accept: {e}")))?;
+        let _ = self.reconciler.send(reconcile::Command::Retry).await;
+        Ok(AcceptReport {
+            source,
+            revision,
+            outcome,
+        })
     }
 
     async fn ask<T>(
@@ -142,6 +181,9 @@ impl Backend {
                     changed,
                 })
             }),
+            Command::Accept { source, revision } => {
+                self.accept(source, revision).await.map(Response::ok)
+            }
             Command::History { limit } => {
                 self.ask(reconcile::Command::History).await.map(|mut a| {
                     a.reverse();

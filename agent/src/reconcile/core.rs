@@ -48,13 +48,21 @@ impl ApplyState {
     }
 }
 
+/// The revision the source offers and the goal it is to be applied with (the testing branch
+/// asks for its own goal).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Desired {
+    pub revision: Revision,
+    pub goal: Goal,
+}
+
 /// What the loop should do now.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Decision {
     /// Nothing is wanted, or it is applied already.
     Idle,
     /// Apply this revision now.
-    Start(Revision),
+    Start(Desired),
     /// The wanted revision failed; try again at this time.
     RetryAt(Timestamp),
     /// Something is wanted but ginx is suspended.
@@ -101,26 +109,31 @@ impl Core {
         self.state.in_flight.as_ref()
     }
 
-    pub fn decide(&self, desired: Option<&Revision>, now: Timestamp) -> Decision {
+    /// Whether `desired` is what was applied last (same revision, same goal).
+    fn is_applied(&self, desired: &Desired) -> bool {
+        self.state
+            .applied
+            .as_ref()
+            .is_some_and(|a| a.revision == desired.revision && a.goal == desired.goal)
+    }
+
+    pub fn decide(&self, desired: Option<&Desired>, now: Timestamp) -> Decision {
         if self.state.in_flight.is_some() {
             return Decision::Busy;
         }
         let Some(desired) = desired else {
             return Decision::Idle;
         };
-        if self
-            .state
-            .applied
-            .as_ref()
-            .is_some_and(|a| &a.revision == desired)
-        {
+        if self.is_applied(desired) {
             return Decision::Idle;
         }
         if self.state.suspended {
             return Decision::Suspended;
         }
         match &self.state.failure {
-            Some(f) if &f.revision == desired && !self.retry_now && now < f.next_retry_at => {
+            Some(f)
+                if f.revision == desired.revision && !self.retry_now && now < f.next_retry_at =>
+            {
                 Decision::RetryAt(f.next_retry_at)
             }
             _ => Decision::Start(desired.clone()),
@@ -238,8 +251,8 @@ impl Core {
         self.retry_now = true;
     }
 
-    /// The state shown for the apply, given the wanted revision.
-    pub fn apply_state(&self, desired: Option<&Revision>) -> ApplyState {
+    /// The state shown for the apply, given what the source offers.
+    pub fn apply_state(&self, desired: Option<&Desired>) -> ApplyState {
         if self.state.in_flight.is_some() {
             return ApplyState::Applying;
         }
@@ -250,19 +263,14 @@ impl Core {
                 ApplyState::Idle
             };
         };
-        if self
-            .state
-            .applied
-            .as_ref()
-            .is_some_and(|a| &a.revision == desired)
-        {
+        if self.is_applied(desired) {
             return ApplyState::Succeeded;
         }
         if self.state.suspended {
             return ApplyState::Waiting;
         }
         match &self.state.failure {
-            Some(f) if &f.revision == desired => ApplyState::Failed,
+            Some(f) if f.revision == desired.revision => ApplyState::Failed,
             _ => ApplyState::Pending,
         }
     }
@@ -279,6 +287,13 @@ mod tests {
 
     fn rev(c: char) -> Revision {
         c.to_string().repeat(40).parse().unwrap()
+    }
+
+    fn want(c: char) -> Desired {
+        Desired {
+            revision: rev(c),
+            goal: Goal::Switch,
+        }
     }
 
     fn t(secs: i64) -> Timestamp {
@@ -299,16 +314,16 @@ mod tests {
     #[test]
     fn a_new_revision_starts() {
         let c = core();
-        assert_eq!(c.decide(Some(&rev('a')), t(0)), Decision::Start(rev('a')));
-        assert_eq!(c.apply_state(Some(&rev('a'))), ApplyState::Pending);
+        assert_eq!(c.decide(Some(&want('a')), t(0)), Decision::Start(want('a')));
+        assert_eq!(c.apply_state(Some(&want('a'))), ApplyState::Pending);
     }
 
     #[test]
     fn begin_moves_to_applying_and_refuses_a_second() {
         let mut c = core();
         let id = c.begin("h", rev('a'), Goal::Switch, t(0)).unwrap();
-        assert_eq!(c.apply_state(Some(&rev('a'))), ApplyState::Applying);
-        assert_eq!(c.decide(Some(&rev('b')), t(1)), Decision::Busy);
+        assert_eq!(c.apply_state(Some(&want('a'))), ApplyState::Applying);
+        assert_eq!(c.decide(Some(&want('b')), t(1)), Decision::Busy);
         assert_eq!(
             c.begin("h", rev('b'), Goal::Switch, t(1)),
             Err(TransitionError::AlreadyRunning(id))
@@ -322,11 +337,11 @@ mod tests {
         c.complete(id, Outcome::Succeeded, None, t(5), POLICY)
             .unwrap();
         assert_eq!(c.state.applied.as_ref().unwrap().revision, rev('a'));
-        assert_eq!(c.decide(Some(&rev('a')), t(6)), Decision::Idle);
-        assert_eq!(c.apply_state(Some(&rev('a'))), ApplyState::Succeeded);
+        assert_eq!(c.decide(Some(&want('a')), t(6)), Decision::Idle);
+        assert_eq!(c.apply_state(Some(&want('a'))), ApplyState::Succeeded);
         // After a restart the persisted state says the same.
         let again = Core::new(c.state.clone());
-        assert_eq!(again.decide(Some(&rev('a')), t(100)), Decision::Idle);
+        assert_eq!(again.decide(Some(&want('a')), t(100)), Decision::Idle);
     }
 
     #[test]
@@ -343,12 +358,12 @@ mod tests {
             let wait = f.next_retry_at.duration_since(now).as_secs();
             assert_eq!(wait, expected.next().unwrap());
             assert_eq!(
-                c.decide(Some(&rev('a')), now),
+                c.decide(Some(&want('a')), now),
                 Decision::RetryAt(f.next_retry_at)
             );
-            assert_eq!(c.apply_state(Some(&rev('a'))), ApplyState::Failed);
+            assert_eq!(c.apply_state(Some(&want('a'))), ApplyState::Failed);
             now = f.next_retry_at;
-            assert_eq!(c.decide(Some(&rev('a')), now), Decision::Start(rev('a')));
+            assert_eq!(c.decide(Some(&want('a')), now), Decision::Start(want('a')));
         }
     }
 
@@ -357,7 +372,7 @@ mod tests {
         let mut c = core();
         let id = c.begin("h", rev('a'), Goal::Switch, t(0)).unwrap();
         c.complete(id, Outcome::Failed, None, t(1), POLICY).unwrap();
-        assert_eq!(c.decide(Some(&rev('b')), t(2)), Decision::Start(rev('b')));
+        assert_eq!(c.decide(Some(&want('b')), t(2)), Decision::Start(want('b')));
         let id = c.begin("h", rev('b'), Goal::Switch, t(2)).unwrap();
         c.complete(id, Outcome::Failed, None, t(3), POLICY).unwrap();
         assert_eq!(
@@ -374,17 +389,17 @@ mod tests {
         c.complete(id, Outcome::TimedOut, None, t(1), POLICY)
             .unwrap();
         assert!(matches!(
-            c.decide(Some(&rev('a')), t(2)),
+            c.decide(Some(&want('a')), t(2)),
             Decision::RetryAt(_)
         ));
         c.request_retry();
-        assert_eq!(c.decide(Some(&rev('a')), t(2)), Decision::Start(rev('a')));
+        assert_eq!(c.decide(Some(&want('a')), t(2)), Decision::Start(want('a')));
         c.begin("h", rev('a'), Goal::Switch, t(2)).unwrap();
         // The request is used up by the attempt it caused.
         let id = c.running().unwrap().id;
         c.complete(id, Outcome::Failed, None, t(3), POLICY).unwrap();
         assert!(matches!(
-            c.decide(Some(&rev('a')), t(4)),
+            c.decide(Some(&want('a')), t(4)),
             Decision::RetryAt(_)
         ));
     }
@@ -394,10 +409,10 @@ mod tests {
         let mut c = core();
         assert!(c.set_suspended(true));
         assert!(!c.set_suspended(true));
-        assert_eq!(c.decide(Some(&rev('a')), t(0)), Decision::Suspended);
-        assert_eq!(c.apply_state(Some(&rev('a'))), ApplyState::Waiting);
+        assert_eq!(c.decide(Some(&want('a')), t(0)), Decision::Suspended);
+        assert_eq!(c.apply_state(Some(&want('a'))), ApplyState::Waiting);
         assert!(c.set_suspended(false));
-        assert_eq!(c.decide(Some(&rev('a')), t(0)), Decision::Start(rev('a')));
+        assert_eq!(c.decide(Some(&want('a')), t(0)), Decision::Start(want('a')));
     }
 
     #[test]
@@ -407,7 +422,7 @@ mod tests {
         c.complete(id, Outcome::Interrupted, None, t(1), POLICY)
             .unwrap();
         assert!(c.state.failure.is_none());
-        assert_eq!(c.decide(Some(&rev('a')), t(1)), Decision::Start(rev('a')));
+        assert_eq!(c.decide(Some(&want('a')), t(1)), Decision::Start(want('a')));
     }
 
     #[test]
@@ -428,6 +443,21 @@ mod tests {
             }
         );
         assert!(c.running().is_some());
+    }
+
+    #[test]
+    fn the_same_revision_with_another_goal_is_applied_again() {
+        let mut c = core();
+        let id = c.begin("h", rev('a'), Goal::Test, t(0)).unwrap();
+        c.complete(id, Outcome::Succeeded, None, t(1), POLICY)
+            .unwrap();
+        let tested = Desired {
+            revision: rev('a'),
+            goal: Goal::Test,
+        };
+        assert_eq!(c.decide(Some(&tested), t(2)), Decision::Idle);
+        // The testing branch was merged: the same commit now comes from main, to be switched to.
+        assert_eq!(c.decide(Some(&want('a')), t(2)), Decision::Start(want('a')));
     }
 
     #[test]

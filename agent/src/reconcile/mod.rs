@@ -21,7 +21,7 @@ use crate::source::{Pin, Revision, SourceStatus, Workspace};
 use crate::state::{self, Attempt, History, Outcome, State};
 use crate::util;
 
-pub use self::core::{ApplyState, Core, Decision, RetryPolicy};
+pub use self::core::{ApplyState, Core, Decision, Desired, RetryPolicy};
 
 /// `apply` in `ginxctl status --json`.
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
@@ -84,6 +84,9 @@ pub struct Reconciler {
 
 struct Attempting {
     id: u64,
+    revision: Revision,
+    /// From the testing branch: not a deployment new heads must descend from.
+    testing: bool,
     task: tokio::task::JoinHandle<Finished>,
     stop: Option<oneshot::Sender<()>>,
     /// Keeps the tree on disk while the command runs in it.
@@ -176,12 +179,27 @@ impl Reconciler {
         }
     }
 
-    fn desired(&self) -> Option<Revision> {
+    /// The revision the apply source offers, with the goal it asks for.
+    fn desired(&self) -> Option<Desired> {
+        let cfg = self.config.borrow();
+        let sources = self.sources.borrow();
+        let status = sources.get(&cfg.apply.source)?;
+        let goal = match (status.testing, cfg.sources.get(&cfg.apply.source)) {
+            (true, Some(sc)) => sc.testing_goal,
+            _ => cfg.apply.goal,
+        };
+        Some(Desired {
+            revision: status.revision.clone()?,
+            goal,
+        })
+    }
+
+    fn desired_is_testing(&self) -> bool {
         let source = self.config.borrow().apply.source.clone();
         self.sources
             .borrow()
             .get(&source)
-            .and_then(|s| s.revision.clone())
+            .is_some_and(|s| s.testing)
     }
 
     fn save_state(&self) {
@@ -207,11 +225,11 @@ impl Reconciler {
         let failure = st
             .failure
             .as_ref()
-            .filter(|f| Some(&f.revision) == desired.as_ref());
+            .filter(|f| Some(&f.revision) == desired.as_ref().map(|d| &d.revision));
         let revision = match (&st.in_flight, state) {
             (Some(r), _) => Some(r.revision.clone()),
             (None, ApplyState::Succeeded) => st.applied.as_ref().map(|a| a.revision.clone()),
-            _ => desired.clone(),
+            _ => desired.as_ref().map(|d| d.revision.clone()),
         };
         let reason = match state {
             ApplyState::Idle => Some(format!(
@@ -231,7 +249,12 @@ impl Reconciler {
             state,
             source: cfg.apply.source.clone(),
             revision,
-            goal: st.in_flight.as_ref().map_or(cfg.apply.goal, |r| r.goal),
+            goal: st
+                .in_flight
+                .as_ref()
+                .map(|r| r.goal)
+                .or(desired.as_ref().map(|d| d.goal))
+                .unwrap_or(cfg.apply.goal),
             started_at: self.last.map(|l| l.0),
             finished_at: self.last.and_then(|l| l.1),
             attempts: failure.map_or(0, |f| f.attempts),
@@ -255,6 +278,7 @@ impl Reconciler {
     }
 
     pub async fn run(mut self) {
+        self.seed_anchor().await;
         let mut attempting: Option<Attempting> = None;
         loop {
             self.publish();
@@ -264,8 +288,8 @@ impl Reconciler {
             } else {
                 self.core.decide(self.desired().as_ref(), now)
             };
-            if let Decision::Start(revision) = &decision {
-                attempting = self.start(revision.clone()).await;
+            if let Decision::Start(desired) = &decision {
+                attempting = self.start(desired.clone()).await;
                 continue;
             }
             let retry = async {
@@ -291,7 +315,11 @@ impl Reconciler {
                             exit: Exit::SpawnFailed(format!("apply task failed: {e}")),
                             output: Vec::new(),
                         });
+                        let succeeded = finished.success();
                         self.finish(a.id, finished);
+                        if succeeded && !a.testing {
+                            self.record_deployed(a.revision).await;
+                        }
                     }
                 }
                 changed = self.sources.changed() => if changed.is_err() { break },
@@ -337,10 +365,43 @@ impl Reconciler {
         }
     }
 
-    async fn start(&mut self, revision: Revision) -> Option<Attempting> {
+    /// A state written before anchors existed: its applied revision becomes the anchor.
+    async fn seed_anchor(&self) {
+        let source = self.config.borrow().apply.source.clone();
+        let Some(applied) = self
+            .core
+            .state
+            .applied
+            .clone()
+            .filter(|a| a.source == source)
+        else {
+            return;
+        };
+        let workspace = Arc::clone(&self.workspace);
+        let _ = tokio::task::spawn_blocking(move || {
+            if workspace.anchor(&source).is_none() {
+                let _ = workspace.set_anchor(&source, &applied.revision);
+            }
+        })
+        .await;
+    }
+
+    /// Records a deployment of the tracked branch as the commit new heads must descend from.
+    async fn record_deployed(&self, revision: Revision) {
+        let source = self.config.borrow().apply.source.clone();
+        let workspace = Arc::clone(&self.workspace);
+        let result =
+            tokio::task::spawn_blocking(move || workspace.set_anchor(&source, &revision)).await;
+        if let Ok(Err(e)) = result {
+            tracing::warn!(error = %e, "cannot record the deployed commit in the clone");
+        }
+    }
+
+    async fn start(&mut self, desired: Desired) -> Option<Attempting> {
         let cfg = Arc::clone(&self.config.borrow());
         let source = cfg.apply.source.clone();
-        let goal = cfg.apply.goal;
+        let Desired { revision, goal } = desired;
+        let testing = self.desired_is_testing();
         let node = cfg.node_name().to_owned();
         let now = util::now();
         let id = match self.core.begin(&source, revision.clone(), goal, now) {
@@ -378,6 +439,26 @@ impl Reconciler {
             }
         };
 
+        let subdir = cfg.sources.get(&source).and_then(|s| s.path.clone());
+        let cwd = match &subdir {
+            Some(p) => tree.path().join(p),
+            None => tree.path().to_owned(),
+        };
+        if !cwd.is_dir() {
+            let _guard = span.enter();
+            let p = subdir.unwrap_or_default();
+            self.finish(
+                id,
+                Finished {
+                    exit: Exit::SpawnFailed(format!(
+                        "directory {} (sources.{source}.path) does not exist in revision {revision}",
+                        p.display()
+                    )),
+                    output: Vec::new(),
+                },
+            );
+            return None;
+        }
         let mut argv: Vec<String> = cfg
             .apply
             .command
@@ -387,7 +468,7 @@ impl Reconciler {
         argv.push(goal.as_str().to_owned());
         let spec = apply::Spec {
             argv,
-            cwd: tree.path().to_owned(),
+            cwd,
             env: vec![
                 ("GINX_NODE".into(), node.clone()),
                 ("GINX_SOURCE".into(), source.clone()),
@@ -423,6 +504,8 @@ impl Reconciler {
         );
         Some(Attempting {
             id,
+            revision,
+            testing,
             task,
             stop: Some(stop_tx),
             _tree: tree,

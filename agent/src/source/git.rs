@@ -1,16 +1,27 @@
 //! Blocking Git operations with git2: the bare clone under `<state_dir>/sources/<name>`, fetches
-//! of the tracked branch, and reading commits. Called from `spawn_blocking`.
+//! of the tracked branches from one of several remotes, the checks a new head must pass, the
+//! anchor ref that keeps force-push protection across a lost state file, and reading files at a
+//! revision. Called from `spawn_blocking`.
 //!
-//! Messages never contain the configured URL as written (it may carry credentials): every
-//! libgit2 message passes through [`scrub`] before it leaves this module.
+//! Messages never contain the configured URL as written (it may carry credentials): libgit2
+//! messages pass through [`scrub`] before they leave this module.
 
+use std::cell::RefCell;
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
 
-use git2::{AutotagOption, FetchOptions, Repository, RepositoryInitOptions};
+use git2::{AutotagOption, ErrorClass, FetchOptions, Repository, RepositoryInitOptions};
+use serde::{Deserialize, Serialize};
 
+use super::auth::Auth;
+use super::verify::{Policy, Signed};
 use super::{RemoteUrl, Revision};
 
-#[derive(Debug, thiserror::Error)]
+/// Where ginx keeps the last deployed (or accepted) commit of the tracked branch. New heads
+/// must descend from it.
+pub const ANCHOR_REF: &str = "refs/ginx/deployed";
+
+#[derive(Debug, thiserror::Error, Clone, PartialEq, Eq)]
 pub enum GitError {
     #[error("cannot create or open the clone at {}: {message}", path.display())]
     Clone { path: PathBuf, message: String },
@@ -18,8 +29,75 @@ pub enum GitError {
     Fetch { url: String, message: String },
     #[error("branch {branch:?} does not exist at {url}; check sources.<name>.branch")]
     NoBranch { branch: String, url: String },
+    #[error("all {} remotes failed: {}", .0.len(), .0.iter().map(|r| format!("{}: {}", r.url, r.error.as_deref().unwrap_or("?"))).collect::<Vec<_>>().join("; "))]
+    AllRemotes(Vec<RemoteResult>),
+    #[error("fetch cancelled")]
+    Cancelled,
     #[error("reading commit {revision}: {message}")]
     Read { revision: String, message: String },
+    #[error("{0}")]
+    Auth(String),
+}
+
+impl GitError {
+    /// Whether the error points at a damaged clone rather than the network or the remote.
+    pub fn is_corruption(&self) -> bool {
+        match self {
+            GitError::Clone { .. } => false,
+            GitError::Read { message, .. } | GitError::Fetch { message, .. } => {
+                message.starts_with(CORRUPT)
+            }
+            _ => false,
+        }
+    }
+}
+
+/// Prefix of messages classified as local corruption.
+const CORRUPT: &str = "the local clone is damaged: ";
+
+/// How one remote fared in a fetch.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RemoteResult {
+    /// Without credentials.
+    pub url: String,
+    /// `None` when this remote served the fetch.
+    pub error: Option<String>,
+}
+
+/// The heads a fetch found.
+#[derive(Clone, Debug)]
+pub struct Fetched {
+    pub main: Revision,
+    pub testing: Option<Revision>,
+    /// The remote that served, without credentials.
+    pub served_by: String,
+    /// Every remote tried, in order.
+    pub remotes: Vec<RemoteResult>,
+}
+
+/// What to fetch.
+pub struct FetchSpec<'a> {
+    pub remotes: &'a [RemoteUrl],
+    pub branch: &'a str,
+    pub testing: Option<&'a str>,
+    pub auth: &'a Auth,
+    pub cancel: &'a AtomicBool,
+}
+
+/// The revision a source offers after the checks, and why others were refused.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Evaluation {
+    pub accepted: Option<Candidate>,
+    /// The head that was refused and why (history rewritten, behind, bad signature).
+    pub refused: Option<(Revision, String)>,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Candidate {
+    pub revision: Revision,
+    pub branch: String,
+    pub testing: bool,
+    pub signed: Option<Signed>,
 }
 
 /// The clone of one source.
@@ -33,27 +111,15 @@ impl Clone {
     }
 
     /// Opens the bare clone, creating it when missing. A directory git cannot open is moved
-    /// aside (never deleted) and a fresh clone started.
+    /// aside and a fresh clone started.
     pub fn open(&self) -> Result<Repository, GitError> {
-        let err = |e: git2::Error| GitError::Clone {
-            path: self.dir.clone(),
-            message: e.message().to_owned(),
-        };
         if self.dir.exists() {
             match Repository::open_bare(&self.dir) {
                 Ok(repo) => return Ok(repo),
                 Err(e) => {
-                    let aside = aside_path(&self.dir);
-                    tracing::warn!(
-                        clone = %self.dir.display(),
-                        moved_to = %aside.display(),
-                        error = e.message(),
-                        "clone cannot be opened; moving it aside and cloning afresh"
-                    );
-                    std::fs::rename(&self.dir, &aside).map_err(|io| GitError::Clone {
-                        path: self.dir.clone(),
-                        message: format!("cannot move it aside: {io}"),
-                    })?;
+                    tracing::warn!(clone = %self.dir.display(), error = e.message(),
+                        "clone cannot be opened; moving it aside and cloning afresh");
+                    self.move_aside()?;
                 }
             }
         }
@@ -65,58 +131,351 @@ impl Clone {
         }
         let mut opts = RepositoryInitOptions::new();
         opts.bare(true).mkpath(true);
-        Repository::init_opts(&self.dir, &opts).map_err(err)
+        Repository::init_opts(&self.dir, &opts).map_err(|e| GitError::Clone {
+            path: self.dir.clone(),
+            message: e.message().to_owned(),
+        })
     }
 
-    /// Fetches `branch` from `url` into `refs/remotes/origin/<branch>` and returns its head.
-    /// Only that branch is fetched, without tags; objects already present are not downloaded
-    /// again.
-    pub fn fetch(&self, url: &RemoteUrl, branch: &str) -> Result<Revision, GitError> {
-        let repo = self.open()?;
-        let fetch_err = |e: git2::Error| GitError::Fetch {
-            url: url.to_string(),
-            message: scrub(e.message(), url),
-        };
-        let mut remote = repo.remote_anonymous(url.as_git_url()).map_err(fetch_err)?;
-        let tracking = tracking_ref(branch);
-        let refspec = format!("+refs/heads/{branch}:{tracking}");
-        let mut opts = FetchOptions::new();
-        opts.download_tags(AutotagOption::None);
-        remote
-            .fetch(&[refspec.as_str()], Some(&mut opts), None)
-            .map_err(fetch_err)?;
-        let wanted = format!("refs/heads/{branch}");
-        let advertised = remote
-            .list()
-            .map_err(fetch_err)?
-            .iter()
-            .any(|head| head.name() == wanted);
-        if !advertised {
-            return Err(GitError::NoBranch {
-                branch: branch.to_owned(),
-                url: url.to_string(),
-            });
+    /// Moves a damaged clone to `<dir>.broken-<timestamp>` for inspection, keeping only the
+    /// newest such copy.
+    pub fn move_aside(&self) -> Result<PathBuf, GitError> {
+        let stamp = jiff::Timestamp::now()
+            .strftime("%Y%m%dT%H%M%SZ")
+            .to_string();
+        let name = self
+            .dir
+            .file_name()
+            .map(|n| n.to_string_lossy().into_owned())
+            .unwrap_or_default();
+        if let Some(parent) = self.dir.parent()
+            && let Ok(entries) = std::fs::read_dir(parent)
+        {
+            for e in entries.flatten() {
+                if e.file_name()
+                    .to_string_lossy()
+                    .starts_with(&format!("{name}.broken-"))
+                {
+                    let _ = std::fs::remove_dir_all(e.path());
+                }
+            }
         }
-        let oid = repo.refname_to_id(&tracking).map_err(fetch_err)?;
-        let commit = repo.find_commit(oid).map_err(|e| GitError::Read {
-            revision: oid.to_string(),
-            message: e.message().to_owned(),
+        let mut aside = self.dir.as_os_str().to_owned();
+        aside.push(format!(".broken-{stamp}"));
+        let aside = PathBuf::from(aside);
+        std::fs::rename(&self.dir, &aside).map_err(|io| GitError::Clone {
+            path: self.dir.clone(),
+            message: format!("cannot move it aside: {io}"),
         })?;
+        Ok(aside)
+    }
+
+    /// Fetches the tracked branches from the first remote that answers. Only those branches
+    /// are fetched, without tags; objects already present are not downloaded again.
+    pub fn fetch(&self, spec: &FetchSpec<'_>) -> Result<Fetched, GitError> {
+        let repo = self.open()?;
+        let mut results = Vec::new();
+        let mut last_error = None;
+        for url in spec.remotes {
+            if spec.cancel.load(Ordering::Relaxed) {
+                return Err(GitError::Cancelled);
+            }
+            match fetch_one(&repo, url, spec) {
+                Ok((main, testing)) => {
+                    results.push(RemoteResult {
+                        url: url.to_string(),
+                        error: None,
+                    });
+                    return Ok(Fetched {
+                        main,
+                        testing,
+                        served_by: url.to_string(),
+                        remotes: results,
+                    });
+                }
+                Err(e) if e.is_corruption() => return Err(e),
+                Err(e) => {
+                    results.push(RemoteResult {
+                        url: url.to_string(),
+                        error: Some(e.to_string()),
+                    });
+                    last_error = Some(e);
+                }
+            }
+        }
+        match (results.len(), last_error) {
+            (1, Some(e)) => Err(e),
+            _ => Err(GitError::AllRemotes(results)),
+        }
+    }
+
+    /// Decides which revision to offer: the main head if it descends from the anchor, the
+    /// testing head if it descends from the main head, each only with a valid signature when
+    /// `policy` requires one.
+    pub fn evaluate(
+        &self,
+        fetched: &Fetched,
+        branch: &str,
+        testing_branch: Option<&str>,
+        anchor: Option<&Revision>,
+        policy: &Policy,
+    ) -> Result<Evaluation, GitError> {
+        let repo = self.open()?;
+        let main = &fetched.main;
+        if let Some(anchor) = anchor
+            && anchor != main
+        {
+            let refused = |why: String| {
+                Ok(Evaluation {
+                    accepted: None,
+                    refused: Some((main.clone(), why)),
+                })
+            };
+            match descends(&repo, main, anchor) {
+                Ok(true) => {}
+                Ok(false) if descends(&repo, anchor, main).unwrap_or(false) => {
+                    return refused(format!(
+                        "branch {branch} at {main} is behind the deployed revision {anchor}; \
+                         keeping {anchor}"
+                    ));
+                }
+                Ok(false) => {
+                    return refused(format!(
+                        "history rewritten: {main} does not descend from {anchor}; \
+                         `ginxctl accept` it to move on"
+                    ));
+                }
+                Err(_) => {
+                    return refused(format!(
+                        "history rewritten: {main} does not descend from {anchor} (the deployed \
+                         commit is no longer in the repository); `ginxctl accept` it to move on"
+                    ));
+                }
+            }
+        }
+        let mut refused = None;
+        if let (Some(t), Some(tb)) = (&fetched.testing, testing_branch)
+            && t != main
+            && descends(&repo, t, main).unwrap_or(false)
+        {
+            match sign_check(&repo, t, policy) {
+                Ok(signed) => {
+                    return Ok(Evaluation {
+                        accepted: Some(Candidate {
+                            revision: t.clone(),
+                            branch: tb.to_owned(),
+                            testing: true,
+                            signed,
+                        }),
+                        refused: None,
+                    });
+                }
+                Err(why) => refused = Some((t.clone(), why)),
+            }
+        }
+        match sign_check(&repo, main, policy) {
+            Ok(signed) => Ok(Evaluation {
+                accepted: Some(Candidate {
+                    revision: main.clone(),
+                    branch: branch.to_owned(),
+                    testing: false,
+                    signed,
+                }),
+                refused,
+            }),
+            Err(why) => Ok(Evaluation {
+                accepted: None,
+                refused: Some((main.clone(), why)),
+            }),
+        }
+    }
+
+    /// The anchor recorded in the clone, if any.
+    pub fn anchor(&self) -> Option<Revision> {
+        let repo = Repository::open_bare(&self.dir).ok()?;
+        let oid = repo.refname_to_id(ANCHOR_REF).ok()?;
+        Some(Revision::from_oid(oid))
+    }
+
+    /// Records `rev` as the anchor; fails when the clone does not have that commit.
+    pub fn set_anchor(&self, rev: &Revision) -> Result<(), GitError> {
+        let repo = self.open()?;
+        repo.find_commit(rev.oid())
+            .map_err(|e| read_error(rev, &e))?;
+        repo.reference(ANCHOR_REF, rev.oid(), true, "ginx: deployed")
+            .map(|_| ())
+            .map_err(|e| read_error(rev, &e))
+    }
+
+    /// Resolves a revision an operator typed (full id or unambiguous prefix) to a commit.
+    pub fn resolve(&self, spec: &str) -> Result<Revision, GitError> {
+        let repo = self.open()?;
+        let fail = |m: String| GitError::Read {
+            revision: spec.to_owned(),
+            message: m,
+        };
+        if !(4..=64).contains(&spec.len()) || !spec.bytes().all(|b| b.is_ascii_hexdigit()) {
+            return Err(fail("give a commit id (hex, at least 4 digits)".into()));
+        }
+        let object = repo
+            .revparse_single(spec)
+            .map_err(|e| fail(format!("not in the clone: {}", e.message())))?;
+        let commit = object
+            .peel_to_commit()
+            .map_err(|e| fail(format!("not a commit: {}", e.message())))?;
         Ok(Revision::from_oid(commit.id()))
     }
+
+    /// The contents of `path` in the tree of `rev`.
+    pub fn read_file(&self, rev: &Revision, path: &Path) -> Result<Vec<u8>, GitError> {
+        let repo = self.open()?;
+        let commit = repo
+            .find_commit(rev.oid())
+            .map_err(|e| read_error(rev, &e))?;
+        let tree = commit.tree().map_err(|e| read_error(rev, &e))?;
+        let entry = tree.get_path(path).map_err(|e| GitError::Read {
+            revision: rev.to_string(),
+            message: format!("{}: {}", path.display(), e.message()),
+        })?;
+        let blob = entry
+            .to_object(&repo)
+            .and_then(|o| o.peel_to_blob())
+            .map_err(|e| GitError::Read {
+                revision: rev.to_string(),
+                message: format!("{} is not a file: {}", path.display(), e.message()),
+            })?;
+        Ok(blob.content().to_vec())
+    }
+}
+
+fn sign_check(
+    repo: &Repository,
+    rev: &Revision,
+    policy: &Policy,
+) -> Result<Option<Signed>, String> {
+    if !policy.is_required() {
+        return Ok(None);
+    }
+    policy
+        .check(repo, rev.oid())
+        .map(Some)
+        .map_err(|r| r.to_string())
+}
+
+/// Whether `new` is `old` or one of its descendants.
+fn descends(repo: &Repository, new: &Revision, old: &Revision) -> Result<bool, git2::Error> {
+    if new == old {
+        return Ok(true);
+    }
+    repo.find_commit(old.oid())?;
+    repo.graph_descendant_of(new.oid(), old.oid())
+}
+
+fn read_error(rev: &Revision, e: &git2::Error) -> GitError {
+    GitError::Read {
+        revision: rev.to_string(),
+        message: classify(e),
+    }
+}
+
+/// libgit2's message, marked when it means the local clone is damaged.
+pub(super) fn classify(e: &git2::Error) -> String {
+    let corrupt = matches!(
+        e.class(),
+        ErrorClass::Odb
+            | ErrorClass::Zlib
+            | ErrorClass::Object
+            | ErrorClass::Tree
+            | ErrorClass::Sha1
+    ) || (e.class() == ErrorClass::Reference
+        && e.code() != git2::ErrorCode::NotFound);
+    if corrupt {
+        format!("{CORRUPT}{}", e.message())
+    } else {
+        e.message().to_owned()
+    }
+}
+
+fn fetch_one(
+    repo: &Repository,
+    url: &RemoteUrl,
+    spec: &FetchSpec<'_>,
+) -> Result<(Revision, Option<Revision>), GitError> {
+    let refusal = RefCell::new(None);
+    let fetch_err = |e: &git2::Error, refusal: &RefCell<Option<String>>| {
+        let message = match refusal.borrow_mut().take() {
+            Some(m) => m,
+            None if e.class() == ErrorClass::Callback && spec.cancel.load(Ordering::Relaxed) => {
+                "fetch cancelled (fetch_timeout)".to_owned()
+            }
+            None => classify(e),
+        };
+        GitError::Fetch {
+            url: url.to_string(),
+            message: scrub(&message, url),
+        }
+    };
+    let mut remote = repo
+        .remote_anonymous(url.as_git_url())
+        .map_err(|e| fetch_err(&e, &refusal))?;
+    let mut branches = vec![spec.branch];
+    branches.extend(spec.testing);
+    let refspecs: Vec<String> = branches
+        .iter()
+        .map(|b| format!("+refs/heads/{b}:{}", tracking_ref(b)))
+        .collect();
+    let result = {
+        let mut callbacks = spec.auth.callbacks(url, &refusal);
+        let cancel = spec.cancel;
+        callbacks.transfer_progress(move |_| !cancel.load(Ordering::Relaxed));
+        callbacks.sideband_progress(move |_| !cancel.load(Ordering::Relaxed));
+        let mut opts = FetchOptions::new();
+        opts.remote_callbacks(callbacks)
+            .download_tags(AutotagOption::None)
+            .update_fetchhead(false);
+        remote.fetch(&refspecs, Some(&mut opts), None)
+    };
+    result.map_err(|e| fetch_err(&e, &refusal))?;
+    let advertised: Vec<String> = remote
+        .list()
+        .map_err(|e| fetch_err(&e, &refusal))?
+        .iter()
+        .map(|h| h.name().to_owned())
+        .collect();
+    let has = |b: &str| advertised.iter().any(|n| n == &format!("refs/heads/{b}"));
+    if !has(spec.branch) {
+        return Err(GitError::NoBranch {
+            branch: spec.branch.to_owned(),
+            url: url.to_string(),
+        });
+    }
+    let head = |b: &str| -> Result<Revision, GitError> {
+        let oid = repo
+            .refname_to_id(&tracking_ref(b))
+            .map_err(|e| fetch_err(&e, &refusal))?;
+        let commit = repo.find_commit(oid).map_err(|e| GitError::Read {
+            revision: oid.to_string(),
+            message: classify(&e),
+        })?;
+        Ok(Revision::from_oid(commit.id()))
+    };
+    let main = head(spec.branch)?;
+    let testing = match spec.testing {
+        Some(t) if has(t) => Some(head(t)?),
+        Some(t) => {
+            // The branch is gone upstream; forget the stale copy.
+            if let Ok(mut r) = repo.find_reference(&tracking_ref(t)) {
+                let _ = r.delete();
+            }
+            None
+        }
+        None => None,
+    };
+    Ok((main, testing))
 }
 
 pub fn tracking_ref(branch: &str) -> String {
     format!("refs/remotes/origin/{branch}")
-}
-
-fn aside_path(dir: &Path) -> PathBuf {
-    let stamp = jiff::Timestamp::now()
-        .strftime("%Y%m%dT%H%M%SZ")
-        .to_string();
-    let mut p = dir.as_os_str().to_owned();
-    p.push(format!(".broken-{stamp}"));
-    PathBuf::from(p)
 }
 
 /// Removes the URL as configured (and its password) from a libgit2 message.

@@ -1,19 +1,24 @@
-//! Git sources: keeping a clone of each configured remote up to date, and a checked-out tree of
-//! its head ready for whoever needs it.
+//! Git sources: keeping a clone of each configured remote up to date, checking every new head
+//! (fast-forward from the deployed commit, signature policy, testing branch), and keeping a
+//! checked-out tree of the accepted revision ready for whoever needs it.
 //!
 //! One [`Poller`] task per source fetches on `interval` (±10% jitter) or at once on a sync
-//! request, backs off exponentially on failure (capped at the interval), and publishes a
-//! [`SourceStatus`] into the shared status map. A revision is published only once its tree is
-//! complete on disk.
+//! request, backs off exponentially with jitter on failure (capped at the interval), and
+//! publishes a [`SourceStatus`] into the shared status map. A revision is published only once
+//! its tree is complete on disk. A fetch that outlives `fetch_timeout` is abandoned: the poller
+//! moves on and nothing else waits for it.
 //!
 //! Not here: deciding what to apply (see `reconcile`).
 
+pub mod auth;
 pub mod git;
 mod remote;
 pub mod trees;
+pub mod verify;
 
 use std::collections::{BTreeMap, HashMap};
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -22,30 +27,59 @@ use serde::{Deserialize, Serialize};
 use tokio::sync::{mpsc, oneshot, watch};
 
 use crate::config::SourceConfig;
+use crate::state::{self, Anchors};
 use crate::util;
 
-pub use git::GitError;
+pub use git::{GitError, RemoteResult};
 pub use remote::{RemoteUrl, Revision, Transport};
 pub use trees::{Pin, Trees};
+pub use verify::Signed;
 
 /// What `ginxctl status` shows for a source.
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 pub struct SourceStatus {
-    /// Without credentials.
+    /// The remote that served the last fetch (else the first configured), without credentials.
     pub url: String,
+    /// The configured branch.
     pub branch: String,
-    /// The head of `branch` at the last successful fetch whose tree is checked out.
+    /// The accepted revision, whose tree is checked out.
     pub revision: Option<Revision>,
+    /// The branch `revision` came from: `branch`, or the testing branch.
+    pub revision_branch: Option<String>,
+    /// `revision` comes from the node's testing branch.
+    pub testing: bool,
     /// When a fetch last succeeded.
     pub fetched_at: Option<Timestamp>,
-    /// Why the last fetch failed; `None` once one succeeds.
+    /// Why the last fetch failed or its head was refused; `None` when all is well.
     pub error: Option<String>,
-    /// When the current run of failures began.
+    /// When the current run of failures or refusals began.
     pub failing_since: Option<Timestamp>,
     /// When the next scheduled fetch is due.
     pub next_fetch_at: Option<Timestamp>,
     /// The checked-out tree of `revision`.
     pub tree: Option<PathBuf>,
+    /// Every configured remote and how it fared in the last fetch.
+    pub remotes: Vec<RemoteStatus>,
+    /// A head that was fetched but not accepted, and why.
+    pub refused: Option<Refused>,
+    /// The commit new heads must descend from (last deployed or accepted).
+    pub deployed: Option<Revision>,
+    /// The accepted signature of `revision`, when a policy is configured.
+    pub signature: Option<Signed>,
+}
+
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RemoteStatus {
+    pub url: String,
+    /// `Some(true)` served the last fetch, `Some(false)` failed, `None` not tried.
+    pub ok: Option<bool>,
+    pub error: Option<String>,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Refused {
+    pub revision: Revision,
+    pub reason: String,
 }
 
 /// The answer to a sync request, per source.
@@ -53,7 +87,7 @@ pub struct SourceStatus {
 pub struct SyncOutcome {
     pub source: String,
     pub revision: Option<Revision>,
-    /// The fetch moved the head.
+    /// The fetch moved the accepted revision.
     pub changed: bool,
     pub error: Option<String>,
 }
@@ -61,18 +95,54 @@ pub struct SyncOutcome {
 /// Statuses of all sources, by name; every poller writes its own entry.
 pub type StatusMap = watch::Sender<BTreeMap<String, SourceStatus>>;
 
-/// The on-disk places of every source under `state_dir`, shared by pollers and the reconciler.
+/// Requests to a poller.
+#[derive(Debug)]
+pub enum PollerCmd {
+    /// Fetch now; answered after the fetch.
+    Sync(oneshot::Sender<SyncOutcome>),
+    /// Make this commit (id or prefix) the one new heads must descend from, then fetch.
+    Accept(String, AcceptReply),
+}
+
+type AcceptReply = oneshot::Sender<Result<(Revision, SyncOutcome), String>>;
+
+/// What a poller is told about its job.
+#[derive(Clone, Debug, PartialEq)]
+pub struct PollerConfig {
+    pub source: SourceConfig,
+    pub node: String,
+    /// The apply loop records this source's deployments; others record them on publication.
+    pub applied: bool,
+}
+
+/// The on-disk places of every source under `state_dir`, shared by pollers and the apply loop.
 #[derive(Debug)]
 pub struct Workspace {
     state_dir: PathBuf,
     trees: Mutex<HashMap<String, Arc<Trees>>>,
+    anchors: Mutex<Anchors>,
 }
 
 impl Workspace {
     pub fn new(state_dir: PathBuf) -> Arc<Self> {
+        let path = state_dir.join("anchors.json");
+        let anchors = match state::load::<Anchors>(&path) {
+            Ok((a, aside)) => {
+                if let Some(a) = aside {
+                    tracing::warn!(file = %path.display(), moved_to = %a.to.display(), reason = %a.reason,
+                        "anchor file unusable; moved aside (the anchor refs in the clones remain)");
+                }
+                a
+            }
+            Err(e) => {
+                tracing::warn!(file = %path.display(), error = %e, "cannot read the anchor file");
+                Anchors::default()
+            }
+        };
         Arc::new(Self {
             state_dir,
             trees: Mutex::new(HashMap::new()),
+            anchors: Mutex::new(anchors),
         })
     }
 
@@ -87,98 +157,154 @@ impl Workspace {
                 .or_insert_with(|| Trees::new(self.state_dir.join("trees").join(name))),
         )
     }
+
+    /// The commit new heads of `name` must descend from: the anchor ref in the clone, or its
+    /// copy in `anchors.json` when the clone lost it. Blocking.
+    pub fn anchor(&self, name: &str) -> Option<Revision> {
+        self.clone_of(name).anchor().or_else(|| {
+            self.anchors
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .anchors
+                .get(name)
+                .cloned()
+        })
+    }
+
+    /// Records `rev` as deployed for `name`, in the clone and in `anchors.json`. Blocking.
+    pub fn set_anchor(&self, name: &str, rev: &Revision) -> Result<(), GitError> {
+        self.clone_of(name).set_anchor(rev)?;
+        let mut anchors = self.anchors.lock().unwrap_or_else(|p| p.into_inner());
+        if anchors.anchors.get(name) != Some(rev) {
+            anchors.anchors.insert(name.to_owned(), rev.clone());
+            let path = self.state_dir.join("anchors.json");
+            if let Err(e) = state::save(&path, &*anchors) {
+                tracing::error!(file = %path.display(), error = %e, "cannot write the anchor file");
+            }
+        }
+        Ok(())
+    }
+
+    /// The contents of `path` in source `name` at `rev` (read from the clone's objects, not a
+    /// work tree). Blocking. This is how other parts read Argus.
+    pub fn read_file(&self, name: &str, rev: &Revision, path: &Path) -> Result<Vec<u8>, GitError> {
+        self.clone_of(name).read_file(rev, path)
+    }
 }
 
 /// How a caller reaches a running poller.
 pub struct PollerHandle {
-    pub config: watch::Sender<SourceConfig>,
-    pub sync: mpsc::Sender<oneshot::Sender<SyncOutcome>>,
+    pub config: watch::Sender<PollerConfig>,
+    pub commands: mpsc::Sender<PollerCmd>,
     pub task: tokio::task::JoinHandle<()>,
 }
 
 /// First wait after a failed fetch; doubles per failure up to the interval.
 const FETCH_RETRY_BASE: Duration = Duration::from_secs(5);
 
+/// Applies the network timeouts of libgit2 (connect, and each read or write), process-wide.
+/// Call before any fetch runs: libgit2 reads these settings without synchronisation.
+pub fn set_network_timeout(timeout: Duration) {
+    let ms = i32::try_from(timeout.as_millis()).unwrap_or(i32::MAX);
+    // SAFETY: called once at start-up, before any thread uses libgit2.
+    unsafe {
+        let _ = git2::opts::set_server_connect_timeout_in_milliseconds(ms);
+        let _ = git2::opts::set_server_timeout_in_milliseconds(ms);
+    }
+}
+
 /// Starts the poller of source `name`.
 pub fn spawn_poller(
     name: String,
-    config: SourceConfig,
+    config: PollerConfig,
     workspace: &Arc<Workspace>,
     statuses: Arc<StatusMap>,
     shutdown: watch::Receiver<bool>,
 ) -> PollerHandle {
     let (config_tx, config_rx) = watch::channel(config);
-    let (sync_tx, sync_rx) = mpsc::channel(64);
+    let (cmd_tx, cmd_rx) = mpsc::channel(64);
     let poller = Poller {
-        clone: Arc::new(workspace.clone_of(&name)),
         trees: workspace.trees(&name),
+        workspace: Arc::clone(workspace),
         name,
         config: config_rx,
-        sync: sync_rx,
+        commands: cmd_rx,
         statuses,
         shutdown,
         head: None,
         failures: 0,
+        busy: Arc::new(AtomicBool::new(false)),
     };
     PollerHandle {
         config: config_tx,
-        sync: sync_tx,
+        commands: cmd_tx,
         task: tokio::spawn(poller.run()),
     }
 }
 
 struct Poller {
     name: String,
-    config: watch::Receiver<SourceConfig>,
-    sync: mpsc::Receiver<oneshot::Sender<SyncOutcome>>,
+    config: watch::Receiver<PollerConfig>,
+    commands: mpsc::Receiver<PollerCmd>,
     statuses: Arc<StatusMap>,
-    clone: Arc<git::Clone>,
+    workspace: Arc<Workspace>,
     trees: Arc<Trees>,
     shutdown: watch::Receiver<bool>,
-    /// The published head and the pin keeping its tree.
+    /// The published revision and the pin keeping its tree.
     head: Option<Pin>,
     /// Consecutive failed fetches.
     failures: u32,
+    /// A fetch is running on a blocking thread (possibly one abandoned after its timeout).
+    busy: Arc<AtomicBool>,
+}
+
+/// What one fetch produced, off the async thread.
+struct Round {
+    fetched: git::Fetched,
+    anchor: Option<Revision>,
+    refused: Option<(Revision, String)>,
+    published: Option<(git::Candidate, Pin)>,
 }
 
 impl Poller {
     async fn run(mut self) {
-        let cfg = self.config.borrow().clone();
-        self.update(|s| {
-            s.url = cfg.url.to_string();
-            s.branch = cfg.branch.clone();
-        });
+        self.show_config();
         let mut waiters: Vec<oneshot::Sender<SyncOutcome>> = Vec::new();
+        let mut accepts: Vec<(String, AcceptReply)> = Vec::new();
         loop {
+            for (spec, reply) in accepts.drain(..) {
+                let r = self.accept(spec).await;
+                let _ = reply.send(r);
+            }
             let outcome = self.fetch_once().await;
             for w in waiters.drain(..) {
                 let _ = w.send(outcome.clone());
             }
             let wait = self.next_wait();
-            let due = util::after(util::now(), wait);
-            self.update(|s| s.next_fetch_at = Some(due));
+            self.update(|s| s.next_fetch_at = Some(util::after(util::now(), wait)));
             tokio::select! {
                 () = tokio::time::sleep(wait) => {}
-                req = self.sync.recv() => match req {
-                    Some(w) => waiters.push(w),
+                cmd = self.commands.recv() => match cmd {
+                    Some(PollerCmd::Sync(w)) => waiters.push(w),
+                    Some(PollerCmd::Accept(spec, reply)) => accepts.push((spec, reply)),
                     None => return,
                 },
                 changed = self.config.changed() => {
                     if changed.is_err() {
                         return;
                     }
-                    let cfg = self.config.borrow_and_update().clone();
+                    self.config.borrow_and_update();
                     self.failures = 0;
-                    self.update(|s| {
-                        s.url = cfg.url.to_string();
-                        s.branch = cfg.branch.clone();
-                    });
+                    self.show_config();
                 }
                 _ = self.shutdown.changed() => return,
             }
             // Coalesce: every request already queued is answered by the next fetch.
-            while let Ok(w) = self.sync.try_recv() {
-                waiters.push(w);
+            while let Ok(cmd) = self.commands.try_recv() {
+                match cmd {
+                    PollerCmd::Sync(w) => waiters.push(w),
+                    PollerCmd::Accept(spec, reply) => accepts.push((spec, reply)),
+                }
             }
             if *self.shutdown.borrow() {
                 return;
@@ -186,8 +312,24 @@ impl Poller {
         }
     }
 
+    fn show_config(&self) {
+        let cfg = self.config.borrow().source.clone();
+        self.update(|s| {
+            let remotes = cfg.remotes();
+            s.url = remotes.first().map(ToString::to_string).unwrap_or_default();
+            s.branch = cfg.branch.clone();
+            s.remotes = remotes
+                .iter()
+                .map(|u| RemoteStatus {
+                    url: u.to_string(),
+                    ..RemoteStatus::default()
+                })
+                .collect();
+        });
+    }
+
     fn next_wait(&self) -> Duration {
-        let interval = self.config.borrow().interval.get();
+        let interval = self.config.borrow().source.interval.get();
         let base = if self.failures == 0 {
             interval
         } else {
@@ -196,82 +338,269 @@ impl Poller {
         util::jitter(base, 0.1)
     }
 
-    async fn fetch_once(&mut self) -> SyncOutcome {
-        let cfg = self.config.borrow().clone();
-        let clone = Arc::clone(&self.clone);
-        let trees = Arc::clone(&self.trees);
-        let previous = self.head.as_ref().map(|p| p.revision().clone());
-        let result = tokio::task::spawn_blocking(move || {
-            let rev = clone.fetch(&cfg.url, &cfg.branch)?;
-            let pin = trees.checkout(&clone, &rev)?;
-            if let Err(e) = trees.set_current(&rev) {
-                tracing::warn!(error = %e, "cannot update the current-tree symlink");
-            }
-            Ok::<_, GitError>((rev, pin))
+    async fn accept(&mut self, spec: String) -> Result<(Revision, SyncOutcome), String> {
+        let workspace = Arc::clone(&self.workspace);
+        let name = self.name.clone();
+        let rev = tokio::task::spawn_blocking(move || {
+            let rev = workspace.clone_of(&name).resolve(&spec)?;
+            workspace.set_anchor(&name, &rev)?;
+            Ok::<_, GitError>(rev)
         })
         .await
-        .unwrap_or_else(|e| {
-            Err(GitError::Fetch {
-                url: self.config.borrow().url.to_string(),
-                message: format!("fetch task failed: {e}"),
+        .map_err(|e| e.to_string())?
+        .map_err(|e| e.to_string())?;
+        tracing::warn!(source = %self.name, revision = %rev, "accepted by an operator as the new base for fast-forward checks");
+        self.update(|s| s.deployed = Some(rev.clone()));
+        let outcome = self.fetch_once().await;
+        Ok((rev, outcome))
+    }
+
+    async fn fetch_once(&mut self) -> SyncOutcome {
+        let cfg = self.config.borrow().clone();
+        let previous = self.head.as_ref().map(|p| p.revision().clone());
+        if self.busy.swap(true, Ordering::SeqCst) {
+            return self.failed(
+                previous,
+                "the previous fetch is still running (a stalled remote?); \
+                                          it is abandoned and ginx waits for it to give up"
+                    .into(),
+            );
+        }
+        let cancel = Arc::new(AtomicBool::new(false));
+        let timeout = cfg.source.fetch_timeout;
+        let job = {
+            let workspace = Arc::clone(&self.workspace);
+            let trees = Arc::clone(&self.trees);
+            let name = self.name.clone();
+            let busy = Arc::clone(&self.busy);
+            let cancel = Arc::clone(&cancel);
+            let have_published = previous.is_some();
+            let cfg = cfg.clone();
+            tokio::task::spawn_blocking(move || {
+                let r = round(&workspace, &trees, &name, &cfg, &cancel, have_published);
+                busy.store(false, Ordering::SeqCst);
+                r
             })
-        });
-        let now = util::now();
-        match result {
-            Ok((rev, pin)) => {
-                let changed = previous.as_ref() != Some(&rev);
-                if self.failures > 0 {
-                    tracing::info!(source = %self.name, revision = %rev.short(), "fetching works again");
-                }
-                if changed {
-                    tracing::info!(source = %self.name, revision = %rev.short(), "new revision");
-                }
-                self.failures = 0;
-                let tree = pin.path().to_owned();
-                self.head = Some(pin);
-                self.update(|s| {
-                    s.revision = Some(rev.clone());
-                    s.fetched_at = Some(now);
-                    s.error = None;
-                    s.failing_since = None;
-                    s.tree = Some(tree);
-                });
-                SyncOutcome {
-                    source: self.name.clone(),
-                    revision: Some(rev),
-                    changed,
-                    error: None,
-                }
+        };
+        let result = match tokio::time::timeout(timeout.get(), job).await {
+            Ok(Ok(r)) => r,
+            Ok(Err(e)) => Err(GitError::Fetch {
+                url: self.status().url,
+                message: format!("fetch task failed: {e}"),
+            }),
+            Err(_) => {
+                cancel.store(true, Ordering::SeqCst);
+                Err(GitError::Fetch {
+                    url: self.status().url,
+                    message: format!(
+                        "timed out after {timeout} (sources.{}.fetch_timeout)",
+                        self.name
+                    ),
+                })
             }
-            Err(e) => {
-                let message = e.to_string();
-                let same = self
-                    .statuses
-                    .borrow()
-                    .get(&self.name)
-                    .and_then(|s| s.error.clone())
-                    == Some(message.clone());
-                // One line per change of state, not one per retry.
-                if !same {
-                    tracing::warn!(source = %self.name, error = %message, "fetch failed; keeping the previous revision and retrying with backoff");
+        };
+        let now = util::now();
+        let round = match result {
+            Ok(r) => r,
+            Err(e) => return self.failed(previous, e.to_string()),
+        };
+        if self.failures > 0 {
+            tracing::info!(source = %self.name, served_by = %round.fetched.served_by, "fetching works again");
+        }
+        self.failures = 0;
+        let configured = cfg.source.remotes();
+        let remotes: Vec<RemoteStatus> = configured
+            .iter()
+            .map(|u| {
+                let shown = u.to_string();
+                match round.fetched.remotes.iter().find(|r| r.url == shown) {
+                    Some(r) => RemoteStatus {
+                        url: shown,
+                        ok: Some(r.error.is_none()),
+                        error: r.error.clone(),
+                    },
+                    None => RemoteStatus {
+                        url: shown,
+                        ok: None,
+                        error: None,
+                    },
                 }
-                self.failures = self.failures.saturating_add(1);
-                self.update(|s| {
-                    s.error = Some(message.clone());
-                    s.failing_since.get_or_insert(now);
-                });
-                SyncOutcome {
-                    source: self.name.clone(),
-                    revision: previous,
-                    changed: false,
-                    error: Some(message),
+            })
+            .collect();
+        let mut changed = false;
+        if let Some((candidate, pin)) = round.published {
+            changed = previous.as_ref() != Some(&candidate.revision);
+            if changed {
+                tracing::info!(source = %self.name, revision = %candidate.revision.short(),
+                    branch = %candidate.branch, "new revision");
+            }
+            let tree = pin.path().to_owned();
+            self.head = Some(pin);
+            self.update(|s| {
+                s.revision = Some(candidate.revision.clone());
+                s.revision_branch = Some(candidate.branch.clone());
+                s.testing = candidate.testing;
+                s.signature = candidate.signed.clone();
+                s.tree = Some(tree);
+            });
+        }
+        let refusal = round.refused.map(|(rev, why)| Refused {
+            revision: rev,
+            reason: why,
+        });
+        let previous_error = self.status().error;
+        let error = refusal.as_ref().map(|r| r.reason.clone());
+        if error != previous_error {
+            match &error {
+                Some(why) => {
+                    tracing::warn!(source = %self.name, "refusing the fetched head: {why}")
                 }
+                None if previous_error.is_some() => {
+                    tracing::info!(source = %self.name, "source healthy again")
+                }
+                None => {}
             }
         }
+        let served_by = round.fetched.served_by.clone();
+        let anchor = round.anchor.clone();
+        self.update(|s| {
+            s.url = served_by;
+            s.remotes = remotes;
+            s.fetched_at = Some(now);
+            s.deployed = anchor;
+            s.failing_since = if error.is_some() {
+                s.failing_since.or(Some(now))
+            } else {
+                None
+            };
+            s.error = error.clone();
+            s.refused = refusal;
+        });
+        SyncOutcome {
+            source: self.name.clone(),
+            revision: self.head.as_ref().map(|p| p.revision().clone()),
+            changed,
+            error,
+        }
+    }
+
+    fn failed(&mut self, previous: Option<Revision>, message: String) -> SyncOutcome {
+        let now = util::now();
+        // One line per change of state, not one per retry.
+        if self.status().error.as_deref() != Some(message.as_str()) {
+            tracing::warn!(source = %self.name, error = %message,
+                "fetch failed; keeping the previous revision and retrying with backoff");
+        }
+        self.failures = self.failures.saturating_add(1);
+        let remotes_failed = message.clone();
+        self.update(|s| {
+            s.error = Some(message.clone());
+            s.failing_since.get_or_insert(now);
+            if s.remotes.len() == 1 {
+                s.remotes[0].ok = Some(false);
+                s.remotes[0].error = Some(remotes_failed);
+            }
+        });
+        SyncOutcome {
+            source: self.name.clone(),
+            revision: previous,
+            changed: false,
+            error: Some(message),
+        }
+    }
+
+    fn status(&self) -> SourceStatus {
+        self.statuses
+            .borrow()
+            .get(&self.name)
+            .cloned()
+            .unwrap_or_default()
     }
 
     fn update(&self, f: impl FnOnce(&mut SourceStatus)) {
         self.statuses
             .send_modify(|map| f(map.entry(self.name.clone()).or_default()));
+    }
+}
+
+/// One fetch, check and checkout, on a blocking thread. A damaged clone is moved aside and the
+/// round is run once more from a fresh clone.
+fn round(
+    workspace: &Workspace,
+    trees: &Arc<Trees>,
+    name: &str,
+    cfg: &PollerConfig,
+    cancel: &AtomicBool,
+    have_published: bool,
+) -> Result<Round, GitError> {
+    let auth = auth::Auth::load(&cfg.source).map_err(|e| GitError::Auth(e.to_string()))?;
+    let policy = verify::Policy {
+        allowed_signers: cfg.source.allowed_signers_file.clone(),
+        openpgp_keyring: cfg.source.openpgp_keyring_file.clone(),
+    };
+    let remotes = cfg.source.remotes();
+    let testing = cfg.source.testing_branch_for(&cfg.node);
+    let clone = workspace.clone_of(name);
+    let attempt = || -> Result<Round, GitError> {
+        let fetched = clone.fetch(&git::FetchSpec {
+            remotes: &remotes,
+            branch: &cfg.source.branch,
+            testing: testing.as_deref(),
+            auth: &auth,
+            cancel,
+        })?;
+        let anchor = workspace.anchor(name);
+        let eval = clone.evaluate(
+            &fetched,
+            &cfg.source.branch,
+            testing.as_deref(),
+            anchor.as_ref(),
+            &policy,
+        )?;
+        let candidate = match eval.accepted {
+            Some(c) => Some(c),
+            // Nothing acceptable and nothing offered yet (a restart): offer the deployed commit.
+            None if !have_published => anchor.clone().map(|revision| git::Candidate {
+                revision,
+                branch: cfg.source.branch.clone(),
+                testing: false,
+                signed: None,
+            }),
+            None => None,
+        };
+        let published = match candidate {
+            Some(c) => {
+                let pin = trees.checkout(&clone, &c.revision)?;
+                if let Err(e) = trees.set_current(&c.revision) {
+                    tracing::warn!(error = %e, "cannot update the current-tree symlink");
+                }
+                Some((c, pin))
+            }
+            None => None,
+        };
+        let mut anchor = anchor;
+        if !cfg.applied
+            && let Some((c, _)) = &published
+            && !c.testing
+            && anchor.as_ref() != Some(&c.revision)
+        {
+            workspace.set_anchor(name, &c.revision)?;
+            anchor = Some(c.revision.clone());
+        }
+        Ok(Round {
+            fetched,
+            anchor,
+            refused: eval.refused,
+            published,
+        })
+    };
+    match attempt() {
+        Err(e) if e.is_corruption() => {
+            let aside = clone.move_aside()?;
+            tracing::warn!(source = name, error = %e, moved_to = %aside.display(),
+                "the clone is damaged; moved it aside, cloning afresh");
+            attempt()
+        }
+        other => other,
     }
 }

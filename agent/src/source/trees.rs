@@ -12,7 +12,7 @@ use std::sync::{Arc, Mutex};
 use git2::build::CheckoutBuilder;
 
 use super::Revision;
-use super::git::{Clone, GitError};
+use super::git::{Clone, GitError, classify};
 
 /// The trees of one source.
 #[derive(Debug)]
@@ -122,17 +122,11 @@ impl Trees {
             let repo = clone.open()?;
             let commit = repo
                 .find_commit(revision.oid())
-                .map_err(|e| fail(e.message().to_owned()))?;
+                .map_err(|e| fail(classify(&e)))?;
             let mut co = CheckoutBuilder::new();
             co.target_dir(&tmp).force().update_index(false);
             repo.checkout_tree(commit.as_object(), Some(&mut co))
-                .map_err(|e| {
-                    fail(format!(
-                        "checking out into {}: {}",
-                        tmp.display(),
-                        e.message()
-                    ))
-                })?;
+                .map_err(|e| fail(classify(&e)))?;
             std::fs::rename(&tmp, dest)
                 .map_err(|e| fail(format!("moving {} into place: {e}", tmp.display())))?;
             std::fs::File::open(&self.root)

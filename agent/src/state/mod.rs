@@ -145,6 +145,25 @@ impl History {
     }
 }
 
+/// The last deployed (or accepted) commit of each source's tracked branch, a copy of the
+/// anchor ref kept in each clone: either survives the loss of the other.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct Anchors {
+    pub version: u32,
+    pub anchors: std::collections::BTreeMap<String, Revision>,
+}
+
+impl Document for Anchors {
+    const VERSION: u32 = 1;
+    fn version(&self) -> u32 {
+        self.version
+    }
+    fn set_version(&mut self) {
+        self.version = 1;
+    }
+}
+
 /// A versioned JSON document on disk.
 pub trait Document: Default + Serialize + DeserializeOwned {
     const VERSION: u32;

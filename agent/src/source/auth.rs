@@ -1,0 +1,377 @@
+//! Credentials and server authentication for fetches: SSH deploy keys with host keys checked
+//! against a known_hosts file, HTTPS tokens, and the refusal of secret files others can read.
+//!
+//! Secrets are read here and handed to libgit2; they are never formatted into a message.
+
+use std::cell::{Cell, RefCell};
+use std::os::unix::fs::MetadataExt;
+use std::path::{Path, PathBuf};
+
+use git2::{CertificateCheckStatus, Cred, CredentialType, RemoteCallbacks};
+use hmac::{Hmac, Mac};
+use ssh_key::known_hosts::{HostPatterns, KnownHosts, Marker};
+use ssh_key::{HashAlg, PublicKey};
+
+use super::RemoteUrl;
+use crate::config::SourceConfig;
+
+#[derive(Debug, thiserror::Error, Clone, PartialEq, Eq)]
+pub enum AuthError {
+    #[error("{what} {}: {message}", path.display())]
+    File {
+        what: &'static str,
+        path: PathBuf,
+        message: String,
+    },
+}
+
+/// What a source authenticates with.
+#[derive(Clone)]
+pub struct Auth {
+    ssh_key: Option<PathBuf>,
+    known_hosts: PathBuf,
+    /// `(username, token)`.
+    token: Option<(String, String)>,
+}
+
+impl std::fmt::Debug for Auth {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Auth")
+            .field("ssh_key", &self.ssh_key)
+            .field("known_hosts", &self.known_hosts)
+            .field("token", &self.token.as_ref().map(|_| "<redacted>"))
+            .finish()
+    }
+}
+
+/// Refuses a secret file that is not a regular file owned by us and private to us.
+pub fn check_secret_file(what: &'static str, path: &Path) -> Result<(), AuthError> {
+    let err = |message: String| AuthError::File {
+        what,
+        path: path.to_owned(),
+        message,
+    };
+    let meta = std::fs::metadata(path).map_err(|e| err(format!("cannot read it: {e}")))?;
+    if !meta.is_file() {
+        return Err(err("is not a regular file".into()));
+    }
+    let mode = meta.mode() & 0o7777;
+    if mode & 0o077 != 0 {
+        return Err(err(format!(
+            "is accessible by group or others (mode {mode:04o}); refusing to use it: run \
+             `chmod 600 {}`",
+            path.display()
+        )));
+    }
+    let me = nix::unistd::geteuid().as_raw();
+    if meta.uid() != me {
+        return Err(err(format!(
+            "is owned by uid {}, not by ginx's user (uid {me}); refusing to use it",
+            meta.uid()
+        )));
+    }
+    Ok(())
+}
+
+impl Auth {
+    /// Reads and checks the secret files `cfg` names.
+    pub fn load(cfg: &SourceConfig) -> Result<Self, AuthError> {
+        if let Some(key) = &cfg.ssh_key_file {
+            check_secret_file("ssh_key_file", key)?;
+        }
+        let token = match &cfg.token_file {
+            Some(path) => {
+                check_secret_file("token_file", path)?;
+                let raw = std::fs::read_to_string(path).map_err(|e| AuthError::File {
+                    what: "token_file",
+                    path: path.clone(),
+                    message: format!("cannot read it: {e}"),
+                })?;
+                let token = raw.trim().to_owned();
+                if token.is_empty() {
+                    return Err(AuthError::File {
+                        what: "token_file",
+                        path: path.clone(),
+                        message: "is empty".into(),
+                    });
+                }
+                Some((cfg.username.clone(), token))
+            }
+            None => None,
+        };
+        Ok(Self {
+            ssh_key: cfg.ssh_key_file.clone(),
+            known_hosts: cfg.known_hosts_file.clone(),
+            token,
+        })
+    }
+
+    /// Callbacks for one fetch from `url`. `refusal` receives why a server was not trusted or
+    /// why authentication could not proceed, in words libgit2 would lose.
+    pub fn callbacks<'a>(
+        &'a self,
+        url: &'a RemoteUrl,
+        refusal: &'a RefCell<Option<String>>,
+    ) -> RemoteCallbacks<'a> {
+        let mut cb = RemoteCallbacks::new();
+        let tries = Cell::new(0u32);
+        cb.credentials(move |_url, user_from_url, allowed| {
+            tries.set(tries.get() + 1);
+            if tries.get() > 1 {
+                let what = if self.ssh_key.is_some() || self.token.is_some() {
+                    "the server rejected the configured credentials (ssh_key_file / token_file)"
+                } else {
+                    "the server wants credentials; configure ssh_key_file or token_file"
+                };
+                *refusal.borrow_mut() = Some(format!("authentication failed: {what}"));
+                return Err(git2::Error::from_str("authentication failed"));
+            }
+            if allowed.contains(CredentialType::SSH_KEY) {
+                if let Some(key) = &self.ssh_key {
+                    return Cred::ssh_key(user_from_url.unwrap_or("git"), None, key, None);
+                }
+                *refusal.borrow_mut() =
+                    Some("the SSH server wants a key; configure ssh_key_file".into());
+                return Err(git2::Error::from_str("no SSH key configured"));
+            }
+            if allowed.contains(CredentialType::USER_PASS_PLAINTEXT) {
+                if let Some((user, token)) = &self.token {
+                    return Cred::userpass_plaintext(user, token);
+                }
+                *refusal.borrow_mut() =
+                    Some("the server requires authentication; configure token_file".into());
+                return Err(git2::Error::from_str("no token configured"));
+            }
+            if allowed.contains(CredentialType::USERNAME) {
+                return Cred::username(user_from_url.unwrap_or("git"));
+            }
+            *refusal.borrow_mut() =
+                Some("the server asks for an unsupported kind of credential".into());
+            Err(git2::Error::from_str("unsupported credential type"))
+        });
+        cb.certificate_check(move |cert, host| {
+            let Some(hostkey) = cert.as_hostkey() else {
+                // TLS: libgit2 verifies the chain against the system's CAs.
+                return Ok(CertificateCheckStatus::CertificatePassthrough);
+            };
+            let Some(blob) = hostkey.hostkey() else {
+                *refusal.borrow_mut() = Some(format!("the SSH server {host} sent no host key"));
+                return Err(git2::Error::from_str("no host key"));
+            };
+            let name = known_hosts_name(host, url);
+            match check_host_key(&self.known_hosts, &name, blob) {
+                Ok(()) => Ok(CertificateCheckStatus::CertificateOk),
+                Err(message) => {
+                    *refusal.borrow_mut() = Some(message.clone());
+                    Err(git2::Error::from_str(&message))
+                }
+            }
+        });
+        cb
+    }
+}
+
+/// How known_hosts names a host: `host`, or `[host]:port` for a port other than 22.
+fn known_hosts_name(host: &str, url: &RemoteUrl) -> String {
+    let port = url::Url::parse(url.as_git_url())
+        .ok()
+        .and_then(|u| u.port())
+        .filter(|p| *p != 22);
+    match port {
+        Some(p) => format!("[{host}]:{p}"),
+        None => host.to_owned(),
+    }
+}
+
+/// Checks `blob` (an SSH public key in wire format) against the entries for `name` in the
+/// known_hosts file at `path`. The error says what to do.
+pub fn check_host_key(path: &Path, name: &str, blob: &[u8]) -> Result<(), String> {
+    let key = PublicKey::from_bytes(blob)
+        .map_err(|e| format!("the SSH server {name} sent a host key ginx cannot read: {e}"))?;
+    let fingerprint = key.fingerprint(HashAlg::Sha256);
+    let offered = key
+        .to_openssh()
+        .map(|s| s.split_whitespace().take(2).collect::<Vec<_>>().join(" "))
+        .unwrap_or_default();
+    let text = std::fs::read_to_string(path).map_err(|e| {
+        format!(
+            "cannot read known_hosts_file {}: {e}; the host key of {name} ({fingerprint}) \
+             cannot be checked",
+            path.display()
+        )
+    })?;
+    let mut other_keys = Vec::new();
+    for (index, entry) in KnownHosts::new(&text).enumerate() {
+        let Ok(entry) = entry else { continue };
+        if !patterns_match(entry.host_patterns(), name) {
+            continue;
+        }
+        let same = entry.public_key().key_data() == key.key_data();
+        match entry.marker() {
+            Some(Marker::Revoked) if same => {
+                return Err(format!(
+                    "the host key of {name} ({fingerprint}) is marked @revoked in {}",
+                    path.display()
+                ));
+            }
+            Some(_) => continue,
+            None if same => return Ok(()),
+            None => other_keys.push(index + 1),
+        }
+    }
+    if other_keys.is_empty() {
+        Err(format!(
+            "the host key of {name} is unknown: {fingerprint} is not in known_hosts_file {}; \
+             after checking the fingerprint with the server's operator, add the line \
+             `{name} {offered}`",
+            path.display()
+        ))
+    } else {
+        Err(format!(
+            "the host key of {name} has CHANGED: the server offered {fingerprint}, which is not \
+             the key known_hosts_file {} lists for it; someone may be intercepting the \
+             connection. If the server's key was replaced on purpose, update that file",
+            path.display()
+        ))
+    }
+}
+
+fn patterns_match(patterns: &HostPatterns, name: &str) -> bool {
+    match patterns {
+        HostPatterns::HashedName { salt, hash } => {
+            let Ok(mut mac) = Hmac::<sha1::Sha1>::new_from_slice(salt) else {
+                return false;
+            };
+            mac.update(name.as_bytes());
+            mac.verify_slice(hash).is_ok()
+        }
+        HostPatterns::Patterns(list) => {
+            let mut matched = false;
+            for p in list {
+                if let Some(negated) = p.strip_prefix('!') {
+                    if glob(negated, name) {
+                        return false;
+                    }
+                } else if glob(p, name) {
+                    matched = true;
+                }
+            }
+            matched
+        }
+    }
+}
+
+/// OpenSSH host pattern matching: `*` any run, `?` one character, case-insensitive.
+fn glob(pattern: &str, name: &str) -> bool {
+    let p: Vec<char> = pattern.to_ascii_lowercase().chars().collect();
+    let n: Vec<char> = name.to_ascii_lowercase().chars().collect();
+    let (mut pi, mut ni) = (0, 0);
+    let mut star: Option<(usize, usize)> = None;
+    while ni < n.len() {
+        if pi < p.len() && (p[pi] == '?' || p[pi] == n[ni]) {
+            pi += 1;
+            ni += 1;
+        } else if pi < p.len() && p[pi] == '*' {
+            star = Some((pi, ni));
+            pi += 1;
+        } else if let Some((sp, sn)) = star {
+            pi = sp + 1;
+            ni = sn + 1;
+            star = Some((sp, sn + 1));
+        } else {
+            return false;
+        }
+    }
+    p[pi..].iter().all(|c| *c == '*')
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::os::unix::fs::PermissionsExt;
+
+    const KEY: &str =
+        "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIHTJ2ZdvRmi0nPZxYZlR2jDRdFDg/rTkNRoHzwNh7Rbf";
+    const OTHER: &str =
+        "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIMb5D9XJbHQTc5Iz3fxw7yk4rMAbJ5T2fR1N7rZgd0Dz";
+
+    fn blob(openssh: &str) -> Vec<u8> {
+        PublicKey::from_openssh(openssh)
+            .unwrap()
+            .to_bytes()
+            .unwrap()
+    }
+
+    fn file(text: &str) -> tempfile::NamedTempFile {
+        let f = tempfile::NamedTempFile::new().unwrap();
+        std::fs::write(f.path(), text).unwrap();
+        f
+    }
+
+    #[test]
+    fn a_listed_key_is_accepted_with_port_brackets() {
+        let f = file(&format!("# comment\n[127.0.0.1]:2222 {KEY}\n"));
+        assert!(check_host_key(f.path(), "[127.0.0.1]:2222", &blob(KEY)).is_ok());
+        let e = check_host_key(f.path(), "127.0.0.1", &blob(KEY)).unwrap_err();
+        assert!(e.contains("unknown"), "{e}");
+    }
+
+    #[test]
+    fn an_unknown_host_says_what_line_to_add() {
+        let f = file("");
+        let e = check_host_key(f.path(), "git.example.com", &blob(KEY)).unwrap_err();
+        assert!(e.contains("is unknown") && e.contains("SHA256:"), "{e}");
+        assert!(e.contains(&format!("`git.example.com {KEY}`")), "{e}");
+    }
+
+    #[test]
+    fn a_changed_key_is_called_out() {
+        let f = file(&format!("git.example.com {OTHER}\n"));
+        let e = check_host_key(f.path(), "git.example.com", &blob(KEY)).unwrap_err();
+        assert!(e.contains("CHANGED") && e.contains("intercepting"), "{e}");
+    }
+
+    #[test]
+    fn hashed_wildcard_negated_and_revoked_entries() {
+        // `ssh-keygen -H` form of "git.example.com" with salt "salt-bytes-16...".
+        let salt = b"0123456789abcdefghij";
+        let mut mac = Hmac::<sha1::Sha1>::new_from_slice(salt).unwrap();
+        mac.update(b"git.example.com");
+        let hash = mac.finalize().into_bytes();
+        use base64::Engine;
+        let b64 = base64::engine::general_purpose::STANDARD;
+        let hashed = format!("|1|{}|{}", b64.encode(salt), b64.encode(hash));
+        let f = file(&format!("{hashed} {KEY}\n"));
+        assert!(check_host_key(f.path(), "git.example.com", &blob(KEY)).is_ok());
+        assert!(check_host_key(f.path(), "other.example.com", &blob(KEY)).is_err());
+
+        let f = file(&format!("*.example.com,!bad.example.com {KEY}\n"));
+        assert!(check_host_key(f.path(), "git.example.com", &blob(KEY)).is_ok());
+        assert!(check_host_key(f.path(), "bad.example.com", &blob(KEY)).is_err());
+
+        let f = file(&format!("@revoked * {KEY}\ngit.example.com {KEY}\n"));
+        let e = check_host_key(f.path(), "git.example.com", &blob(KEY)).unwrap_err();
+        assert!(e.contains("@revoked"), "{e}");
+    }
+
+    #[test]
+    fn secret_files_must_be_private() {
+        let f = file("token\n");
+        std::fs::set_permissions(f.path(), std::fs::Permissions::from_mode(0o644)).unwrap();
+        let e = check_secret_file("token_file", f.path())
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("mode 0644") && e.contains("chmod 600"), "{e}");
+        std::fs::set_permissions(f.path(), std::fs::Permissions::from_mode(0o600)).unwrap();
+        assert!(check_secret_file("token_file", f.path()).is_ok());
+    }
+
+    #[test]
+    fn globs() {
+        assert!(glob("*.example.com", "a.example.com"));
+        assert!(glob("git?.example.com", "git1.example.com"));
+        assert!(!glob("*.example.com", "example.com"));
+        assert!(glob("*", "anything"));
+        assert!(glob("GIT.example.com", "git.EXAMPLE.com"));
+    }
+}
