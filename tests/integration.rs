@@ -5,3 +5,4 @@ mod support;
 
 mod control_socket;
 mod core_loop;
+mod sources;

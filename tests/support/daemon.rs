@@ -131,6 +131,37 @@ group = "root"
         std::fs::write(dir.join(name), text).unwrap();
     }
 
+    /// A bare copy of the Hephaestus repo under `served/`, as a server would hold it; push to
+    /// it with [`Env::push`].
+    pub fn bare(&self) -> PathBuf {
+        let served = self.root.join("served");
+        let bare = served.join("hephaestus.git");
+        if !bare.exists() {
+            std::fs::create_dir_all(&served).unwrap();
+            let out = super::git::git_cmd()
+                .args(["clone", "-q", "--bare"])
+                .arg(&self.repo.path)
+                .arg(&bare)
+                .output()
+                .unwrap();
+            assert!(out.status.success());
+        }
+        bare
+    }
+
+    /// Pushes the work repo's `refspec` to the bare copy (with `--force` if asked).
+    pub fn push(&self, refspec: &str, force: bool) {
+        let bare = self.bare();
+        let mut args = vec!["push", "-q"];
+        if force {
+            args.push("--force");
+        }
+        let bare = bare.to_string_lossy().into_owned();
+        args.push(&bare);
+        args.push(refspec);
+        self.repo.git(&args);
+    }
+
     /// Sets a behaviour file of the stand-in colmena (see tests/support/colmena-stub).
     pub fn stub(&self, file: &str, content: &str) {
         std::fs::write(self.stub_dir.join(file), content).unwrap();

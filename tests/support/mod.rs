@@ -7,6 +7,7 @@ pub mod daemon;
 pub mod git;
 pub mod http;
 pub mod inetd;
+pub mod ssh;
 pub mod tls;
 
 use std::path::{Path, PathBuf};

@@ -67,19 +67,54 @@ pub fn status(s: &Status) -> String {
     let width = s.sources.keys().map(String::len).max().unwrap_or(0);
     for (name, src) in &s.sources {
         let rev = src.revision.as_ref().map_or("-", |r| r.short());
-        let state = match (&src.error, src.failing_since, src.fetched_at) {
-            (Some(e), since, _) => format!(
-                "failing since {}: {e}",
-                since.map_or_else(|| "?".to_owned(), |t| age(t, now))
-            ),
+        let branch = src.revision_branch.as_deref().unwrap_or(&src.branch);
+        let since = src
+            .failing_since
+            .map_or_else(|| "?".to_owned(), |t| age(t, now));
+        let state = match (&src.error, &src.refused, src.fetched_at) {
+            (Some(_), Some(_), _) => format!("refusing a new head since {since}"),
+            (Some(e), None, _) => format!("failing since {since}: {e}"),
             (None, _, Some(t)) => format!("fetched {}", age(t, now)),
             (None, _, None) => "not fetched yet".to_owned(),
         };
         let _ = writeln!(
             o,
-            "  {name:<width$}  {:<12} {rev:<12}  {state}  {}",
-            src.branch, src.url
+            "  {name:<width$}  {branch:<12} {rev:<12}  {state}  {}",
+            src.url
         );
+        let pad = "";
+        if src.testing {
+            let _ = writeln!(
+                o,
+                "  {pad:width$}  testing branch {branch} (main: {})",
+                src.branch
+            );
+        }
+        if let Some(r) = &src.refused {
+            let _ = writeln!(
+                o,
+                "  {pad:width$}  refused {}: {}",
+                r.revision.short(),
+                r.reason
+            );
+        }
+        if let Some(sig) = &src.signature {
+            let _ = writeln!(
+                o,
+                "  {pad:width$}  signed ({}) by {} {}",
+                sig.format, sig.signer, sig.key
+            );
+        }
+        if src.remotes.len() > 1 {
+            for r in &src.remotes {
+                let mark = match r.ok {
+                    Some(true) => "served".to_owned(),
+                    Some(false) => format!("failed: {}", r.error.as_deref().unwrap_or("?")),
+                    None => "not tried".to_owned(),
+                };
+                let _ = writeln!(o, "  {pad:width$}  remote {}: {mark}", r.url);
+            }
+        }
     }
     if !s.health.is_empty() {
         let _ = writeln!(o, "health");

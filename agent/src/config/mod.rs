@@ -313,6 +313,7 @@ fn load_files(files: &[PathBuf]) -> Result<Config, ConfigError> {
     let ctx = Ctx {
         origins: &origins,
         main: &files[0],
+        files,
     };
     let mut config: Config =
         serde_path_to_error::deserialize(toml::Value::Table(merged)).map_err(|e| {
@@ -347,6 +348,8 @@ fn path_string(path: &serde_path_to_error::Path) -> String {
 struct Ctx<'a> {
     origins: &'a Origins,
     main: &'a Path,
+    /// All files, in merge order.
+    files: &'a [PathBuf],
 }
 
 impl Ctx<'_> {
@@ -417,7 +420,8 @@ impl Config {
                 "no sources configured; add a [sources.hephaestus] table with a url",
             ));
         }
-        for (name, source) in &self.sources {
+        let node = self.node_name().to_owned();
+        for (name, source) in &mut self.sources {
             let key = join_key("sources", name);
             check_source_name(name).map_err(|m| ctx.error_at(&key, false, m))?;
             let branch_ok = !source.branch.is_empty()
@@ -438,11 +442,22 @@ impl Config {
             }
             match (&source.url, source.urls.is_empty()) {
                 (Some(_), false) => {
-                    return Err(ctx.error_at(
-                        &join_key(&key, "urls"),
-                        false,
-                        "set either url or urls, not both",
-                    ));
+                    // Set in different files, the later one wins like any other key.
+                    let file_of = |k: &str| {
+                        let at = ctx.origins.find(&join_key(&key, k)).map(|o| &o.key.file);
+                        ctx.files.iter().position(|f| Some(f) == at)
+                    };
+                    match (file_of("url"), file_of("urls")) {
+                        (Some(u), Some(us)) if us > u => source.url = None,
+                        (Some(u), Some(us)) if u > us => source.urls.clear(),
+                        _ => {
+                            return Err(ctx.error_at(
+                                &join_key(&key, "urls"),
+                                false,
+                                "set either url or urls in one file, not both",
+                            ));
+                        }
+                    }
                 }
                 (None, true) => {
                     return Err(ctx.error_at(&key, false,
@@ -485,7 +500,7 @@ impl Config {
                     ));
                 }
             }
-            if let Some(testing) = source.testing_branch_for(self.node_name()) {
+            if let Some(testing) = source.testing_branch_for(&node) {
                 let valid = !testing.is_empty()
                     && git2::Reference::is_valid_name(&format!("refs/heads/{testing}"));
                 if !valid {

@@ -59,24 +59,15 @@ impl Backend {
     }
 
     async fn sync(&self, source: Option<String>) -> Result<SyncReport, (ErrorKind, String)> {
-        let targets: Vec<(String, mpsc::Sender<_>)> = {
-            let pollers = self.pollers.lock().unwrap_or_else(|p| p.into_inner());
-            match &source {
-                Some(name) => match pollers.get(name) {
-                    Some(tx) => vec![(name.clone(), tx.clone())],
-                    None => {
-                        let known: Vec<&str> = pollers.keys().map(String::as_str).collect();
-                        return Err((
-                            ErrorKind::NotFound,
-                            format!("no source named {name:?}; configured: {}", known.join(", ")),
-                        ));
-                    }
-                },
-                None => pollers
-                    .iter()
-                    .map(|(n, t)| (n.clone(), t.clone()))
-                    .collect(),
-            }
+        let targets: Vec<(String, mpsc::Sender<PollerCmd>)> = match source {
+            Some(name) => vec![(name.clone(), self.poller(&name)?)],
+            None => self
+                .pollers
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .iter()
+                .map(|(n, t)| (n.clone(), t.clone()))
+                .collect(),
         };
         let mut waits = Vec::new();
         for (name, tx) in targets {

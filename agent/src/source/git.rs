@@ -245,7 +245,13 @@ impl Clone {
                          `ginxctl accept` it to move on"
                     ));
                 }
-                Err(_) => {
+                Err(e) => {
+                    // The clone's own anchor ref names a commit the clone lost: damage, not a
+                    // rewrite. (A copy from anchors.json may name a commit a fresh clone never
+                    // had: that is a rewrite.)
+                    if repo.refname_to_id(ANCHOR_REF).ok() == Some(anchor.oid()) {
+                        return Err(read_error(anchor, &e));
+                    }
                     return refused(format!(
                         "history rewritten: {main} does not descend from {anchor} (the deployed \
                          commit is no longer in the repository); `ginxctl accept` it to move on"

@@ -1,0 +1,744 @@
+//! Git sources an operator can trust: deploy keys over real sshd, tokens over smart HTTP,
+//! failover, force-push protection, signed commits, testing branches, damaged clones, stalled
+//! remotes.
+
+use std::net::TcpListener;
+use std::os::unix::fs::PermissionsExt;
+use std::path::Path;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+
+use serde_json::Value;
+
+use crate::support::{self, Env, http, inetd, ssh, wait_for};
+
+fn source<'a>(s: &'a Value, name: &str) -> &'a Value {
+    &s["sources"][name]
+}
+
+/// Points the hephaestus source at `url` (plus any extra keys).
+fn use_remote(env: &Env, url: &str, extra: &str) {
+    env.dropin(
+        "10-remote.toml",
+        &format!("[sources.hephaestus]\nurl = \"{url}\"\n{extra}"),
+    );
+}
+
+fn ssh_ready() -> bool {
+    support::require(ssh::SSHD) && support::require("ssh-keygen")
+}
+
+#[test]
+fn ssh_deploy_key_with_known_hosts_fetches() {
+    if !ssh_ready() {
+        return;
+    }
+    let env = Env::new();
+    let bare = env.bare();
+    let sshd = ssh::SshServer::start(&env.root.join("sshd"));
+    use_remote(
+        &env,
+        &sshd.url(&bare),
+        &format!(
+            "ssh_key_file = \"{}\"\nknown_hosts_file = \"{}\"\n",
+            sshd.client_key.display(),
+            sshd.known_hosts.display()
+        ),
+    );
+    let d = env.start();
+    let s = d.wait_applied(&env.repo.head());
+    assert!(
+        source(&s, "hephaestus")["url"]
+            .as_str()
+            .unwrap()
+            .starts_with("ssh://root@127.0.0.1:")
+    );
+
+    let next = env.repo.commit("ssh.nix", "{ }\n", "over ssh");
+    env.push("main", false);
+    d.ctl_ok(&["sync"]);
+    d.wait_applied(&next);
+    assert!(sshd.log().contains("Accepted publickey"), "{}", sshd.log());
+}
+
+#[test]
+fn ssh_unknown_and_changed_host_keys_are_refused_saying_so() {
+    if !ssh_ready() {
+        return;
+    }
+    let env = Env::new();
+    let bare = env.bare();
+    let sshd = ssh::SshServer::start(&env.root.join("sshd"));
+    let empty = env.root.join("empty_known_hosts");
+    std::fs::write(&empty, "").unwrap();
+    let cfg = |kh: &Path| {
+        format!(
+            "ssh_key_file = \"{}\"\nknown_hosts_file = \"{}\"\n",
+            sshd.client_key.display(),
+            kh.display()
+        )
+    };
+    use_remote(&env, &sshd.url(&bare), &cfg(&empty));
+    let d = env.start();
+    let s = d.wait_status("the unknown host key", |s| {
+        source(s, "hephaestus")["error"].is_string()
+    });
+    let e = source(&s, "hephaestus")["error"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    assert!(
+        e.contains("host key of [127.0.0.1]:") && e.contains("is unknown"),
+        "{e}"
+    );
+    assert!(
+        e.contains(&sshd.host_key_line),
+        "says which line to add: {e}"
+    );
+    assert_eq!(s["apply"]["state"], "idle");
+
+    // A different key listed for the host: a changed key.
+    let other = ssh::keygen(&env.root.join("other_host_key"), "other");
+    let changed = env.root.join("changed_known_hosts");
+    std::fs::write(
+        &changed,
+        format!("[127.0.0.1]:{} {other}\n", sshd.server.port),
+    )
+    .unwrap();
+    use_remote(&env, &sshd.url(&bare), &cfg(&changed));
+    d.signal(nix::sys::signal::Signal::SIGHUP);
+    let s = d.wait_status("the changed host key", |s| {
+        source(s, "hephaestus")["error"]
+            .as_str()
+            .is_some_and(|e| e.contains("CHANGED"))
+    });
+    assert!(
+        source(&s, "hephaestus")["error"]
+            .as_str()
+            .unwrap()
+            .contains("intercepting")
+    );
+    assert!(
+        !sshd.log().contains("Accepted publickey"),
+        "no key was offered to an untrusted host"
+    );
+}
+
+#[test]
+fn a_deploy_key_others_can_read_is_refused() {
+    if !ssh_ready() {
+        return;
+    }
+    let env = Env::new();
+    let bare = env.bare();
+    let sshd = ssh::SshServer::start(&env.root.join("sshd"));
+    std::fs::set_permissions(&sshd.client_key, std::fs::Permissions::from_mode(0o644)).unwrap();
+    use_remote(
+        &env,
+        &sshd.url(&bare),
+        &format!(
+            "ssh_key_file = \"{}\"\nknown_hosts_file = \"{}\"\n",
+            sshd.client_key.display(),
+            sshd.known_hosts.display()
+        ),
+    );
+    let d = env.start();
+    let s = d.wait_status("the refusal", |s| {
+        source(s, "hephaestus")["error"].is_string()
+    });
+    let e = source(&s, "hephaestus")["error"].as_str().unwrap();
+    assert!(
+        e.contains("ssh_key_file") && e.contains("mode 0644") && e.contains("chmod 600"),
+        "{e}"
+    );
+}
+
+#[test]
+fn https_token_is_used_and_never_shown() {
+    let env = Env::new();
+    let bare = env.bare();
+    let token = "s3cr3t-t0ken-value";
+    let server = http::GitHttpServer::start(
+        bare.parent().unwrap(),
+        http::Options {
+            tls: true,
+            basic_auth: Some(("deploy".into(), token.into())),
+        },
+    );
+    let url = format!("{}/hephaestus.git", server.base_url);
+    let mut env = env;
+    env.daemon_env.push((
+        "SSL_CERT_FILE".into(),
+        server.ca.as_ref().unwrap().pem_path.display().to_string(),
+    ));
+
+    // Without the token: refused, and the message says what to configure.
+    use_remote(&env, &url, "");
+    let d = env.start();
+    let s = d.wait_status("the 401", |s| source(s, "hephaestus")["error"].is_string());
+    let e = source(&s, "hephaestus")["error"].as_str().unwrap();
+    assert!(e.contains("token_file"), "{e}");
+
+    let token_file = env.root.join("token");
+    std::fs::write(&token_file, format!("{token}\n")).unwrap();
+    std::fs::set_permissions(&token_file, std::fs::Permissions::from_mode(0o600)).unwrap();
+    use_remote(
+        &env,
+        &url,
+        &format!(
+            "token_file = \"{}\"\nusername = \"deploy\"\n",
+            token_file.display()
+        ),
+    );
+    d.signal(nix::sys::signal::Signal::SIGHUP);
+    d.wait_applied(&env.repo.head());
+    assert!(server.requests().iter().any(|r| r.authorization.is_some()));
+
+    // The token appears nowhere ginx writes: log, status, history, check-config.
+    let status = d.ctl_ok(&["status", "--json"]);
+    let human = d.ctl_ok(&["status"]);
+    let history = d.ctl_ok(&["history", "--json", "--output"]);
+    let check = std::process::Command::new(support::ginx_bin())
+        .args(["check-config", "--config"])
+        .arg(&env.config)
+        .output()
+        .unwrap();
+    let check = String::from_utf8_lossy(&check.stdout).into_owned();
+    drop(d);
+    for (what, text) in [
+        (
+            "log",
+            std::fs::read_to_string(env.root.join("ginx-0.log")).unwrap(),
+        ),
+        ("status", status),
+        ("human status", human),
+        ("history", history),
+        ("check-config", check),
+    ] {
+        assert!(!text.contains(token), "the token leaked into {what}");
+    }
+}
+
+#[test]
+fn failover_uses_the_first_remote_that_answers() {
+    let env = Env::new();
+    let bare = env.bare();
+    // Nothing listens on a port we bound and closed... which is racy; use a listener that
+    // refuses instead: accept and close at once.
+    let refusing = TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = refusing.local_addr().unwrap().port();
+    std::thread::spawn(move || {
+        for c in refusing.incoming() {
+            drop(c);
+        }
+    });
+    env.dropin(
+        "10-remote.toml",
+        &format!(
+            "[sources.hephaestus]\nurls = [\"git://127.0.0.1:{port}/hephaestus.git\", \"{}\"]\n",
+            bare.display()
+        ),
+    );
+    let d = env.start();
+    let s = d.wait_applied(&env.repo.head());
+    let src = source(&s, "hephaestus");
+    assert_eq!(
+        src["url"],
+        bare.display().to_string(),
+        "served by the second"
+    );
+    let remotes = src["remotes"].as_array().unwrap();
+    assert_eq!(remotes.len(), 2);
+    assert_eq!(remotes[0]["ok"], false);
+    assert!(remotes[0]["error"].is_string());
+    assert_eq!(remotes[1]["ok"], true);
+    let human = d.ctl_ok(&["status"]);
+    assert!(
+        human.contains("remote git://127.0.0.1:") && human.contains("failed"),
+        "{human}"
+    );
+    assert!(human.contains("served"), "{human}");
+}
+
+#[test]
+fn force_push_is_refused_then_accepted() {
+    let env = Env::new();
+    let bare = env.bare();
+    use_remote(&env, &bare.display().to_string(), "");
+    let first = env.repo.head();
+    let d = env.start();
+    d.wait_applied(&first);
+    let second = env.repo.commit("a.nix", "{ }\n", "second");
+    env.push("main", false);
+    d.ctl_ok(&["sync"]);
+    d.wait_applied(&second);
+
+    // Rewrite history: drop `second`, commit something else, force-push.
+    env.repo.git(&["reset", "-q", "--hard", &first]);
+    let rewritten = env.repo.commit("b.nix", "{ }\n", "rewritten");
+    env.push("main", true);
+    let out = d.ctl(&["sync"]);
+    assert_eq!(out.status.code(), Some(1));
+    let s = d.status();
+    let src = source(&s, "hephaestus");
+    let expected = format!("history rewritten: {rewritten} does not descend from {second}");
+    assert!(src["error"].as_str().unwrap().contains(&expected), "{src}");
+    assert_eq!(src["refused"]["revision"], rewritten.as_str());
+    assert_eq!(
+        src["revision"],
+        second.as_str(),
+        "keeps the current revision"
+    );
+    assert_eq!(s["apply"]["applied_revision"], second.as_str());
+    assert_eq!(env.calls().len(), 2);
+    assert!(d.ctl_ok(&["status"]).contains("history rewritten"));
+
+    // Deleting the state files does not lose the protection: the anchor ref in the clone holds.
+    assert!(d.stop().success());
+    std::fs::remove_file(env.state_dir.join("state.json")).unwrap();
+    std::fs::remove_file(env.state_dir.join("anchors.json")).unwrap();
+    let d = env.start();
+    let s = d.wait_status("the refusal after restart", |s| {
+        source(s, "hephaestus")["refused"].is_object()
+    });
+    assert_eq!(source(&s, "hephaestus")["revision"], second.as_str());
+
+    // The deliberate way on.
+    let out = d.ctl_ok(&["accept", "hephaestus", &rewritten[..10]]);
+    assert!(out.contains(&format!("accepted {rewritten}")), "{out}");
+    let s = d.wait_applied(&rewritten);
+    assert_eq!(source(&s, "hephaestus")["error"], Value::Null);
+    assert_eq!(source(&s, "hephaestus")["deployed"], rewritten.as_str());
+}
+
+#[test]
+fn accept_is_for_the_group_only_and_needs_a_known_commit() {
+    let env = Env::new();
+    let d = env.start();
+    d.wait_applied(&env.repo.head());
+    let out = d.ctl(&["accept", "hephaestus", "deadbeefdeadbeef"]);
+    assert_eq!(out.status.code(), Some(1));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("not in the clone"));
+    let out = d.ctl(&["accept", "nosuch", "deadbeef"]);
+    assert_eq!(out.status.code(), Some(1));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("no source named"));
+}
+
+/// Makes `repo` sign commits with the SSH key at `key`.
+fn sign_with(env: &Env, key: &Path) {
+    env.repo.git(&["config", "gpg.format", "ssh"]);
+    env.repo
+        .git(&["config", "user.signingkey", key.to_str().unwrap()]);
+}
+
+fn signed_commit(env: &Env, file: &str) -> String {
+    std::fs::write(env.repo.path.join(file), "{ }\n").unwrap();
+    env.repo.git(&["add", "-A"]);
+    env.repo.git(&["commit", "-q", "-S", "-m", file]);
+    env.repo.head()
+}
+
+#[test]
+fn ssh_signed_heads_are_accepted_unsigned_and_wrong_signer_refused() {
+    if !support::require("ssh-keygen") {
+        return;
+    }
+    let env = Env::new();
+    let alice = env.root.join("alice");
+    let alice_pub = ssh::keygen(&alice, "alice");
+    let mallory = env.root.join("mallory");
+    ssh::keygen(&mallory, "mallory");
+    let signers = env.root.join("allowed_signers");
+    std::fs::write(
+        &signers,
+        format!("alice@example.com namespaces=\"git\" {alice_pub}\n"),
+    )
+    .unwrap();
+    sign_with(&env, &alice);
+    let good = signed_commit(&env, "good.nix");
+    env.dropin(
+        "20-sig.toml",
+        &format!(
+            "[sources.hephaestus]\nallowed_signers_file = \"{}\"\n",
+            signers.display()
+        ),
+    );
+    let d = env.start();
+    let s = d.wait_applied(&good);
+    let sig = &source(&s, "hephaestus")["signature"];
+    assert_eq!(sig["format"], "ssh");
+    assert_eq!(sig["signer"], "alice@example.com");
+    assert!(sig["key"].as_str().unwrap().starts_with("SHA256:"));
+
+    // Unsigned.
+    let unsigned = env.repo.commit("unsigned.nix", "{ }\n", "unsigned");
+    d.ctl(&["sync"]);
+    let s = d.status();
+    let src = source(&s, "hephaestus");
+    assert_eq!(src["refused"]["revision"], unsigned.as_str());
+    assert!(
+        src["error"]
+            .as_str()
+            .unwrap()
+            .contains(&format!("commit {unsigned} refused: it is not signed"))
+    );
+    assert_eq!(s["apply"]["applied_revision"], good.as_str());
+
+    // Signed by a key that is not allowed: the status names the key.
+    sign_with(&env, &mallory);
+    let wrong = signed_commit(&env, "wrong.nix");
+    d.ctl(&["sync"]);
+    let s = d.status();
+    let e = source(&s, "hephaestus")["error"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    assert!(e.contains(&format!("commit {wrong} refused")), "{e}");
+    assert!(
+        e.contains("not in allowed_signers_file") && e.contains("(key SHA256:"),
+        "{e}"
+    );
+    assert_eq!(env.calls().len(), 1);
+
+    // Signed properly again: accepted.
+    sign_with(&env, &alice);
+    let fixed = signed_commit(&env, "fixed.nix");
+    d.ctl_ok(&["sync"]);
+    d.wait_applied(&fixed);
+}
+
+#[test]
+fn openpgp_signed_heads_are_accepted_and_others_refused() {
+    if !support::require("gpg") {
+        return;
+    }
+    let env = Env::new();
+    let gnupg = env.root.join("gnupg");
+    std::fs::create_dir_all(&gnupg).unwrap();
+    std::fs::set_permissions(&gnupg, std::fs::Permissions::from_mode(0o700)).unwrap();
+    let gpg = |args: &[&str]| {
+        let out = std::process::Command::new("gpg")
+            .env("GNUPGHOME", &gnupg)
+            .args(["--batch", "--pinentry-mode", "loopback", "--passphrase", ""])
+            .args(args)
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "gpg {args:?}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        out.stdout
+    };
+    gpg(&[
+        "--quick-generate-key",
+        "Alice <alice@example.com>",
+        "ed25519",
+        "sign",
+        "never",
+    ]);
+    let keyring = env.root.join("keyring.asc");
+    std::fs::write(&keyring, gpg(&["--armor", "--export", "alice@example.com"])).unwrap();
+    env.repo.git(&["config", "gpg.format", "openpgp"]);
+    env.repo
+        .git(&["config", "user.signingkey", "alice@example.com"]);
+    let commit_signed = |file: &str| {
+        std::fs::write(env.repo.path.join(file), "{ }\n").unwrap();
+        env.repo.git(&["add", "-A"]);
+        let out = support::git::git_cmd()
+            .arg("-C")
+            .arg(&env.repo.path)
+            .env("GNUPGHOME", &gnupg)
+            .args(["commit", "-q", "-S", "-m", file])
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        env.repo.head()
+    };
+    let good = commit_signed("pgp.nix");
+    env.dropin(
+        "20-sig.toml",
+        &format!(
+            "[sources.hephaestus]\nopenpgp_keyring_file = \"{}\"\n",
+            keyring.display()
+        ),
+    );
+    let d = env.start();
+    let s = d.wait_applied(&good);
+    assert_eq!(source(&s, "hephaestus")["signature"]["format"], "openpgp");
+    assert!(
+        source(&s, "hephaestus")["signature"]["signer"]
+            .as_str()
+            .unwrap()
+            .contains("alice@example.com")
+    );
+
+    // Another key, not in the keyring.
+    gpg(&[
+        "--quick-generate-key",
+        "Mallory <mallory@example.com>",
+        "ed25519",
+        "sign",
+        "never",
+    ]);
+    env.repo
+        .git(&["config", "user.signingkey", "mallory@example.com"]);
+    let wrong = commit_signed("mallory.nix");
+    d.ctl(&["sync"]);
+    let s = d.status();
+    let e = source(&s, "hephaestus")["error"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    assert!(
+        e.contains(&format!("commit {wrong} refused"))
+            && e.contains("not by a key in openpgp_keyring_file"),
+        "{e}"
+    );
+    assert_eq!(s["apply"]["applied_revision"], good.as_str());
+}
+
+#[test]
+fn testing_branch_is_applied_with_goal_test_then_main_wins() {
+    let env = Env::new();
+    env.dropin(
+        "20-testing.toml",
+        "[sources.hephaestus]\ntesting_branch = \"testing-{node}\"\n",
+    );
+    let main1 = env.repo.head();
+    let d = env.start();
+    d.wait_applied(&main1);
+
+    env.repo.git(&["checkout", "-q", "-b", "testing-lucy"]);
+    let testing = env.repo.commit("try.nix", "{ }\n", "try something on lucy");
+    env.repo.git(&["checkout", "-q", "main"]);
+    d.ctl_ok(&["sync"]);
+    let s = d.wait_applied(&testing);
+    let src = source(&s, "hephaestus");
+    assert_eq!(src["revision_branch"], "testing-lucy");
+    assert_eq!(src["testing"], true);
+    assert_eq!(s["apply"]["goal"], "test");
+    assert_eq!(env.calls().last().unwrap().argv.last().unwrap(), "test");
+    assert!(
+        d.ctl_ok(&["status"])
+            .contains("testing branch testing-lucy")
+    );
+
+    // main moves past it: main wins, with the normal goal.
+    let main2 = env.repo.commit("main2.nix", "{ }\n", "main moves on");
+    d.ctl_ok(&["sync"]);
+    let s = d.wait_applied(&main2);
+    assert_eq!(source(&s, "hephaestus")["revision_branch"], "main");
+    assert_eq!(source(&s, "hephaestus")["testing"], false);
+    assert_eq!(env.calls().last().unwrap().argv.last().unwrap(), "switch");
+}
+
+#[test]
+fn a_hive_in_a_subdirectory_is_applied_there() {
+    let env = Env::new();
+    let rev = env
+        .repo
+        .commit("infra/hive/hive.nix", "{ }\n", "hive in a subfolder");
+    env.dropin(
+        "20-path.toml",
+        "[sources.hephaestus]\npath = \"infra/hive\"\n",
+    );
+    let d = env.start();
+    d.wait_applied(&rev);
+    let call = env.calls().pop().unwrap();
+    assert!(call.cwd.ends_with("infra/hive"), "{}", call.cwd.display());
+
+    env.dropin(
+        "20-path.toml",
+        "[sources.hephaestus]\npath = \"no/such/dir\"\n",
+    );
+    d.signal(nix::sys::signal::Signal::SIGHUP);
+    wait_for("the reload", || {
+        d.log().contains("configuration reloaded").then_some(())
+    });
+    let next = env.repo.commit("x.nix", "{ }\n", "x");
+    d.ctl_ok(&["sync"]);
+    let s = d.wait_status("the failure", |s| s["apply"]["state"] == "failed");
+    assert!(
+        s["apply"]["error"]
+            .as_str()
+            .unwrap()
+            .contains("no/such/dir"),
+        "{s}"
+    );
+    assert_eq!(s["apply"]["revision"], next.as_str());
+}
+
+#[test]
+fn a_damaged_clone_is_moved_aside_and_cloned_afresh() {
+    let env = Env::new();
+    let d = env.start();
+    d.wait_applied(&env.repo.head());
+    let clone = env.state_dir.join("sources/hephaestus");
+    // Delete every object file of the clone.
+    let objects = clone.join("objects");
+    for entry in walk(&objects) {
+        if entry.is_file() && !entry.to_string_lossy().contains("/info/") {
+            std::fs::remove_file(entry).unwrap();
+        }
+    }
+    let next = env.repo.commit("after.nix", "{ }\n", "after the damage");
+    d.ctl_ok(&["sync"]);
+    d.wait_applied(&next);
+    let aside = std::fs::read_dir(env.state_dir.join("sources"))
+        .unwrap()
+        .flatten()
+        .filter(|e| {
+            e.file_name()
+                .to_string_lossy()
+                .starts_with("hephaestus.broken-")
+        })
+        .count();
+    assert_eq!(aside, 1, "the damaged clone is kept aside");
+    assert!(d.log().contains("the clone is damaged"), "{}", d.log());
+}
+
+fn walk(dir: &Path) -> Vec<std::path::PathBuf> {
+    let mut out = Vec::new();
+    if let Ok(entries) = std::fs::read_dir(dir) {
+        for e in entries.flatten() {
+            let p = e.path();
+            if p.is_dir() {
+                out.extend(walk(&p));
+            } else {
+                out.push(p);
+            }
+        }
+    }
+    out
+}
+
+#[test]
+fn a_remote_that_goes_down_and_comes_back() {
+    let env = Env::new();
+    let bare = env.bare();
+    let up = Arc::new(AtomicBool::new(true));
+    let served = bare.parent().unwrap().to_owned();
+    let flag = Arc::clone(&up);
+    let server = inetd::InetdServer::start(move || {
+        if flag.load(Ordering::SeqCst) {
+            let mut c = support::git::git_cmd();
+            c.args(["daemon", "--inetd", "--export-all"])
+                .arg(format!("--base-path={}", served.display()))
+                .arg(&served);
+            c
+        } else {
+            std::process::Command::new("true")
+        }
+    });
+    use_remote(
+        &env,
+        &format!("git://127.0.0.1:{}/hephaestus.git", server.port),
+        "",
+    );
+    let d = env.start();
+    d.wait_applied(&env.repo.head());
+
+    up.store(false, Ordering::SeqCst);
+    let next = env.repo.commit("down.nix", "{ }\n", "while down");
+    env.push("main", false);
+    let out = d.ctl(&["sync"]);
+    assert_eq!(out.status.code(), Some(1));
+    let s = d.status();
+    assert!(source(&s, "hephaestus")["failing_since"].is_string());
+    assert!(d.ctl_ok(&["status"]).contains("failing since"));
+
+    up.store(true, Ordering::SeqCst);
+    d.ctl_ok(&["sync"]);
+    let s = d.wait_applied(&next);
+    assert_eq!(source(&s, "hephaestus")["failing_since"], Value::Null);
+    // One warning for the failure, not one per retry, and one line for the recovery.
+    assert_eq!(
+        d.log()
+            .matches("fetch failed; keeping the previous revision")
+            .count(),
+        1,
+        "{}",
+        d.log()
+    );
+    assert!(d.log().contains("fetching works again"));
+}
+
+#[test]
+fn a_stalled_remote_times_out_while_another_source_keeps_working() {
+    let env = Env::new();
+    // Accepts connections and never says a word.
+    let stalled = TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = stalled.local_addr().unwrap().port();
+    let held = Arc::new(std::sync::Mutex::new(Vec::new()));
+    let keep = Arc::clone(&held);
+    std::thread::spawn(move || {
+        for c in stalled.incoming().flatten() {
+            keep.lock().unwrap().push(c);
+        }
+    });
+    let argus = support::GitRepo::init(&env.root.join("argus"));
+    env.dropin(
+        "20-argus.toml",
+        &format!(
+            "[sources.argus]\nurl = \"git://127.0.0.1:{port}/argus.git\"\nfetch_timeout = \"2s\"\ninterval = \"1h\"\n"
+        ),
+    );
+    let d = env.start();
+    d.wait_applied(&env.repo.head());
+    let s = d.wait_status("the timeout", |s| {
+        source(s, "argus")["error"]
+            .as_str()
+            .is_some_and(|e| e.contains("timed out"))
+    });
+    assert!(
+        source(&s, "argus")["error"]
+            .as_str()
+            .unwrap()
+            .contains("fetch_timeout")
+    );
+    // Hephaestus keeps fetching and applying while argus is stuck.
+    let next = env.repo.commit("go.nix", "{ }\n", "go on");
+    d.ctl_ok(&["sync", "hephaestus"]);
+    d.wait_applied(&next);
+    drop(argus);
+}
+
+#[test]
+fn argus_is_fetched_and_reported_but_not_applied() {
+    let env = Env::new();
+    let argus = support::GitRepo::init(&env.root.join("argus"));
+    let facts = argus.commit(
+        "clusters/openstack/kubeadm.toml",
+        "cluster_name = \"kaas\"\n",
+        "facts",
+    );
+    env.dropin(
+        "20-argus.toml",
+        &format!(
+            "[sources.argus]\nurl = \"{}\"\ninterval = \"1h\"\n",
+            argus.path.display()
+        ),
+    );
+    let d = env.start();
+    let s = d.wait_status("argus fetched", |s| {
+        source(s, "argus")["revision"] == facts.as_str()
+    });
+    d.wait_applied(&env.repo.head());
+    assert_eq!(env.calls().len(), 1, "only hephaestus is applied");
+    assert_eq!(
+        source(&s, "argus")["deployed"],
+        facts.as_str(),
+        "argus records what it offered"
+    );
+    let tree = source(&s, "argus")["tree"].as_str().unwrap().to_owned();
+    assert!(
+        Path::new(&tree)
+            .join("clusters/openstack/kubeadm.toml")
+            .is_file()
+    );
+}
