@@ -380,7 +380,7 @@ impl Reconciler {
         let workspace = Arc::clone(&self.workspace);
         let _ = tokio::task::spawn_blocking(move || {
             if workspace.anchor(&source).is_none() {
-                let _ = workspace.set_anchor(&source, &applied.revision);
+                let _ = workspace.advance_anchor(&source, &applied.revision);
             }
         })
         .await;
@@ -391,7 +391,7 @@ impl Reconciler {
         let source = self.config.borrow().apply.source.clone();
         let workspace = Arc::clone(&self.workspace);
         let result =
-            tokio::task::spawn_blocking(move || workspace.set_anchor(&source, &revision)).await;
+            tokio::task::spawn_blocking(move || workspace.advance_anchor(&source, &revision)).await;
         if let Ok(Err(e)) = result {
             tracing::warn!(error = %e, "cannot record the deployed commit in the clone");
         }

@@ -313,6 +313,12 @@ impl Clone {
             .map_err(|e| read_error(rev, &e))
     }
 
+    /// Whether `new` is `old` or descends from it; an error when `old` is not in the clone.
+    pub fn descends(&self, new: &Revision, old: &Revision) -> Result<bool, GitError> {
+        let repo = self.open()?;
+        descends(&repo, new, old).map_err(|e| read_error(old, &e))
+    }
+
     /// Resolves a revision an operator typed (full id or unambiguous prefix) to a commit.
     pub fn resolve(&self, spec: &str) -> Result<Revision, GitError> {
         let repo = self.open()?;

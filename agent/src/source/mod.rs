@@ -171,10 +171,38 @@ impl Workspace {
         })
     }
 
-    /// Records `rev` as deployed for `name`, in the clone and in `anchors.json`. Blocking.
+    /// Makes `rev` the anchor of `name`, whatever it was (an operator's `accept`). Blocking.
     pub fn set_anchor(&self, name: &str, rev: &Revision) -> Result<(), GitError> {
-        self.clone_of(name).set_anchor(rev)?;
         let mut anchors = self.anchors.lock().unwrap_or_else(|p| p.into_inner());
+        self.write_anchor(&mut anchors, name, rev)
+    }
+
+    /// Moves the anchor of `name` forward to a deployed `rev`, only when `rev` descends from
+    /// the current anchor (or there is none): a deployment that finishes after an operator's
+    /// `accept` never moves the anchor back. Returns whether it moved. Blocking.
+    pub fn advance_anchor(&self, name: &str, rev: &Revision) -> Result<bool, GitError> {
+        let mut anchors = self.anchors.lock().unwrap_or_else(|p| p.into_inner());
+        let clone = self.clone_of(name);
+        let current = clone
+            .anchor()
+            .or_else(|| anchors.anchors.get(name).cloned());
+        if let Some(current) = current
+            && (current == *rev || !clone.descends(rev, &current)?)
+        {
+            return Ok(false);
+        }
+        self.write_anchor(&mut anchors, name, rev)?;
+        Ok(true)
+    }
+
+    /// Records `rev` in the clone and in `anchors.json`.
+    fn write_anchor(
+        &self,
+        anchors: &mut Anchors,
+        name: &str,
+        rev: &Revision,
+    ) -> Result<(), GitError> {
+        self.clone_of(name).set_anchor(rev)?;
         if anchors.anchors.get(name) != Some(rev) {
             anchors.anchors.insert(name.to_owned(), rev.clone());
             let path = self.state_dir.join("anchors.json");
@@ -542,6 +570,7 @@ fn round(
     let testing = cfg.source.testing_branch_for(&cfg.node);
     let clone = workspace.clone_of(name);
     let attempt = || -> Result<Round, GitError> {
+        let started = std::time::Instant::now();
         let fetched = clone.fetch(&git::FetchSpec {
             remotes: &remotes,
             branch: &cfg.source.branch,
@@ -570,7 +599,9 @@ fn round(
         };
         let published = match candidate {
             Some(c) => {
+                let fetched_in = started.elapsed();
                 let pin = trees.checkout(&clone, &c.revision)?;
+                tracing::debug!(source = name, ?fetched_in, ready_in = ?started.elapsed(), "tree ready");
                 if let Err(e) = trees.set_current(&c.revision) {
                     tracing::warn!(error = %e, "cannot update the current-tree symlink");
                 }
@@ -583,8 +614,8 @@ fn round(
             && let Some((c, _)) = &published
             && !c.testing
             && anchor.as_ref() != Some(&c.revision)
+            && workspace.advance_anchor(name, &c.revision)?
         {
-            workspace.set_anchor(name, &c.revision)?;
             anchor = Some(c.revision.clone());
         }
         Ok(Round {
