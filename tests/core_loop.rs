@@ -507,3 +507,30 @@ fn killed_mid_apply_resolves_the_attempt_on_the_next_start() {
         .collect();
     assert_eq!(outcomes, ["succeeded", "interrupted"]);
 }
+
+/// The configuration reference in README.md is a real, valid configuration.
+#[test]
+fn readme_configuration_example_is_valid() {
+    let readme = std::fs::read_to_string(
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../README.md"),
+    )
+    .unwrap();
+    let at = readme
+        .find("A complete configuration")
+        .expect("the reference section");
+    let start = readme[at..].find("```toml").unwrap() + at + "```toml".len();
+    let end = readme[start..].find("```").unwrap() + start;
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("config.toml");
+    std::fs::write(&path, &readme[start..end]).unwrap();
+    let out = std::process::Command::new(support::ginx_bin())
+        .args(["check-config", "--config"])
+        .arg(&path)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}

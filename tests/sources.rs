@@ -163,6 +163,7 @@ fn https_token_is_used_and_never_shown() {
         http::Options {
             tls: true,
             basic_auth: Some(("deploy".into(), token.into())),
+            ..Default::default()
         },
     );
     let url = format!("{}/hephaestus.git", server.base_url);
@@ -741,4 +742,53 @@ fn argus_is_fetched_and_reported_but_not_applied() {
             .join("clusters/openstack/kubeadm.toml")
             .is_file()
     );
+}
+
+#[test]
+fn concurrent_syncs_share_fetches() {
+    let env = Env::new();
+    let bare = env.bare();
+    let (open, gate) = tokio::sync::watch::channel(true);
+    let server = http::GitHttpServer::start(
+        bare.parent().unwrap(),
+        http::Options {
+            gate: Some(gate),
+            ..Default::default()
+        },
+    );
+    use_remote(&env, &format!("{}/hephaestus.git", server.base_url), "");
+    let d = env.start();
+    d.wait_applied(&env.repo.head());
+    let fetches = || {
+        server
+            .requests()
+            .iter()
+            .filter(|r| r.uri.contains("info/refs"))
+            .count()
+    };
+    let before = fetches();
+
+    // Hold the server: the first sync's fetch hangs; the others queue behind it.
+    open.send(false).unwrap();
+    let first = std::thread::spawn({
+        let socket = env.socket.clone();
+        move || crate::support::daemon::ctl_at(&socket, &["sync"])
+    });
+    wait_for("the held fetch to reach the server", || {
+        (fetches() > before).then_some(())
+    });
+    let rest: Vec<_> = (0..5)
+        .map(|_| {
+            let socket = env.socket.clone();
+            std::thread::spawn(move || crate::support::daemon::ctl_at(&socket, &["sync"]))
+        })
+        .collect();
+    // Give the five requests time to reach ginx (setup, not an assertion on time).
+    std::thread::sleep(std::time::Duration::from_secs(2));
+    open.send(true).unwrap();
+    for t in std::iter::once(first).chain(rest) {
+        assert!(t.join().unwrap().status.success());
+    }
+    // One fetch held, one more shared by the five that waited.
+    assert_eq!(fetches() - before, 2, "{:?}", server.requests());
 }

@@ -27,6 +27,8 @@ pub struct Options {
     pub tls: bool,
     /// `(user, password)` required on every request.
     pub basic_auth: Option<(String, String)>,
+    /// Requests wait until this turns true.
+    pub gate: Option<tokio::sync::watch::Receiver<bool>>,
 }
 
 pub struct GitHttpServer {
@@ -58,6 +60,7 @@ impl GitHttpServer {
         let requests = Arc::new(Mutex::new(Vec::new()));
         let state = Arc::new(Shared {
             root: root.to_owned(),
+            gate: opts.gate,
             auth: opts.basic_auth,
             requests: Arc::clone(&requests),
         });
@@ -116,6 +119,7 @@ impl Drop for GitHttpServer {
 
 struct Shared {
     root: PathBuf,
+    gate: Option<tokio::sync::watch::Receiver<bool>>,
     auth: Option<(String, String)>,
     requests: Arc<Mutex<Vec<LoggedRequest>>>,
 }
@@ -140,6 +144,10 @@ impl Shared {
             uri: req.uri().to_string(),
             authorization: authorization.clone(),
         });
+        if let Some(gate) = &self.gate {
+            let mut gate = gate.clone();
+            let _ = gate.wait_for(|open| *open).await;
+        }
         if let Some((user, password)) = &self.auth {
             use base64::Engine;
             let token =

@@ -635,3 +635,41 @@ fn round(
         other => other,
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn files_are_read_from_a_revision_of_a_source() {
+        let tmp = tempfile::tempdir().unwrap();
+        let workspace = Workspace::new(tmp.path().join("state"));
+        let clone = workspace.clone_of("argus");
+        let repo = clone.open().unwrap();
+        let sig = git2::Signature::now("t", "t@example.com").unwrap();
+        let blob = repo.blob(b"cluster_name = \"kaas\"\n").unwrap();
+        let mut inner = repo.treebuilder(None).unwrap();
+        inner.insert("kubeadm.toml", blob, 0o100644).unwrap();
+        let inner = inner.write().unwrap();
+        let mut root = repo.treebuilder(None).unwrap();
+        root.insert("clusters", inner, 0o040000).unwrap();
+        let tree = repo.find_tree(root.write().unwrap()).unwrap();
+        let oid = repo.commit(None, &sig, &sig, "facts", &tree, &[]).unwrap();
+        let rev = Revision::from_oid(oid);
+
+        let got = workspace
+            .read_file("argus", &rev, Path::new("clusters/kubeadm.toml"))
+            .unwrap();
+        assert_eq!(got, b"cluster_name = \"kaas\"\n");
+        let e = workspace
+            .read_file("argus", &rev, Path::new("clusters/missing.toml"))
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("clusters/missing.toml"), "{e}");
+        assert!(
+            workspace
+                .read_file("argus", &rev, Path::new("clusters"))
+                .is_err()
+        );
+    }
+}
