@@ -487,16 +487,16 @@ fn killed_mid_apply_resolves_the_attempt_on_the_next_start() {
             .filter(|c| c.grandchildren().len() == 2)
     });
     d.crash();
-    // The apply runs in its own process group, so it outlives the SIGKILLed ginx...
-    assert!(process_running(call.pid()));
-    env.unstub("hang");
-    let d = env.start();
-    // ...until the next ginx finds it recorded in flight and stops it.
+    // The runner notices its parent died and stops the whole tree, grandchildren included,
+    // without waiting for a new ginx.
     for pid in call.grandchildren().into_iter().chain([call.pid()]) {
         wait_for(&format!("process {pid} to be gone"), || {
             (!process_running(pid)).then_some(())
         });
     }
+    env.unstub("hang");
+    // The next ginx finds the attempt recorded in flight, records it as interrupted, retries.
+    let d = env.start();
     d.wait_applied(&env.repo.head());
     let history: Value = serde_json::from_str(&d.ctl_ok(&["history", "--json"])).unwrap();
     let outcomes: Vec<&str> = history["attempts"]

@@ -3,6 +3,7 @@
 
 mod support;
 
+mod apply_engine;
 mod control_socket;
 mod core_loop;
 mod sources;

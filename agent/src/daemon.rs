@@ -14,12 +14,22 @@ use tokio::sync::{mpsc, watch};
 
 use crate::config::{self, Config};
 use crate::control::server::{self, Backend};
-use crate::reconcile::{self, ApplyState, Published, Reconciler};
+use crate::reconcile::{self, ApplyState, Published, Reconciler, Wiring};
 use crate::source::{self, PollerCmd, PollerConfig, PollerHandle, StatusMap, Workspace};
 use crate::util;
 
-/// Runs the daemon until SIGTERM/SIGINT. Errors are start-up failures.
-pub async fn run(config_path: PathBuf) -> anyhow::Result<()> {
+/// How the daemon ended.
+#[derive(Debug, PartialEq, Eq)]
+pub enum Ending {
+    /// SIGTERM or SIGINT.
+    Stopped,
+    /// A new version of ginx was activated: run it.
+    Restart(String),
+}
+
+/// Runs the daemon until SIGTERM/SIGINT, or until a new version of ginx must take over.
+/// Errors are start-up failures.
+pub async fn run(config_path: PathBuf) -> anyhow::Result<Ending> {
     let loaded = config::load(&config_path)?;
     let cfg = Arc::new(loaded.config);
     tracing::info!(
@@ -41,14 +51,16 @@ pub async fn run(config_path: PathBuf) -> anyhow::Result<()> {
     let (published_tx, published_rx) = watch::channel(Published::default());
     let (commands_tx, commands_rx) = mpsc::channel(32);
 
-    let reconciler = Reconciler::new(
-        config_rx.clone(),
-        statuses.subscribe(),
-        Arc::clone(&workspace),
-        commands_rx,
-        published_tx,
-        shutdown_rx.clone(),
-    )
+    let (restart_tx, mut restart_rx) = watch::channel(None);
+    let reconciler = Reconciler::new(Wiring {
+        config: config_rx.clone(),
+        sources: statuses.subscribe(),
+        workspace: Arc::clone(&workspace),
+        commands: commands_rx,
+        published: published_tx,
+        shutdown: shutdown_rx.clone(),
+        restart: restart_tx,
+    })
     .with_context(|| format!("loading state from {}", cfg.state_dir.display()))?;
     let listener = server::bind(&cfg.socket, &cfg.control.group)?;
 
@@ -104,10 +116,17 @@ pub async fn run(config_path: PathBuf) -> anyhow::Result<()> {
         path: config_path,
         config: config_tx,
     };
-    loop {
+    let ending = loop {
         tokio::select! {
-            _ = sigterm.recv() => break,
-            _ = sigint.recv() => break,
+            _ = sigterm.recv() => break Ending::Stopped,
+            _ = sigint.recv() => break Ending::Stopped,
+            changed = restart_rx.changed() => {
+                if changed.is_ok()
+                    && let Some(why) = restart_rx.borrow_and_update().clone()
+                {
+                    break Ending::Restart(why);
+                }
+            }
             _ = sighup.recv() => {
                 tracing::info!("SIGHUP: reloading the configuration");
                 reloader.reload(&mut sources);
@@ -122,7 +141,7 @@ pub async fn run(config_path: PathBuf) -> anyhow::Result<()> {
                 reloader.reload(&mut sources);
             }
         }
-    }
+    };
 
     notifier.send(Note::Stopping);
     notifier.send(Note::Status("stopping".into()));
@@ -136,7 +155,7 @@ pub async fn run(config_path: PathBuf) -> anyhow::Result<()> {
     let _ = server_task.await;
     notifier.flush();
     tracing::info!("stopped");
-    Ok(())
+    Ok(ending)
 }
 
 /// Talks to systemd from a thread of its own: a notify socket that nobody reads (a full

@@ -162,6 +162,62 @@ group = "root"
         self.repo.git(&args);
     }
 
+    /// Runs applies through the stand-in `systemd-run`/`systemctl` (tests/support/*-stub).
+    pub fn use_systemd_run(&mut self) -> PathBuf {
+        let dir = self.root.join("systemd");
+        std::fs::create_dir_all(&dir).unwrap();
+        let mut paths = Vec::new();
+        for name in ["systemd-run", "systemctl"] {
+            let to = self.root.join("bin").join(name);
+            std::fs::copy(support_dir().join(format!("{name}-stub")), &to).unwrap();
+            std::fs::set_permissions(&to, std::fs::Permissions::from_mode(0o755)).unwrap();
+            paths.push(to);
+        }
+        self.dropin(
+            "40-isolation.toml",
+            &format!(
+                "[apply]\nisolation = \"systemd-run\"\nsystemd_run = \"{}\"\nsystemctl = \"{}\"\n",
+                paths[0].display(),
+                paths[1].display()
+            ),
+        );
+        self.daemon_env
+            .push(("STUB_SYSTEMD_DIR".into(), dir.display().to_string()));
+        dir
+    }
+
+    /// A fake NixOS system under `stub/nix` (profile with generation 1, current and booted
+    /// system), which the stand-in colmena changes like an activation when `activate` is set.
+    pub fn fake_nix(&self) -> PathBuf {
+        let nix = self.stub_dir.join("nix");
+        let store = nix.join("store");
+        let sys = store.join("system-1");
+        std::fs::create_dir_all(&sys).unwrap();
+        std::fs::create_dir_all(nix.join("profiles")).unwrap();
+        std::fs::create_dir_all(nix.join("run")).unwrap();
+        for (part, file) in [
+            ("kernel", "kernel-1"),
+            ("initrd", "initrd-1"),
+            ("kernel-modules", "modules-1"),
+        ] {
+            std::fs::write(store.join(file), "").unwrap();
+            std::os::unix::fs::symlink(store.join(file), sys.join(part)).unwrap();
+        }
+        std::os::unix::fs::symlink(&sys, nix.join("profiles/system-1-link")).unwrap();
+        std::os::unix::fs::symlink("system-1-link", nix.join("profiles/system")).unwrap();
+        std::os::unix::fs::symlink(&sys, nix.join("run/current-system")).unwrap();
+        std::os::unix::fs::symlink(&sys, nix.join("run/booted-system")).unwrap();
+        self.stub("activate", "");
+        self.dropin(
+            "45-system.toml",
+            &format!(
+                "[system]\nprofile = \"{n}/profiles/system\"\ncurrent_system = \"{n}/run/current-system\"\nbooted_system = \"{n}/run/booted-system\"\nginx_binary = \"{n}/run/current-system/sw/bin/ginx\"\nginx_unit = \"{n}/etc/ginx.service\"\ndrift_check_interval = \"1h\"\n",
+                n = nix.display()
+            ),
+        );
+        nix
+    }
+
     /// Sets a behaviour file of the stand-in colmena (see tests/support/colmena-stub).
     pub fn stub(&self, file: &str, content: &str) {
         std::fs::write(self.stub_dir.join(file), content).unwrap();

@@ -10,7 +10,7 @@ use super::render;
 use crate::config::{self, DEFAULT_CONFIG_PATH, Duration};
 use crate::control::client::{Client, ClientError};
 use crate::control::protocol::{
-    AcceptReport, Command, HistoryReport, Status, SuspendReport, SyncReport,
+    AcceptReport, Command, HistoryReport, RollbackReport, Status, SuspendReport, SyncReport,
 };
 
 /// Talk to the ginx daemon on this node.
@@ -54,6 +54,11 @@ pub enum CtlCommand {
         /// A commit id (full, or an unambiguous prefix) present in the clone.
         revision: String,
     },
+    /// Try the wanted revision again now: forgets failures, a give-up and a rollback.
+    Retry,
+    /// Switch to the previous system generation (recorded as an attempt); the current revision
+    /// is not applied again until a new one arrives or `ginxctl retry`.
+    Rollback,
     /// Show past apply attempts, newest first.
     History {
         #[arg(long)]
@@ -122,6 +127,17 @@ fn run(client: &Client, command: CtlCommand) -> Result<ExitCode, ClientError> {
             } else {
                 "was not suspended\n".into()
             });
+        }
+        CtlCommand::Retry => {
+            client.call_raw(Command::Retry)?;
+            print("retrying the wanted revision now\n".into());
+        }
+        CtlCommand::Rollback => {
+            let r: RollbackReport = client.call(Command::Rollback)?;
+            print(format!(
+                "rolling back to the previous generation (attempt {}); follow it with `ginxctl history`\n",
+                r.attempt
+            ));
         }
         CtlCommand::Accept { source, revision } => {
             let r: AcceptReport = client.call(Command::Accept { source, revision })?;

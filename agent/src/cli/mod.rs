@@ -34,6 +34,20 @@ pub enum GinxCommand {
     Run,
     /// Validate the configuration and print the effective result, secrets redacted.
     CheckConfig,
+    /// Internal: the wrapper an apply attempt runs in (started by ginx itself).
+    #[command(hide = true)]
+    RunAttempt {
+        #[arg(long)]
+        dir: PathBuf,
+        #[arg(long)]
+        cwd: PathBuf,
+        #[arg(long)]
+        timeout: config::Duration,
+        #[arg(long)]
+        kill_grace: config::Duration,
+        #[arg(last = true, required = true)]
+        argv: Vec<String>,
+    },
 }
 
 pub fn ginx_main() -> ExitCode {
@@ -44,6 +58,19 @@ pub fn ginx_main() -> ExitCode {
     }
     match args.command.unwrap_or(GinxCommand::Run) {
         GinxCommand::CheckConfig => check_config(&args.config),
+        GinxCommand::RunAttempt {
+            dir,
+            cwd,
+            timeout,
+            kill_grace,
+            argv,
+        } => crate::apply::runner::run(crate::apply::runner::RunArgs {
+            dir,
+            cwd,
+            timeout: timeout.get(),
+            kill_grace: kill_grace.get(),
+            argv,
+        }),
         GinxCommand::Run => run_daemon(args.config),
     }
 }
@@ -86,17 +113,39 @@ fn run_daemon(config: PathBuf) -> ExitCode {
             return ExitCode::from(1);
         }
     };
-    let result = runtime.block_on(crate::daemon::run(config));
+    let result = runtime.block_on(crate::daemon::run(config.clone()));
     // A fetch stuck on a blocking thread must not hold up the exit.
     runtime.shutdown_timeout(std::time::Duration::from_secs(1));
     match result {
-        Ok(()) => ExitCode::SUCCESS,
+        Ok(crate::daemon::Ending::Stopped) => ExitCode::SUCCESS,
+        Ok(crate::daemon::Ending::Restart(_)) => restart(&config),
         Err(e) => {
             tracing::error!("{e:#}");
             eprintln!("ginx: {e:#}");
             ExitCode::from(1)
         }
     }
+}
+
+/// Hands over to the new version of ginx: under systemd by exiting (the unit restarts with
+/// its new definition), elsewhere by executing the new binary in this process.
+fn restart(config: &std::path::Path) -> ExitCode {
+    if std::env::var_os("INVOCATION_ID").is_some() {
+        return ExitCode::SUCCESS;
+    }
+    let binary = config::load(config)
+        .ok()
+        .and_then(|l| std::fs::canonicalize(&l.config.system.ginx_binary).ok())
+        .or_else(|| std::env::current_exe().ok());
+    let Some(binary) = binary else {
+        eprintln!("ginx: cannot find the new binary to restart into");
+        return ExitCode::from(1);
+    };
+    let args: Vec<std::ffi::OsString> = std::env::args_os().skip(1).collect();
+    let err =
+        std::os::unix::process::CommandExt::exec(std::process::Command::new(&binary).args(args));
+    eprintln!("ginx: cannot execute {}: {err}", binary.display());
+    ExitCode::from(1)
 }
 
 pub fn ginxctl_main() -> ExitCode {

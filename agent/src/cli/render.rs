@@ -4,8 +4,9 @@ use std::fmt::Write;
 
 use jiff::Timestamp;
 
+use crate::apply::system::Generation;
 use crate::control::protocol::{AcceptReport, HistoryReport, Status, SyncReport};
-use crate::state::Stream;
+use crate::state::{AttemptKind, Stream};
 use crate::util::age;
 
 pub fn status(s: &Status) -> String {
@@ -63,6 +64,28 @@ pub fn status(s: &Status) -> String {
             "no"
         }
     );
+    let sys = &s.system;
+    if let Some(g) = &sys.generation {
+        let n = g.number.map_or_else(|| "?".to_owned(), |n| n.to_string());
+        let _ = writeln!(
+            o,
+            "system     generation {n} ({}), isolation {}",
+            g.path.display(),
+            a.isolation
+        );
+    }
+    if sys.reboot_required {
+        let _ = writeln!(o, "reboot     required: {}", sys.reboot_reasons.join("; "));
+    }
+    if let Some(d) = &sys.drift {
+        let _ = writeln!(
+            o,
+            "drift      the running system {} is not the one ginx produced ({}), since {}",
+            d.current.display(),
+            d.expected.display(),
+            age(d.since, now)
+        );
+    }
     let _ = writeln!(o, "sources");
     let width = s.sources.keys().map(String::len).max().unwrap_or(0);
     for (name, src) in &s.sources {
@@ -160,26 +183,49 @@ pub fn history(h: &HistoryReport, output: bool) -> String {
     let mut o = String::new();
     let _ = writeln!(
         o,
-        "{:<5} {:<20} {:<12} {:<13} {:<13} {:<12} {:<5} {:<9} ERROR",
-        "ID", "STARTED (UTC)", "SOURCE", "REVISION", "GOAL", "OUTCOME", "EXIT", "DURATION"
+        "{:<5} {:<20} {:<12} {:<13} {:<9} {:<12} {:<5} {:<9} {:<11} ERROR",
+        "ID",
+        "STARTED (UTC)",
+        "SOURCE",
+        "REVISION",
+        "GOAL",
+        "OUTCOME",
+        "EXIT",
+        "DURATION",
+        "GENERATION"
     );
     for a in &h.attempts {
         let exit = a
             .exit_code
             .map_or_else(|| "-".to_owned(), |c| c.to_string());
         let took = duration(a.started_at, a.finished_at);
+        let goal = match a.kind {
+            AttemptKind::Apply => a.goal.as_str(),
+            AttemptKind::Rollback => "rollback",
+        };
+        let generation = |g: &Option<Generation>| {
+            g.as_ref()
+                .and_then(|g| g.number)
+                .map_or_else(|| "?".to_owned(), |n| n.to_string())
+        };
+        let generations = match (&a.generation_before, &a.generation_after) {
+            (None, None) => "-".to_owned(),
+            (b, f) if b == f => generation(b),
+            (b, f) => format!("{}→{}", generation(b), generation(f)),
+        };
         let _ = writeln!(
             o,
-            "{:<5} {:<20} {:<12} {:<13} {:<13} {:<12} {:<5} {:<9} {}",
+            "{:<5} {:<20} {:<12} {:<13} {:<9} {:<12} {:<5} {:<9} {:<11} {}",
             a.id,
             a.started_at.strftime("%Y-%m-%d %H:%M:%S").to_string(),
             a.source,
             a.revision.short(),
-            a.goal.as_str(),
+            goal,
             a.outcome.as_str(),
             exit,
             took,
-            a.error.as_deref().unwrap_or("")
+            generations,
+            printable(a.error.as_deref().unwrap_or(""))
         );
         if output {
             for l in &a.output {
@@ -187,11 +233,24 @@ pub fn history(h: &HistoryReport, output: bool) -> String {
                     Stream::Stdout => '|',
                     Stream::Stderr => '!',
                 };
-                let _ = writeln!(o, "      {mark} {}", l.line);
+                let _ = writeln!(o, "      {mark} {}", printable(&l.line));
             }
         }
     }
     o
+}
+
+/// Text from commands and remotes, with control characters (terminal escapes) made visible.
+fn printable(s: &str) -> String {
+    s.chars()
+        .map(|c| {
+            if c.is_control() && c != '\t' {
+                char::REPLACEMENT_CHARACTER
+            } else {
+                c
+            }
+        })
+        .collect()
 }
 
 fn duration(from: Timestamp, to: Timestamp) -> String {

@@ -37,6 +37,7 @@ pub struct Config {
     /// Named Git sources; the name is used in paths, status and annotations.
     pub sources: BTreeMap<String, SourceConfig>,
     pub apply: ApplyConfig,
+    pub system: SystemConfig,
     pub control: ControlConfig,
 }
 
@@ -48,6 +49,7 @@ impl Default for Config {
             node: NodeConfig::default(),
             sources: BTreeMap::new(),
             apply: ApplyConfig::default(),
+            system: SystemConfig::default(),
             control: ControlConfig::default(),
         }
     }
@@ -225,8 +227,86 @@ pub struct ApplyConfig {
     pub retry_max: Duration,
     /// Between SIGTERM and SIGKILL when an attempt is stopped.
     pub kill_grace: Duration,
-    /// How long a SIGTERM to ginx waits for a running attempt before stopping it.
+    /// How long a SIGTERM to ginx waits for a running `process` attempt before stopping it
+    /// (a `systemd-run` attempt runs on, and the next ginx attaches to it).
     pub shutdown_grace: Duration,
+    /// Failed attempts of one revision before it is given up until a new revision or
+    /// `ginxctl retry`.
+    pub max_attempts: u32,
+    /// How attempts are shielded from ginx's own restart.
+    pub isolation: IsolationMode,
+    /// Programs used for `systemd-run` isolation.
+    pub systemd_run: PathBuf,
+    pub systemctl: PathBuf,
+    /// Run after a successful / failed attempt (argv), with GINX_NODE, GINX_SOURCE,
+    /// GINX_REVISION, GINX_GOAL, GINX_STATUS and GINX_ERROR in the environment.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub on_success: Vec<String>,
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub on_failure: Vec<String>,
+    /// A hook running longer is killed; a failing hook is logged, never fatal.
+    pub hook_timeout: Duration,
+    /// When the running system changes to one ginx did not produce: only `report` it, or
+    /// `reapply` the applied revision.
+    pub on_drift: DriftPolicy,
+}
+
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum IsolationMode {
+    /// `systemd-run` when ginx runs as a systemd service and systemd-run exists, else `process`.
+    #[default]
+    Auto,
+    SystemdRun,
+    Process,
+}
+
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum DriftPolicy {
+    #[default]
+    Report,
+    Reapply,
+}
+
+/// Where NixOS keeps what ginx inspects, and the commands it uses to roll back. Paths are
+/// configurable for tests.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct SystemConfig {
+    /// The system profile; `<profile>-N-link` are its generations.
+    pub profile: PathBuf,
+    pub current_system: PathBuf,
+    pub booted_system: PathBuf,
+    /// `ginxctl rollback`: first this (`{profile}` replaced)...
+    pub rollback_command: Vec<String>,
+    /// ...then this activates the rolled-back generation.
+    pub switch_command: Vec<String>,
+    /// When, after an activation, either resolves to a different file than when ginx started,
+    /// ginx restarts itself into the new version.
+    pub ginx_binary: PathBuf,
+    pub ginx_unit: PathBuf,
+    /// How often the running system is compared with the one ginx last produced.
+    pub drift_check_interval: Duration,
+}
+
+impl Default for SystemConfig {
+    fn default() -> Self {
+        Self {
+            profile: PathBuf::from("/nix/var/nix/profiles/system"),
+            current_system: PathBuf::from("/run/current-system"),
+            booted_system: PathBuf::from("/run/booted-system"),
+            rollback_command: ["nix-env", "--profile", "{profile}", "--rollback"]
+                .map(String::from)
+                .to_vec(),
+            switch_command: ["{profile}/bin/switch-to-configuration", "switch"]
+                .map(String::from)
+                .to_vec(),
+            ginx_binary: PathBuf::from("/run/current-system/sw/bin/ginx"),
+            ginx_unit: PathBuf::from("/etc/systemd/system/ginx.service"),
+            drift_check_interval: Duration::from_secs(30),
+        }
+    }
 }
 
 impl Default for ApplyConfig {
@@ -242,6 +322,14 @@ impl Default for ApplyConfig {
             retry_max: Duration::from_secs(30 * 60),
             kill_grace: Duration::from_secs(10),
             shutdown_grace: Duration::from_secs(60),
+            max_attempts: 5,
+            isolation: IsolationMode::Auto,
+            systemd_run: PathBuf::from("systemd-run"),
+            systemctl: PathBuf::from("systemctl"),
+            on_success: Vec::new(),
+            on_failure: Vec::new(),
+            hook_timeout: Duration::from_secs(60),
+            on_drift: DriftPolicy::Report,
         }
     }
 }
@@ -573,6 +661,28 @@ impl Config {
                     self.apply.retry_max, self.apply.retry_base
                 ),
             ));
+        }
+        if self.apply.max_attempts == 0 {
+            return Err(ctx.error("apply.max_attempts", "must be at least 1"));
+        }
+        for (key, argv) in [
+            ("apply.on_success", &self.apply.on_success),
+            ("apply.on_failure", &self.apply.on_failure),
+        ] {
+            if argv.first().is_some_and(|p| p.trim().is_empty()) {
+                return Err(ctx.error(key, "must name a program, or be empty for no hook"));
+            }
+        }
+        for (key, argv) in [
+            ("system.rollback_command", &self.system.rollback_command),
+            ("system.switch_command", &self.system.switch_command),
+        ] {
+            if argv.first().is_none_or(|p| p.trim().is_empty()) {
+                return Err(ctx.error(key, "must name a program"));
+            }
+        }
+        if self.system.drift_check_interval.is_zero() {
+            return Err(ctx.error("system.drift_check_interval", "must be longer than 0s"));
         }
         if self.control.group.trim().is_empty() {
             return Err(ctx.error("control.group", "must name a group"));

@@ -13,7 +13,7 @@ use jiff::Timestamp;
 use serde::{Deserialize, Serialize};
 
 use crate::config::Role;
-use crate::reconcile::ApplyStatus;
+use crate::reconcile::{ApplyStatus, SystemStatus};
 use crate::source::{Revision, SourceStatus, SyncOutcome};
 use crate::state::Attempt;
 
@@ -48,6 +48,10 @@ pub enum Command {
         #[serde(default, skip_serializing_if = "Option::is_none")]
         limit: Option<usize>,
     },
+    /// Forget failures, give-ups and a rollback; apply the wanted revision again now.
+    Retry,
+    /// Switch to the previous system generation.
+    Rollback,
 }
 
 impl Command {
@@ -55,7 +59,12 @@ impl Command {
     pub fn mutates(&self) -> bool {
         matches!(
             self,
-            Command::Sync { .. } | Command::Suspend | Command::Resume | Command::Accept { .. }
+            Command::Sync { .. }
+                | Command::Suspend
+                | Command::Resume
+                | Command::Accept { .. }
+                | Command::Retry
+                | Command::Rollback
         )
     }
 
@@ -66,6 +75,8 @@ impl Command {
             Command::Suspend => "suspend",
             Command::Resume => "resume",
             Command::Accept { .. } => "accept",
+            Command::Retry => "retry",
+            Command::Rollback => "rollback",
             Command::History { .. } => "history",
         }
     }
@@ -146,6 +157,8 @@ pub struct Status {
     pub suspended: bool,
     pub sources: BTreeMap<String, SourceStatus>,
     pub apply: ApplyStatus,
+    /// What the machine runs: generation, reboot required, drift.
+    pub system: SystemStatus,
     pub health: BTreeMap<String, ProbeStatus>,
     pub started_at: Timestamp,
     pub now: Timestamp,
@@ -170,6 +183,12 @@ pub struct SuspendReport {
     pub suspended: bool,
     /// False when it already was in that state.
     pub changed: bool,
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct RollbackReport {
+    /// The attempt that performs it (see `ginxctl history`).
+    pub attempt: u64,
 }
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]

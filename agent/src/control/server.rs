@@ -18,7 +18,7 @@ use tokio::sync::{Semaphore, mpsc, oneshot, watch};
 
 use super::protocol::{
     AcceptReport, Command, ErrorKind, HistoryReport, MAX_REQUEST, PROTOCOL_VERSION, Request,
-    Response, Status, SuspendReport, SyncReport,
+    Response, RollbackReport, Status, SuspendReport, SyncReport,
 };
 use crate::config::Config;
 use crate::reconcile::{self, Published};
@@ -52,6 +52,7 @@ impl Backend {
             suspended: published.suspended,
             sources: self.sources.borrow().clone(),
             apply: published.apply.clone(),
+            system: published.system.clone(),
             health: BTreeMap::new(),
             started_at: self.started_at,
             now: crate::util::now(),
@@ -172,6 +173,15 @@ impl Backend {
                     changed,
                 })
             }),
+            Command::Retry => self
+                .ask(reconcile::Command::ForceRetry)
+                .await
+                .map(|()| Response::ok(serde_json::json!({"retrying": true}))),
+            Command::Rollback => match self.ask(reconcile::Command::Rollback).await {
+                Ok(Ok(attempt)) => Ok(Response::ok(RollbackReport { attempt })),
+                Ok(Err(why)) => Err((ErrorKind::Unavailable, why)),
+                Err(e) => Err(e),
+            },
             Command::Accept { source, revision } => {
                 self.accept(source, revision).await.map(Response::ok)
             }

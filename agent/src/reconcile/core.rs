@@ -1,6 +1,7 @@
-//! The pure core of the apply loop: given what was applied, what failed, whether ginx is
-//! suspended and which revision the source offers, decide what to do next. No I/O, no clock:
-//! the caller passes `now`.
+//! The pure core of the apply loop: given what was applied, what failed or was interrupted,
+//! whether ginx is suspended or rolled back, and which revision the source offers, decide what
+//! to do next; and the checked transitions that record each attempt's start and end. No I/O,
+//! no clock: the caller passes `now`.
 
 use std::time::Duration;
 
@@ -9,7 +10,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::config::Goal;
 use crate::source::Revision;
-use crate::state::{Applied, Failure, InFlight, Outcome, State};
+use crate::state::{Applied, AttemptKind, Failure, InFlight, Interrupted, Outcome, State};
 use crate::util;
 
 /// `apply.state` in `ginxctl status --json`.
@@ -28,8 +29,10 @@ pub enum ApplyState {
     Verifying,
     /// The wanted revision is applied.
     Succeeded,
-    /// The wanted revision failed; see `next_retry_at`.
+    /// The wanted revision failed; see `next_retry_at` (absent once given up).
     Failed,
+    /// `ginxctl rollback` switched to the previous generation; the revision is not applied
+    /// again until a new one arrives or `ginxctl retry`.
     RolledBack,
 }
 
@@ -59,7 +62,7 @@ pub struct Desired {
 /// What the loop should do now.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Decision {
-    /// Nothing is wanted, or it is applied already.
+    /// Nothing is wanted, it is applied already, given up, or rolled back.
     Idle,
     /// Apply this revision now.
     Start(Desired),
@@ -87,21 +90,35 @@ pub enum TransitionError {
 pub struct RetryPolicy {
     pub base: Duration,
     pub max: Duration,
+    pub max_attempts: u32,
+}
+
+/// How an attempt ended, as the core needs to know it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Ending {
+    pub outcome: Outcome,
+    pub error: Option<String>,
+    /// Retrying cannot help (a configuration error): give up at once.
+    pub give_up: bool,
 }
 
 /// The persisted state plus what only lives in memory.
 #[derive(Clone, Debug)]
 pub struct Core {
     pub state: State,
-    /// `ginxctl sync` asked to retry a failed revision without waiting for its backoff.
-    retry_now: bool,
+    /// `ginxctl sync` asked to retry the failure recorded at that moment (revision, attempts)
+    /// without waiting for its backoff; a later failure is not covered by the request.
+    retry_now: Option<(Revision, u32)>,
+    /// Drift was found and `on_drift = "reapply"`: apply the applied revision again.
+    reapply: bool,
 }
 
 impl Core {
     pub fn new(state: State) -> Self {
         Self {
             state,
-            retry_now: false,
+            retry_now: None,
+            reapply: false,
         }
     }
 
@@ -117,6 +134,23 @@ impl Core {
             .is_some_and(|a| a.revision == desired.revision && a.goal == desired.goal)
     }
 
+    fn failure_of(&self, desired: &Desired) -> Option<&Failure> {
+        self.state
+            .failure
+            .as_ref()
+            .filter(|f| f.revision == desired.revision)
+    }
+
+    fn retry_requested(&self, f: &Failure) -> bool {
+        self.retry_now
+            .as_ref()
+            .is_some_and(|(rev, attempts)| *rev == f.revision && *attempts == f.attempts)
+    }
+
+    fn rolled_back_from(&self, desired: &Desired) -> bool {
+        self.state.rolled_back.as_ref() == Some(&desired.revision)
+    }
+
     pub fn decide(&self, desired: Option<&Desired>, now: Timestamp) -> Decision {
         if self.state.in_flight.is_some() {
             return Decision::Busy;
@@ -124,16 +158,18 @@ impl Core {
         let Some(desired) = desired else {
             return Decision::Idle;
         };
-        if self.is_applied(desired) {
+        if self.rolled_back_from(desired) {
+            return Decision::Idle;
+        }
+        if self.is_applied(desired) && !self.reapply {
             return Decision::Idle;
         }
         if self.state.suspended {
             return Decision::Suspended;
         }
-        match &self.state.failure {
-            Some(f)
-                if f.revision == desired.revision && !self.retry_now && now < f.next_retry_at =>
-            {
+        match self.failure_of(desired) {
+            Some(f) if f.exhausted => Decision::Idle,
+            Some(f) if !self.retry_requested(f) && now < f.next_retry_at => {
                 Decision::RetryAt(f.next_retry_at)
             }
             _ => Decision::Start(desired.clone()),
@@ -141,47 +177,27 @@ impl Core {
     }
 
     /// Idle → applying.
-    pub fn begin(
-        &mut self,
-        source: &str,
-        revision: Revision,
-        goal: Goal,
-        now: Timestamp,
-    ) -> Result<u64, TransitionError> {
+    pub fn begin(&mut self, attempt: InFlight) -> Result<u64, TransitionError> {
         if let Some(r) = &self.state.in_flight {
             return Err(TransitionError::AlreadyRunning(r.id));
         }
         let id = self.state.next_attempt_id;
         self.state.next_attempt_id += 1;
-        self.state.in_flight = Some(InFlight {
-            id,
-            source: source.to_owned(),
-            revision,
-            goal,
-            started_at: now,
-            pgid: None,
-            boot_id: None,
-            start_time: None,
-        });
-        self.retry_now = false;
+        self.state.in_flight = Some(InFlight { id, ..attempt });
+        self.retry_now = None;
+        self.reapply = false;
         Ok(id)
     }
 
-    /// Records the process group of the running attempt.
-    pub fn set_process(
-        &mut self,
-        pgid: i32,
-        boot_id: Option<String>,
-        start_time: Option<u64>,
-    ) -> Result<(), TransitionError> {
+    /// Records facts about the running attempt learnt after it began (its process group, its
+    /// unit).
+    pub fn update_running(&mut self, f: impl FnOnce(&mut InFlight)) -> Result<(), TransitionError> {
         let r = self
             .state
             .in_flight
             .as_mut()
             .ok_or(TransitionError::NotRunning)?;
-        r.pgid = Some(pgid);
-        r.boot_id = boot_id;
-        r.start_time = start_time;
+        f(r);
         Ok(())
     }
 
@@ -189,8 +205,7 @@ impl Core {
     pub fn complete(
         &mut self,
         id: u64,
-        outcome: Outcome,
-        error: Option<String>,
+        ending: Ending,
         now: Timestamp,
         policy: RetryPolicy,
     ) -> Result<InFlight, TransitionError> {
@@ -210,6 +225,34 @@ impl Core {
             .in_flight
             .take()
             .ok_or(TransitionError::NotRunning)?;
+        if done.kind == AttemptKind::Rollback {
+            if ending.outcome == Outcome::Succeeded {
+                self.state.rolled_back = self.state.applied.as_ref().map(|a| a.revision.clone());
+            }
+            return Ok(done);
+        }
+        let mut outcome = ending.outcome;
+        let mut error = ending.error;
+        if outcome == Outcome::Interrupted {
+            let count = match &self.state.interrupted {
+                Some(i) if i.revision == done.revision => i.count + 1,
+                _ => 1,
+            };
+            self.state.interrupted = Some(Interrupted {
+                revision: done.revision.clone(),
+                count,
+            });
+            // Retried once; interrupted again, it counts as a failure.
+            if count >= 2 {
+                outcome = Outcome::Failed;
+                error = Some(format!(
+                    "interrupted {count} times in a row ({})",
+                    error
+                        .as_deref()
+                        .unwrap_or("ginx or the machine stopped mid-attempt")
+                ));
+            }
+        }
         match outcome {
             Outcome::Succeeded => {
                 self.state.applied = Some(Applied {
@@ -219,6 +262,8 @@ impl Core {
                     at: now,
                 });
                 self.state.failure = None;
+                self.state.interrupted = None;
+                self.state.rolled_back = None;
             }
             Outcome::Failed | Outcome::TimedOut => {
                 let attempts = match &self.state.failure {
@@ -231,9 +276,9 @@ impl Core {
                     attempts,
                     error: error.unwrap_or_else(|| outcome.as_str().to_owned()),
                     next_retry_at: util::after(now, wait),
+                    exhausted: ending.give_up || attempts >= policy.max_attempts,
                 });
             }
-            // Not the revision's fault: it is tried again without counting a failure.
             Outcome::Interrupted => {}
         }
         Ok(done)
@@ -246,9 +291,28 @@ impl Core {
         changed
     }
 
-    /// A failed revision is retried at once instead of after its backoff.
+    /// A failed revision is retried at once instead of after its backoff (`ginxctl sync`); a
+    /// revision given up stays given up.
     pub fn request_retry(&mut self) {
-        self.retry_now = true;
+        self.retry_now = self
+            .state
+            .failure
+            .as_ref()
+            .map(|f| (f.revision.clone(), f.attempts));
+    }
+
+    /// `ginxctl retry`: forget failures, give-ups and a rollback, and apply the wanted revision
+    /// now, even if it was applied before.
+    pub fn force_retry(&mut self) {
+        self.state.failure = None;
+        self.state.interrupted = None;
+        self.state.rolled_back = None;
+        self.reapply = true;
+    }
+
+    /// Apply the applied revision again (drift with `on_drift = "reapply"`).
+    pub fn request_reapply(&mut self) {
+        self.reapply = true;
     }
 
     /// The state shown for the apply, given what the source offers.
@@ -263,15 +327,18 @@ impl Core {
                 ApplyState::Idle
             };
         };
+        if self.rolled_back_from(desired) {
+            return ApplyState::RolledBack;
+        }
         if self.is_applied(desired) {
             return ApplyState::Succeeded;
         }
         if self.state.suspended {
             return ApplyState::Waiting;
         }
-        match &self.state.failure {
-            Some(f) if f.revision == desired.revision => ApplyState::Failed,
-            _ => ApplyState::Pending,
+        match self.failure_of(desired) {
+            Some(_) => ApplyState::Failed,
+            None => ApplyState::Pending,
         }
     }
 }
@@ -283,6 +350,7 @@ mod tests {
     const POLICY: RetryPolicy = RetryPolicy {
         base: Duration::from_secs(30),
         max: Duration::from_secs(300),
+        max_attempts: 100,
     };
 
     fn rev(c: char) -> Revision {
@@ -304,6 +372,38 @@ mod tests {
         Core::new(State::default())
     }
 
+    fn attempt(c: char, goal: Goal, at: i64) -> InFlight {
+        InFlight {
+            id: 0,
+            kind: AttemptKind::Apply,
+            source: "h".into(),
+            revision: rev(c),
+            goal,
+            started_at: t(at),
+            testing: false,
+            isolation: "process".into(),
+            unit: None,
+            dir: None,
+            generation_before: None,
+            pgid: None,
+            boot_id: None,
+            start_time: None,
+        }
+    }
+
+    fn ended(outcome: Outcome) -> Ending {
+        Ending {
+            outcome,
+            error: None,
+            give_up: false,
+        }
+    }
+
+    fn run(c: &mut Core, r: char, at: i64, outcome: Outcome) {
+        let id = c.begin(attempt(r, Goal::Switch, at)).unwrap();
+        c.complete(id, ended(outcome), t(at + 1), POLICY).unwrap();
+    }
+
     #[test]
     fn nothing_fetched_is_idle() {
         let c = core();
@@ -321,11 +421,11 @@ mod tests {
     #[test]
     fn begin_moves_to_applying_and_refuses_a_second() {
         let mut c = core();
-        let id = c.begin("h", rev('a'), Goal::Switch, t(0)).unwrap();
+        let id = c.begin(attempt('a', Goal::Switch, 0)).unwrap();
         assert_eq!(c.apply_state(Some(&want('a'))), ApplyState::Applying);
         assert_eq!(c.decide(Some(&want('b')), t(1)), Decision::Busy);
         assert_eq!(
-            c.begin("h", rev('b'), Goal::Switch, t(1)),
+            c.begin(attempt('b', Goal::Switch, 1)),
             Err(TransitionError::AlreadyRunning(id))
         );
     }
@@ -333,9 +433,7 @@ mod tests {
     #[test]
     fn success_records_applied_and_is_never_applied_again() {
         let mut c = core();
-        let id = c.begin("h", rev('a'), Goal::Switch, t(0)).unwrap();
-        c.complete(id, Outcome::Succeeded, None, t(5), POLICY)
-            .unwrap();
+        run(&mut c, 'a', 0, Outcome::Succeeded);
         assert_eq!(c.state.applied.as_ref().unwrap().revision, rev('a'));
         assert_eq!(c.decide(Some(&want('a')), t(6)), Decision::Idle);
         assert_eq!(c.apply_state(Some(&want('a'))), ApplyState::Succeeded);
@@ -350,9 +448,13 @@ mod tests {
         let mut expected = [30, 60, 120, 240, 300, 300].into_iter();
         let mut now = t(0);
         for n in 1..=6 {
-            let id = c.begin("h", rev('a'), Goal::Switch, now).unwrap();
-            c.complete(id, Outcome::Failed, Some("exit 1".into()), now, POLICY)
+            let id = c
+                .begin(InFlight {
+                    started_at: now,
+                    ..attempt('a', Goal::Switch, 0)
+                })
                 .unwrap();
+            c.complete(id, ended(Outcome::Failed), now, POLICY).unwrap();
             let f = c.state.failure.clone().unwrap();
             assert_eq!(f.attempts, n);
             let wait = f.next_retry_at.duration_since(now).as_secs();
@@ -368,13 +470,60 @@ mod tests {
     }
 
     #[test]
+    fn max_attempts_gives_up_until_retry() {
+        let mut c = core();
+        let policy = RetryPolicy {
+            max_attempts: 2,
+            ..POLICY
+        };
+        for n in 0..2 {
+            let id = c.begin(attempt('a', Goal::Switch, n)).unwrap();
+            c.complete(id, ended(Outcome::Failed), t(n), policy)
+                .unwrap();
+        }
+        assert!(c.state.failure.as_ref().unwrap().exhausted);
+        assert_eq!(c.decide(Some(&want('a')), t(100_000)), Decision::Idle);
+        assert_eq!(c.apply_state(Some(&want('a'))), ApplyState::Failed);
+        c.request_retry();
+        assert_eq!(
+            c.decide(Some(&want('a')), t(100_000)),
+            Decision::Idle,
+            "sync does not revive it"
+        );
+        // A new revision is tried.
+        assert_eq!(
+            c.decide(Some(&want('b')), t(100_000)),
+            Decision::Start(want('b'))
+        );
+        c.force_retry();
+        assert_eq!(
+            c.decide(Some(&want('a')), t(100_000)),
+            Decision::Start(want('a'))
+        );
+    }
+
+    #[test]
+    fn a_configuration_error_gives_up_at_once() {
+        let mut c = core();
+        let id = c.begin(attempt('a', Goal::Switch, 0)).unwrap();
+        let e = Ending {
+            outcome: Outcome::Failed,
+            error: Some("node missing".into()),
+            give_up: true,
+        };
+        c.complete(id, e, t(1), POLICY).unwrap();
+        let f = c.state.failure.as_ref().unwrap();
+        assert!(f.exhausted);
+        assert_eq!(f.attempts, 1);
+        assert_eq!(c.decide(Some(&want('a')), t(1_000_000)), Decision::Idle);
+    }
+
+    #[test]
     fn a_new_revision_is_not_held_back_by_the_old_failure() {
         let mut c = core();
-        let id = c.begin("h", rev('a'), Goal::Switch, t(0)).unwrap();
-        c.complete(id, Outcome::Failed, None, t(1), POLICY).unwrap();
+        run(&mut c, 'a', 0, Outcome::Failed);
         assert_eq!(c.decide(Some(&want('b')), t(2)), Decision::Start(want('b')));
-        let id = c.begin("h", rev('b'), Goal::Switch, t(2)).unwrap();
-        c.complete(id, Outcome::Failed, None, t(3), POLICY).unwrap();
+        run(&mut c, 'b', 2, Outcome::Failed);
         assert_eq!(
             c.state.failure.as_ref().unwrap().attempts,
             1,
@@ -385,23 +534,30 @@ mod tests {
     #[test]
     fn sync_retries_a_failed_revision_at_once() {
         let mut c = core();
-        let id = c.begin("h", rev('a'), Goal::Switch, t(0)).unwrap();
-        c.complete(id, Outcome::TimedOut, None, t(1), POLICY)
-            .unwrap();
+        run(&mut c, 'a', 0, Outcome::TimedOut);
         assert!(matches!(
             c.decide(Some(&want('a')), t(2)),
             Decision::RetryAt(_)
         ));
         c.request_retry();
         assert_eq!(c.decide(Some(&want('a')), t(2)), Decision::Start(want('a')));
-        c.begin("h", rev('a'), Goal::Switch, t(2)).unwrap();
         // The request is used up by the attempt it caused.
-        let id = c.running().unwrap().id;
-        c.complete(id, Outcome::Failed, None, t(3), POLICY).unwrap();
+        run(&mut c, 'a', 2, Outcome::Failed);
         assert!(matches!(
             c.decide(Some(&want('a')), t(4)),
             Decision::RetryAt(_)
         ));
+    }
+
+    #[test]
+    fn a_sync_retries_only_the_failure_it_saw() {
+        let mut c = core();
+        c.request_retry();
+        run(&mut c, 'a', 0, Outcome::Failed);
+        assert!(
+            matches!(c.decide(Some(&want('a')), t(2)), Decision::RetryAt(_)),
+            "a request made before the failure does not cover it"
+        );
     }
 
     #[test]
@@ -416,26 +572,34 @@ mod tests {
     }
 
     #[test]
-    fn interrupted_is_retried_without_counting_a_failure() {
+    fn an_interruption_is_retried_once_then_counts_as_a_failure() {
         let mut c = core();
-        let id = c.begin("h", rev('a'), Goal::Switch, t(0)).unwrap();
-        c.complete(id, Outcome::Interrupted, None, t(1), POLICY)
-            .unwrap();
+        run(&mut c, 'a', 0, Outcome::Interrupted);
         assert!(c.state.failure.is_none());
         assert_eq!(c.decide(Some(&want('a')), t(1)), Decision::Start(want('a')));
+        run(&mut c, 'a', 2, Outcome::Interrupted);
+        let f = c.state.failure.as_ref().unwrap();
+        assert_eq!(f.attempts, 1);
+        assert!(f.error.contains("interrupted 2 times"));
+        assert!(matches!(
+            c.decide(Some(&want('a')), t(3)),
+            Decision::RetryAt(_)
+        ));
+        run(&mut c, 'a', 100_000, Outcome::Succeeded);
+        assert!(c.state.interrupted.is_none());
     }
 
     #[test]
     fn completing_the_wrong_attempt_is_refused() {
         let mut c = core();
         assert_eq!(
-            c.complete(0, Outcome::Succeeded, None, t(0), POLICY)
+            c.complete(0, ended(Outcome::Succeeded), t(0), POLICY)
                 .unwrap_err(),
             TransitionError::NotRunning
         );
-        let id = c.begin("h", rev('a'), Goal::Switch, t(0)).unwrap();
+        let id = c.begin(attempt('a', Goal::Switch, 0)).unwrap();
         assert_eq!(
-            c.complete(id + 1, Outcome::Succeeded, None, t(0), POLICY)
+            c.complete(id + 1, ended(Outcome::Succeeded), t(0), POLICY)
                 .unwrap_err(),
             TransitionError::WrongAttempt {
                 running: id,
@@ -446,10 +610,20 @@ mod tests {
     }
 
     #[test]
+    fn attempt_ids_are_never_reused() {
+        let mut c = core();
+        let a = c.begin(attempt('a', Goal::Switch, 0)).unwrap();
+        c.complete(a, ended(Outcome::Succeeded), t(1), POLICY)
+            .unwrap();
+        let b = c.begin(attempt('b', Goal::Switch, 2)).unwrap();
+        assert!(b > a);
+    }
+
+    #[test]
     fn the_same_revision_with_another_goal_is_applied_again() {
         let mut c = core();
-        let id = c.begin("h", rev('a'), Goal::Test, t(0)).unwrap();
-        c.complete(id, Outcome::Succeeded, None, t(1), POLICY)
+        let id = c.begin(attempt('a', Goal::Test, 0)).unwrap();
+        c.complete(id, ended(Outcome::Succeeded), t(1), POLICY)
             .unwrap();
         let tested = Desired {
             revision: rev('a'),
@@ -461,12 +635,48 @@ mod tests {
     }
 
     #[test]
-    fn attempt_ids_are_never_reused() {
+    fn a_rollback_holds_the_revision_until_retry_or_a_new_one() {
         let mut c = core();
-        let a = c.begin("h", rev('a'), Goal::Switch, t(0)).unwrap();
-        c.complete(a, Outcome::Succeeded, None, t(1), POLICY)
+        run(&mut c, 'a', 0, Outcome::Succeeded);
+        let id = c
+            .begin(InFlight {
+                kind: AttemptKind::Rollback,
+                ..attempt('a', Goal::Switch, 1)
+            })
             .unwrap();
-        let b = c.begin("h", rev('b'), Goal::Switch, t(2)).unwrap();
-        assert!(b > a);
+        c.complete(id, ended(Outcome::Succeeded), t(2), POLICY)
+            .unwrap();
+        assert_eq!(c.apply_state(Some(&want('a'))), ApplyState::RolledBack);
+        assert_eq!(c.decide(Some(&want('a')), t(3)), Decision::Idle);
+        assert_eq!(c.decide(Some(&want('b')), t(3)), Decision::Start(want('b')));
+        c.force_retry();
+        assert_eq!(c.decide(Some(&want('a')), t(3)), Decision::Start(want('a')));
+    }
+
+    #[test]
+    fn a_failed_rollback_changes_nothing() {
+        let mut c = core();
+        run(&mut c, 'a', 0, Outcome::Succeeded);
+        let before = c.state.clone();
+        let id = c
+            .begin(InFlight {
+                kind: AttemptKind::Rollback,
+                ..attempt('a', Goal::Switch, 1)
+            })
+            .unwrap();
+        c.complete(id, ended(Outcome::Failed), t(2), POLICY)
+            .unwrap();
+        assert_eq!(c.state.applied, before.applied);
+        assert!(c.state.failure.is_none() && c.state.rolled_back.is_none());
+    }
+
+    #[test]
+    fn drift_reapply_runs_the_applied_revision_again_once() {
+        let mut c = core();
+        run(&mut c, 'a', 0, Outcome::Succeeded);
+        c.request_reapply();
+        assert_eq!(c.decide(Some(&want('a')), t(2)), Decision::Start(want('a')));
+        run(&mut c, 'a', 2, Outcome::Succeeded);
+        assert_eq!(c.decide(Some(&want('a')), t(4)), Decision::Idle);
     }
 }

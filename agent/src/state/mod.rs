@@ -16,6 +16,7 @@ use jiff::Timestamp;
 use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
 
+use crate::apply::system::Generation;
 use crate::config::Goal;
 use crate::source::Revision;
 
@@ -25,7 +26,8 @@ pub const HISTORY_VERSION: u32 = 1;
 /// Attempts kept in `history.json`.
 pub const HISTORY_LIMIT: usize = 50;
 
-/// What must survive a restart.
+/// What must survive a restart. Fields added later carry `#[serde(default)]`, so older files
+/// still load.
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 #[serde(default)]
 pub struct State {
@@ -36,11 +38,21 @@ pub struct State {
     pub applied: Option<Applied>,
     /// Failures of the revision currently wanted, for backoff across restarts.
     pub failure: Option<Failure>,
+    /// Interruptions of a revision (ginx or the machine stopped mid-attempt): retried once.
+    pub interrupted: Option<Interrupted>,
     /// An attempt that had started when this file was written. Found at start-up, it means
     /// ginx stopped during that attempt.
     pub in_flight: Option<InFlight>,
     /// Id of the next attempt; ids are never reused.
     pub next_attempt_id: u64,
+    /// `/run/current-system` as ginx's last successful attempt left it; another value means
+    /// someone changed the system by hand (drift).
+    pub expected_system: Option<PathBuf>,
+    /// Why the booted system is not the one ginx activated.
+    pub reboot: Option<RebootRequired>,
+    /// The revision `ginxctl rollback` rolled back from; not applied again until a new
+    /// revision or `ginxctl retry`.
+    pub rolled_back: Option<Revision>,
 }
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -58,16 +70,61 @@ pub struct Failure {
     pub attempts: u32,
     pub error: String,
     pub next_retry_at: Timestamp,
+    /// Given up (max_attempts reached, or a configuration error): no retry until a new
+    /// revision or `ginxctl retry`.
+    #[serde(default)]
+    pub exhausted: bool,
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Interrupted {
+    pub revision: Revision,
+    pub count: u32,
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct RebootRequired {
+    pub reasons: Vec<String>,
+    pub since: Timestamp,
+    /// The boot this was found in; after a reboot it is computed afresh.
+    pub boot_id: Option<String>,
+}
+
+/// What an attempt does.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum AttemptKind {
+    /// Apply a revision with `apply.command`.
+    #[default]
+    Apply,
+    /// Switch to the previous system generation (`ginxctl rollback`).
+    Rollback,
 }
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct InFlight {
     pub id: u64,
+    #[serde(default)]
+    pub kind: AttemptKind,
     pub source: String,
     pub revision: Revision,
     pub goal: Goal,
     pub started_at: Timestamp,
-    /// Process group of the apply command, to stop what an unclean exit left running.
+    /// Comes from the testing branch (not a deployment new heads must descend from).
+    #[serde(default)]
+    pub testing: bool,
+    /// `process` or `systemd-run`.
+    #[serde(default)]
+    pub isolation: String,
+    /// The transient unit, for `systemd-run`.
+    #[serde(default)]
+    pub unit: Option<String>,
+    /// Where the runner writes output and result.
+    #[serde(default)]
+    pub dir: Option<PathBuf>,
+    #[serde(default)]
+    pub generation_before: Option<Generation>,
+    /// Process group of the runner, to stop what an unclean exit left running.
     pub pgid: Option<i32>,
     /// The boot the process group belongs to; after a reboot the number means nothing.
     #[serde(default)]
@@ -117,6 +174,8 @@ pub struct OutputLine {
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct Attempt {
     pub id: u64,
+    #[serde(default)]
+    pub kind: AttemptKind,
     pub source: String,
     pub revision: Revision,
     pub goal: Goal,
@@ -127,6 +186,13 @@ pub struct Attempt {
     pub error: Option<String>,
     /// The last lines the command printed, stdout and stderr interleaved as they arrived.
     pub output: Vec<OutputLine>,
+    /// The system generation before and after the attempt.
+    #[serde(default)]
+    pub generation_before: Option<Generation>,
+    #[serde(default)]
+    pub generation_after: Option<Generation>,
+    #[serde(default)]
+    pub isolation: String,
 }
 
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
@@ -347,6 +413,10 @@ mod tests {
                 exit_code: Some(0),
                 error: None,
                 output: vec![],
+                kind: AttemptKind::Apply,
+                generation_before: None,
+                generation_after: None,
+                isolation: "process".into(),
             });
         }
         assert_eq!(h.attempts.len(), HISTORY_LIMIT);

@@ -1,0 +1,448 @@
+//! Running one command in its own process group, with a timeout, its output delivered line by
+//! line to the caller and the last lines kept; and the process bookkeeping around it (whose
+//! group is alive, killing every descendant).
+
+use std::collections::VecDeque;
+use std::path::PathBuf;
+use std::process::Stdio;
+use std::time::Duration;
+
+use nix::sys::signal::{Signal, killpg};
+use nix::unistd::Pid;
+use tokio::io::{AsyncBufReadExt, AsyncRead, BufReader};
+use tokio::process::{Child, Command};
+use tokio::sync::mpsc;
+
+use crate::state::{OutputLine, Stream};
+
+/// Lines of output kept per attempt.
+pub const OUTPUT_TAIL: usize = 200;
+/// A longer line is cut, so a runaway command cannot exhaust memory.
+const MAX_LINE: usize = 8 * 1024;
+
+/// What to run.
+#[derive(Clone, Debug)]
+pub struct Spec {
+    pub argv: Vec<String>,
+    pub cwd: PathBuf,
+    pub env: Vec<(String, String)>,
+    pub timeout: Duration,
+    /// Between SIGTERM and SIGKILL.
+    pub kill_grace: Duration,
+}
+
+/// How the command ended.
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(tag = "kind", content = "value", rename_all = "kebab-case")]
+pub enum Exit {
+    /// It exited with this code.
+    Code(i32),
+    /// A signal ended it (not one of ours).
+    Signal(i32),
+    /// It ran past the timeout and was killed.
+    TimedOut,
+    /// It was stopped on request (ginx shutting down).
+    Stopped,
+    /// It could not be started.
+    SpawnFailed(String),
+}
+
+#[derive(Clone, Debug)]
+pub struct Finished {
+    pub exit: Exit,
+    pub output: Vec<OutputLine>,
+}
+
+impl Finished {
+    pub fn success(&self) -> bool {
+        self.exit == Exit::Code(0)
+    }
+}
+
+/// A started attempt.
+pub struct Running {
+    child: Child,
+    pgid: Pid,
+    spec: Spec,
+    lines: mpsc::Receiver<OutputLine>,
+    readers: Vec<tokio::task::JoinHandle<()>>,
+}
+
+/// Starts `spec.argv` in `spec.cwd` as the leader of a new process group.
+pub fn start(spec: Spec) -> Result<Running, Finished> {
+    let spawn_failed = |msg: String| Finished {
+        exit: Exit::SpawnFailed(msg),
+        output: Vec::new(),
+    };
+    let Some((program, args)) = spec.argv.split_first() else {
+        return Err(spawn_failed("empty apply command".into()));
+    };
+    let mut cmd = Command::new(program);
+    cmd.args(args)
+        .current_dir(&spec.cwd)
+        .envs(spec.env.iter().map(|(k, v)| (k, v)))
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .process_group(0)
+        .kill_on_drop(false);
+    let mut child = cmd.spawn().map_err(|e| {
+        let hint = if e.kind() == std::io::ErrorKind::NotFound {
+            "; is it installed and on ginx's PATH? (apply.command)"
+        } else {
+            ""
+        };
+        spawn_failed(format!(
+            "cannot start {program:?} in {}: {e}{hint}",
+            spec.cwd.display()
+        ))
+    })?;
+    let pid = child.id().and_then(|p| i32::try_from(p).ok()).unwrap_or(0);
+    let (tx, rx) = mpsc::channel(256);
+    let mut readers = Vec::new();
+    if let Some(out) = child.stdout.take() {
+        readers.push(tokio::spawn(read_lines(out, Stream::Stdout, tx.clone())));
+    }
+    if let Some(err) = child.stderr.take() {
+        readers.push(tokio::spawn(read_lines(err, Stream::Stderr, tx)));
+    }
+    Ok(Running {
+        child,
+        pgid: Pid::from_raw(pid),
+        spec,
+        lines: rx,
+        readers,
+    })
+}
+
+impl Running {
+    /// The process group; recorded so that a ginx that died can stop what it left.
+    pub fn pgid(&self) -> i32 {
+        self.pgid.as_raw()
+    }
+
+    /// Waits for the command, killing its group on timeout or when `stop` resolves. Every output
+    /// line is handed to `on_line` as it arrives.
+    pub async fn wait(
+        mut self,
+        stop: impl std::future::Future<Output = ()>,
+        mut on_line: impl FnMut(&OutputLine),
+    ) -> Finished {
+        let mut tail: VecDeque<OutputLine> = VecDeque::with_capacity(OUTPUT_TAIL);
+        let deadline = tokio::time::sleep(self.spec.timeout);
+        tokio::pin!(deadline);
+        tokio::pin!(stop);
+        let mut lines_open = true;
+        let exit = loop {
+            // Biased: a command that has exited (or printed) wins over a stop that arrives at
+            // the same moment, so a finished attempt is never reported as stopped.
+            tokio::select! {
+                biased;
+                line = self.lines.recv(), if lines_open => match line {
+                    Some(l) => {
+                        on_line(&l);
+                        keep(&mut tail, l);
+                    }
+                    None => lines_open = false,
+                },
+                status = self.child.wait() => break match status {
+                    Ok(s) => match (s.code(), std::os::unix::process::ExitStatusExt::signal(&s)) {
+                        (Some(c), _) => Exit::Code(c),
+                        (None, Some(sig)) => Exit::Signal(sig),
+                        (None, None) => Exit::Code(-1),
+                    },
+                    Err(e) => Exit::SpawnFailed(format!("waiting for the command: {e}")),
+                },
+                () = &mut deadline => {
+                    tracing::warn!(timeout = ?self.spec.timeout, "apply command timed out; stopping its process group");
+                    self.terminate(&mut tail, &mut on_line).await;
+                    break Exit::TimedOut;
+                }
+                () = &mut stop => {
+                    tracing::warn!("stopping the apply command");
+                    self.terminate(&mut tail, &mut on_line).await;
+                    break Exit::Stopped;
+                }
+            }
+        };
+        // Whatever the command left behind in its group goes with it.
+        let _ = killpg(self.pgid, Signal::SIGKILL);
+        self.drain(&mut tail, &mut on_line).await;
+        Finished {
+            exit,
+            output: tail.into(),
+        }
+    }
+
+    /// SIGTERM to the group, then SIGKILL after the grace period.
+    async fn terminate(
+        &mut self,
+        tail: &mut VecDeque<OutputLine>,
+        on_line: &mut impl FnMut(&OutputLine),
+    ) {
+        let _ = killpg(self.pgid, Signal::SIGTERM);
+        let grace = tokio::time::sleep(self.spec.kill_grace);
+        tokio::pin!(grace);
+        loop {
+            tokio::select! {
+                line = self.lines.recv() => match line {
+                    Some(l) => {
+                        on_line(&l);
+                        keep(tail, l);
+                    }
+                    None => break,
+                },
+                _ = self.child.wait() => break,
+                () = &mut grace => break,
+            }
+        }
+        let _ = killpg(self.pgid, Signal::SIGKILL);
+        let _ = self.child.wait().await;
+    }
+
+    /// Collects the last lines; a process that escaped the group and still holds the pipes
+    /// cannot keep us waiting past the grace period.
+    async fn drain(
+        &mut self,
+        tail: &mut VecDeque<OutputLine>,
+        on_line: &mut impl FnMut(&OutputLine),
+    ) {
+        let limit = tokio::time::sleep(self.spec.kill_grace);
+        tokio::pin!(limit);
+        loop {
+            tokio::select! {
+                line = self.lines.recv() => match line {
+                    Some(l) => {
+                        on_line(&l);
+                        keep(tail, l);
+                    }
+                    None => break,
+                },
+                () = &mut limit => {
+                    tracing::warn!("apply command left processes holding its output open");
+                    break;
+                }
+            }
+        }
+        for r in self.readers.drain(..) {
+            r.abort();
+        }
+    }
+}
+
+fn keep(tail: &mut VecDeque<OutputLine>, line: OutputLine) {
+    if tail.len() == OUTPUT_TAIL {
+        tail.pop_front();
+    }
+    tail.push_back(line);
+}
+
+async fn read_lines(pipe: impl AsyncRead + Unpin, stream: Stream, tx: mpsc::Sender<OutputLine>) {
+    let mut reader = BufReader::new(pipe);
+    let mut buf = Vec::new();
+    loop {
+        buf.clear();
+        match reader.read_until(b'\n', &mut buf).await {
+            Ok(0) | Err(_) => return,
+            Ok(_) => {}
+        }
+        while buf.last().is_some_and(|b| *b == b'\n' || *b == b'\r') {
+            buf.pop();
+        }
+        buf.truncate(MAX_LINE);
+        let line = String::from_utf8_lossy(&buf).into_owned();
+        if tx.send(OutputLine { stream, line }).await.is_err() {
+            return;
+        }
+    }
+}
+
+/// Every process below `pid` in the process tree, found through `/proc/*/stat`.
+pub fn descendants(pid: i32) -> Vec<i32> {
+    let Ok(entries) = std::fs::read_dir("/proc") else {
+        return Vec::new();
+    };
+    let parents: Vec<(i32, i32)> = entries
+        .flatten()
+        .filter_map(|e| e.file_name().to_str()?.parse::<i32>().ok())
+        .filter_map(|p| {
+            let stat = std::fs::read_to_string(format!("/proc/{p}/stat")).ok()?;
+            let rest = &stat[stat.rfind(')')? + 2..];
+            let mut fields = rest.split_whitespace();
+            let state = fields.next()?;
+            let ppid = fields.next()?.parse().ok()?;
+            (state != "Z" && state != "X").then_some((p, ppid))
+        })
+        .collect();
+    let mut found = Vec::new();
+    let mut frontier = vec![pid];
+    while let Some(parent) = frontier.pop() {
+        for (child, _) in parents.iter().filter(|(_, pp)| *pp == parent) {
+            found.push(*child);
+            frontier.push(*child);
+        }
+    }
+    found
+}
+
+/// Stops every descendant of this process (SIGTERM, then SIGKILL after `grace`) and reaps
+/// them. Processes that left their process group (`setsid`) are found too, because the caller
+/// is their subreaper. Blocking.
+pub fn kill_descendants(grace: Duration) {
+    use nix::sys::signal::kill;
+    use nix::sys::wait::{WaitPidFlag, waitpid};
+    let me = std::process::id() as i32;
+    let reap = || {
+        while let Ok(status) = waitpid(None, Some(WaitPidFlag::WNOHANG)) {
+            if status == nix::sys::wait::WaitStatus::StillAlive {
+                break;
+            }
+        }
+    };
+    let mut signal = Signal::SIGTERM;
+    let deadline = std::time::Instant::now() + grace;
+    loop {
+        reap();
+        let left = descendants(me);
+        if left.is_empty() {
+            return;
+        }
+        for p in &left {
+            let _ = kill(Pid::from_raw(*p), signal);
+        }
+        if signal == Signal::SIGTERM && std::time::Instant::now() >= deadline {
+            signal = Signal::SIGKILL;
+            continue;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+/// Whether a process group still has members.
+pub fn group_alive(pgid: i32) -> bool {
+    pgid > 0 && killpg(Pid::from_raw(pgid), None).is_ok()
+}
+
+/// Kills what is left of a process group, e.g. from a previous ginx that died mid-apply.
+pub fn kill_group(pgid: i32) {
+    if pgid > 0 {
+        let _ = killpg(Pid::from_raw(pgid), Signal::SIGKILL);
+    }
+}
+
+/// This boot's id, to tell whether a recorded pid belongs to it.
+pub fn boot_id() -> Option<String> {
+    std::fs::read_to_string("/proc/sys/kernel/random/boot_id")
+        .ok()
+        .map(|s| s.trim().to_owned())
+}
+
+/// A process's start time in clock ticks since boot (field 22 of `/proc/<pid>/stat`).
+pub fn start_time(pid: i32) -> Option<u64> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    // The command name may contain spaces and parentheses; fields resume after the last ')'.
+    let rest = &stat[stat.rfind(')')? + 2..];
+    rest.split_whitespace().nth(19)?.parse().ok()
+}
+
+/// Whether process group `pgid` is still the one recorded (same boot, same leader start time)
+/// and has members. A pid reused by an unrelated process is never taken for it.
+pub fn recorded_group_alive(pgid: i32, boot: Option<&str>, started: Option<u64>) -> bool {
+    let same_boot = boot.is_some() && boot == boot_id().as_deref();
+    if !same_boot || !group_alive(pgid) {
+        return false;
+    }
+    // The leader may have exited while others in its group live on; then the start time cannot
+    // be checked, and the group (same boot, recorded by us) is taken as ours.
+    match (started, start_time(pgid)) {
+        (Some(want), Some(have)) => want == have,
+        _ => true,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn spec(script: &str, timeout: Duration) -> Spec {
+        Spec {
+            argv: vec!["/bin/sh".into(), "-c".into(), script.into()],
+            cwd: std::env::temp_dir(),
+            env: vec![("GINX_TEST".into(), "yes".into())],
+            timeout,
+            kill_grace: Duration::from_millis(200),
+        }
+    }
+
+    async fn run(script: &str, timeout: Duration) -> Finished {
+        let running = start(spec(script, timeout)).map_err(|f| f.exit).unwrap();
+        running.wait(std::future::pending(), |_| {}).await
+    }
+
+    #[tokio::test]
+    async fn captures_output_and_exit_code() {
+        let f = run(
+            "echo out; echo err >&2; echo $GINX_TEST; exit 3",
+            Duration::from_secs(30),
+        )
+        .await;
+        assert_eq!(f.exit, Exit::Code(3));
+        let lines: Vec<&str> = f.output.iter().map(|l| l.line.as_str()).collect();
+        assert!(lines.contains(&"out") && lines.contains(&"err") && lines.contains(&"yes"));
+        assert!(
+            f.output
+                .iter()
+                .any(|l| l.stream == Stream::Stderr && l.line == "err")
+        );
+    }
+
+    #[tokio::test]
+    async fn keeps_only_the_last_lines() {
+        let f = run(
+            "i=0; while [ $i -lt 500 ]; do echo line$i; i=$((i+1)); done",
+            Duration::from_secs(30),
+        )
+        .await;
+        assert_eq!(f.output.len(), OUTPUT_TAIL);
+        assert_eq!(f.output.last().unwrap().line, "line499");
+        assert_eq!(f.output[0].line, "line300");
+    }
+
+    #[tokio::test]
+    async fn timeout_kills_the_whole_group() {
+        let dir = tempfile::tempdir().unwrap();
+        let pidfile = dir.path().join("grandchild.pid");
+        let script = format!("sleep 1000 & echo $! > {}; wait", pidfile.display());
+        let f = run(&script, Duration::from_millis(300)).await;
+        assert_eq!(f.exit, Exit::TimedOut);
+        let pid: i32 = std::fs::read_to_string(&pidfile)
+            .unwrap()
+            .trim()
+            .parse()
+            .unwrap();
+        // SIGKILL is delivered asynchronously: give the kernel a moment to finish the
+        // process off. Reaped, or a zombie at worst; never running.
+        let running = || {
+            std::fs::read_to_string(format!("/proc/{pid}/stat"))
+                .is_ok_and(|s| !s.contains(") Z ") && !s.contains(") X "))
+        };
+        for _ in 0..100 {
+            if !running() {
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        assert!(!running(), "grandchild {pid} survived the timeout");
+    }
+
+    #[tokio::test]
+    async fn missing_program_is_a_spawn_failure_with_a_hint() {
+        let mut s = spec("", Duration::from_secs(1));
+        s.argv = vec!["/nonexistent/colmena".into()];
+        let err = start(s).err().unwrap();
+        match err.exit {
+            Exit::SpawnFailed(m) => assert!(m.contains("is it installed"), "{m}"),
+            other => panic!("{other:?}"),
+        }
+    }
+}

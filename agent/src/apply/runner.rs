@@ -1,0 +1,151 @@
+//! `ginx run-attempt`: the wrapper every apply attempt runs in, whether as a transient systemd
+//! unit or as a child of ginx.
+//!
+//! It makes itself the subreaper of the command's tree, runs the command in its own process
+//! group with the timeout, appends every output line to `<dir>/output.jsonl` (and echoes it, so
+//! a transient unit's journal has it), and when the command ends — or on SIGTERM, SIGINT or
+//! SIGHUP, which is also what it gets when ginx dies (parent-death signal) — stops every
+//! process left below it, even ones that left the group, then writes `<dir>/result.json`
+//! atomically. A result file therefore means the attempt is over and nothing of it runs.
+
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+use std::time::Duration;
+
+use jiff::Timestamp;
+use serde::{Deserialize, Serialize};
+
+use super::process::{self, Exit, Spec};
+use crate::state::{OutputLine, Stream};
+
+pub const OUTPUT_FILE: &str = "output.jsonl";
+pub const RESULT_FILE: &str = "result.json";
+
+/// What `result.json` holds.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RunResult {
+    pub exit: Exit,
+    pub finished_at: Timestamp,
+}
+
+/// Reads `<dir>/result.json`, if the attempt is over.
+pub fn read_result(dir: &Path) -> Option<RunResult> {
+    let bytes = std::fs::read(dir.join(RESULT_FILE)).ok()?;
+    serde_json::from_slice(&bytes).ok()
+}
+
+#[derive(Clone, Debug)]
+pub struct RunArgs {
+    pub dir: PathBuf,
+    pub cwd: PathBuf,
+    pub timeout: Duration,
+    pub kill_grace: Duration,
+    pub argv: Vec<String>,
+}
+
+/// The wrapper's main.
+pub fn run(args: RunArgs) -> ExitCode {
+    if let Err(e) = nix::sys::prctl::set_child_subreaper(true) {
+        eprintln!("ginx run-attempt: cannot become a subreaper: {e}");
+    }
+    let runtime = match tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(r) => r,
+        Err(e) => {
+            eprintln!("ginx run-attempt: {e}");
+            return ExitCode::from(1);
+        }
+    };
+    let output = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(args.dir.join(OUTPUT_FILE));
+    let mut output = match output {
+        Ok(f) => Some(f),
+        Err(e) => {
+            eprintln!(
+                "ginx run-attempt: cannot open {}: {e}",
+                args.dir.join(OUTPUT_FILE).display()
+            );
+            None
+        }
+    };
+    let spec = Spec {
+        argv: args.argv.clone(),
+        cwd: args.cwd.clone(),
+        env: Vec::new(),
+        timeout: args.timeout,
+        kill_grace: args.kill_grace,
+    };
+    let finished = runtime.block_on(async {
+        let stop = async {
+            use tokio::signal::unix::{SignalKind, signal};
+            let (Ok(mut term), Ok(mut int), Ok(mut hup)) = (
+                signal(SignalKind::terminate()),
+                signal(SignalKind::interrupt()),
+                signal(SignalKind::hangup()),
+            ) else {
+                return std::future::pending().await;
+            };
+            tokio::select! {
+                _ = term.recv() => {}
+                _ = int.recv() => {}
+                _ = hup.recv() => {}
+            }
+        };
+        match process::start(spec) {
+            Ok(running) => {
+                running
+                    .wait(stop, |line| {
+                        record_line(output.as_mut(), line);
+                    })
+                    .await
+            }
+            Err(finished) => finished,
+        }
+    });
+    drop(runtime);
+    // Whatever escaped the process group is still below us: stop it before declaring the end.
+    process::kill_descendants(args.kill_grace);
+    if let Exit::SpawnFailed(m) = &finished.exit {
+        record_line(
+            output.as_mut(),
+            &OutputLine {
+                stream: Stream::Stderr,
+                line: format!("ginx: {m}"),
+            },
+        );
+    }
+    let result = RunResult {
+        exit: finished.exit.clone(),
+        finished_at: crate::util::now(),
+    };
+    let written = serde_json::to_vec(&result)
+        .map_err(std::io::Error::other)
+        .and_then(|b| crate::state::write_atomic(&args.dir.join(RESULT_FILE), &b));
+    if let Err(e) = written {
+        eprintln!("ginx run-attempt: cannot write the result: {e}");
+        return ExitCode::from(1);
+    }
+    match finished.exit {
+        Exit::Code(c) => ExitCode::from(u8::try_from(c).unwrap_or(1)),
+        _ => ExitCode::from(1),
+    }
+}
+
+fn record_line(output: Option<&mut std::fs::File>, line: &OutputLine) {
+    if let Some(f) = output
+        && let Ok(mut bytes) = serde_json::to_vec(line)
+    {
+        bytes.push(b'\n');
+        let _ = f.write_all(&bytes);
+    }
+    // For the journal of a transient unit.
+    let _ = match line.stream {
+        Stream::Stdout => writeln!(std::io::stdout(), "{}", line.line),
+        Stream::Stderr => writeln!(std::io::stderr(), "{}", line.line),
+    };
+}
