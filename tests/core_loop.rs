@@ -147,7 +147,7 @@ fn timeout_kills_the_whole_process_group() {
     let grandchildren = call.grandchildren();
     assert_eq!(
         grandchildren.len(),
-        2,
+        3,
         "the stand-in started its grandchildren"
     );
     // One grandchild ignores SIGTERM; SIGKILL after kill_grace ends it too.
@@ -451,7 +451,7 @@ fn sigterm_during_an_apply_waits_then_stops_it_and_exits_0() {
         env.calls()
             .into_iter()
             .next()
-            .filter(|c| c.grandchildren().len() == 2)
+            .filter(|c| c.grandchildren().len() == 3)
     });
     d.signal(Signal::SIGTERM);
     let status = d.wait_exit();
@@ -484,7 +484,7 @@ fn killed_mid_apply_resolves_the_attempt_on_the_next_start() {
         env.calls()
             .into_iter()
             .next()
-            .filter(|c| c.grandchildren().len() == 2)
+            .filter(|c| c.grandchildren().len() == 3)
     });
     d.crash();
     // The runner notices its parent died and stops the whole tree, grandchildren included,
@@ -533,4 +533,29 @@ fn readme_configuration_example_is_valid() {
         "{}",
         String::from_utf8_lossy(&out.stderr)
     );
+}
+
+#[test]
+fn sigterm_waits_for_a_running_apply_within_the_grace_period() {
+    let env = Env::new();
+    env.dropin("50-grace.toml", "[apply]\nshutdown_grace = \"5m\"\n");
+    let go = env.root.join("go");
+    env.stub("wait_for", &go.display().to_string());
+    let head = env.repo.head();
+    let mut d = env.start();
+    d.wait_status("the apply to run", |s| s["apply"]["state"] == "applying");
+    wait_for("the stand-in to run", || env.calls().into_iter().next());
+    d.signal(Signal::SIGTERM);
+    wait_for("ginx to announce it is stopping", || {
+        d.poll_notes();
+        d.notes.iter().any(|n| n == "STOPPING=1").then_some(())
+    });
+    // The apply finishes during the grace period and is recorded as the success it is.
+    std::fs::write(&go, "").unwrap();
+    assert_eq!(d.wait_exit().code(), Some(0));
+    let history: Value =
+        serde_json::from_str(&std::fs::read_to_string(env.state_dir.join("history.json")).unwrap())
+            .unwrap();
+    assert_eq!(history["attempts"][0]["outcome"], "succeeded");
+    assert_eq!(history["attempts"][0]["revision"], head.as_str());
 }
