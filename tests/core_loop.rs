@@ -169,11 +169,46 @@ fn restart_does_not_apply_again() {
     assert!(d.stop().success());
 
     let d = env.start();
-    // The sync returns after the fetch, when the loop has seen the revision.
+    let started = d.status()["apply"]["started_at"].clone();
+    // Two syncs: the first one's fetch publishes the revision, the second is answered only
+    // after the loop has had every chance to act on it.
+    d.ctl_ok(&["sync"]);
     d.ctl_ok(&["sync"]);
     let s = d.wait_applied(&head);
     assert_eq!(s["apply"]["state"], "succeeded");
+    assert_eq!(s["apply"]["started_at"], started, "no new attempt");
+    let history: Value = serde_json::from_str(&d.ctl_ok(&["history", "--json"])).unwrap();
+    assert_eq!(history["attempts"].as_array().unwrap().len(), 1);
     assert_eq!(env.calls().len(), 1, "applied once, across the restart");
+}
+
+#[test]
+fn a_second_ginx_on_the_same_state_dir_leaves_the_first_alone() {
+    let env = Env::new();
+    env.stub("hang", "");
+    let d = env.start();
+    let call = wait_for("the apply to run", || {
+        env.calls()
+            .into_iter()
+            .next()
+            .filter(|c| c.grandchildren().len() == 3)
+    });
+    let out = std::process::Command::new(support::ginx_bin())
+        .arg("--config")
+        .arg(&env.config)
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(1));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("another ginx is running with state_dir"),
+        "{err}"
+    );
+    assert!(
+        process_running(call.pid()),
+        "the first ginx's apply is untouched"
+    );
+    assert_eq!(d.status()["apply"]["state"], "applying");
 }
 
 #[test]

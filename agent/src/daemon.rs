@@ -18,6 +18,28 @@ use crate::reconcile::{self, ApplyState, Published, Reconciler, Wiring};
 use crate::source::{self, PollerCmd, PollerConfig, PollerHandle, StatusMap, Workspace};
 use crate::util;
 
+/// Holds `<state_dir>/lock` for as long as the daemon runs.
+fn lock_state_dir(dir: &Path) -> anyhow::Result<nix::fcntl::Flock<std::fs::File>> {
+    let path = dir.join("lock");
+    let file = std::fs::OpenOptions::new()
+        .create(true)
+        .truncate(false)
+        .write(true)
+        .open(&path)
+        .with_context(|| format!("opening {}", path.display()))?;
+    nix::fcntl::Flock::lock(file, nix::fcntl::FlockArg::LockExclusiveNonblock).map_err(|(_, e)| {
+        if e == nix::errno::Errno::EWOULDBLOCK {
+            anyhow::anyhow!(
+                "another ginx is running with state_dir {} (it holds {}); stop it first",
+                dir.display(),
+                path.display()
+            )
+        } else {
+            anyhow::anyhow!("cannot lock {}: {e}", path.display())
+        }
+    })
+}
+
 /// How the daemon ended.
 #[derive(Debug, PartialEq, Eq)]
 pub enum Ending {
@@ -43,6 +65,9 @@ pub async fn run(config_path: PathBuf) -> anyhow::Result<Ending> {
     }
     std::fs::create_dir_all(&cfg.state_dir)
         .with_context(|| format!("creating state_dir {}", cfg.state_dir.display()))?;
+    // Before anything touches the state: a second ginx on the same state_dir must not, say,
+    // stop the first one's running apply as if it were left over.
+    let _lock = lock_state_dir(&cfg.state_dir)?;
 
     let (shutdown_tx, shutdown_rx) = watch::channel(false);
     let (config_tx, config_rx) = watch::channel(Arc::clone(&cfg));

@@ -15,7 +15,7 @@ use std::path::{Path, PathBuf};
 use std::process::Stdio;
 use std::time::Duration;
 
-use super::process::{Exit, Finished, OUTPUT_TAIL};
+use super::process::{Exit, Finished, OUTPUT_TAIL, SERVICE_ONLY_ENV, keep};
 use super::runner::{OUTPUT_FILE, read_result};
 use crate::config::{ApplyConfig, IsolationMode};
 use crate::state::OutputLine;
@@ -105,21 +105,6 @@ impl Launch {
     }
 }
 
-/// Variables systemd sets for ginx's own service that must not leak into the transient unit.
-const SERVICE_ONLY_ENV: &[&str] = &[
-    "INVOCATION_ID",
-    "NOTIFY_SOCKET",
-    "WATCHDOG_USEC",
-    "WATCHDOG_PID",
-    "LISTEN_FDS",
-    "LISTEN_PID",
-    "LISTEN_FDNAMES",
-    "JOURNAL_STREAM",
-    "MAINPID",
-    "MANAGERPID",
-    "SYSTEMD_EXEC_PID",
-];
-
 /// A running attempt.
 pub enum Handle {
     Process {
@@ -142,6 +127,9 @@ pub async fn launch(iso: &Isolation, l: &Launch) -> Result<Handle, String> {
     match iso {
         Isolation::Process => {
             let mut cmd = tokio::process::Command::new(&runner);
+            for k in SERVICE_ONLY_ENV {
+                cmd.env_remove(k);
+            }
             cmd.args(l.runner_args())
                 .envs(l.env.iter().map(|(k, v)| (k, v)))
                 .stdin(Stdio::null())
@@ -400,10 +388,7 @@ impl Tail {
             let raw: Vec<u8> = self.partial.drain(..=end).collect();
             if let Ok(line) = serde_json::from_slice::<OutputLine>(&raw) {
                 on_line(&line);
-                if self.lines.len() == OUTPUT_TAIL {
-                    self.lines.pop_front();
-                }
-                self.lines.push_back(line);
+                keep(&mut self.lines, line);
             }
         }
     }

@@ -15,10 +15,28 @@ use tokio::sync::mpsc;
 
 use crate::state::{OutputLine, Stream};
 
-/// Lines of output kept per attempt.
+/// Lines of output kept per attempt...
 pub const OUTPUT_TAIL: usize = 200;
+/// ...and bytes.
+pub const OUTPUT_TAIL_BYTES: usize = 64 * 1024;
 /// A longer line is cut, so a runaway command cannot exhaust memory.
-const MAX_LINE: usize = 8 * 1024;
+const MAX_LINE: usize = 4 * 1024;
+
+/// Variables systemd sets for ginx's own service; a command ginx runs must not inherit them
+/// (it would talk sd_notify to ginx's unit, or be taken for ginx).
+pub const SERVICE_ONLY_ENV: &[&str] = &[
+    "INVOCATION_ID",
+    "NOTIFY_SOCKET",
+    "WATCHDOG_USEC",
+    "WATCHDOG_PID",
+    "LISTEN_FDS",
+    "LISTEN_PID",
+    "LISTEN_FDNAMES",
+    "JOURNAL_STREAM",
+    "MAINPID",
+    "MANAGERPID",
+    "SYSTEMD_EXEC_PID",
+];
 
 /// What to run.
 #[derive(Clone, Debug)]
@@ -78,6 +96,9 @@ pub fn start(spec: Spec) -> Result<Running, Finished> {
         return Err(spawn_failed("empty apply command".into()));
     };
     let mut cmd = Command::new(program);
+    for k in SERVICE_ONLY_ENV {
+        cmd.env_remove(k);
+    }
     cmd.args(args)
         .current_dir(&spec.cwd)
         .envs(spec.env.iter().map(|(k, v)| (k, v)))
@@ -97,7 +118,17 @@ pub fn start(spec: Spec) -> Result<Running, Finished> {
             spec.cwd.display()
         ))
     })?;
-    let pid = child.id().and_then(|p| i32::try_from(p).ok()).unwrap_or(0);
+    // A pid of 0 would make every later killpg signal ginx's own group.
+    let Some(pid) = child
+        .id()
+        .and_then(|p| i32::try_from(p).ok())
+        .filter(|p| *p > 0)
+    else {
+        let _ = child.start_kill();
+        return Err(spawn_failed(format!(
+            "{program:?} started without a process id"
+        )));
+    };
     let (tx, rx) = mpsc::channel(256);
     let mut readers = Vec::new();
     if let Some(out) = child.stdout.take() {
@@ -183,14 +214,17 @@ impl Running {
         let _ = killpg(self.pgid, Signal::SIGTERM);
         let grace = tokio::time::sleep(self.spec.kill_grace);
         tokio::pin!(grace);
+        // Closed pipes end the output, not the grace period: wait for the exit or the end of
+        // the grace, whichever comes first.
+        let mut lines_open = true;
         loop {
             tokio::select! {
-                line = self.lines.recv() => match line {
+                line = self.lines.recv(), if lines_open => match line {
                     Some(l) => {
                         on_line(&l);
                         keep(tail, l);
                     }
-                    None => break,
+                    None => lines_open = false,
                 },
                 _ = self.child.wait() => break,
                 () = &mut grace => break,
@@ -230,28 +264,50 @@ impl Running {
     }
 }
 
-fn keep(tail: &mut VecDeque<OutputLine>, line: OutputLine) {
-    if tail.len() == OUTPUT_TAIL {
-        tail.pop_front();
-    }
+/// Adds `line` to the kept tail: the last [`OUTPUT_TAIL`] lines, at most [`OUTPUT_TAIL_BYTES`]
+/// in all (so the history of 50 attempts stays small).
+pub fn keep(tail: &mut VecDeque<OutputLine>, line: OutputLine) {
     tail.push_back(line);
+    let mut bytes: usize = tail.iter().map(|l| l.line.len()).sum();
+    while tail.len() > OUTPUT_TAIL || (bytes > OUTPUT_TAIL_BYTES && tail.len() > 1) {
+        if let Some(dropped) = tail.pop_front() {
+            bytes -= dropped.line.len();
+        }
+    }
 }
 
 async fn read_lines(pipe: impl AsyncRead + Unpin, stream: Stream, tx: mpsc::Sender<OutputLine>) {
     let mut reader = BufReader::new(pipe);
-    let mut buf = Vec::new();
+    let mut line = Vec::with_capacity(256);
+    // Bytes past MAX_LINE are dropped as they arrive: a command that prints megabytes without
+    // a newline costs no memory.
     loop {
-        buf.clear();
-        match reader.read_until(b'\n', &mut buf).await {
-            Ok(0) | Err(_) => return,
-            Ok(_) => {}
+        let (end_of_line, eof, used) = match reader.fill_buf().await {
+            Ok([]) | Err(_) => (false, true, 0),
+            Ok(buf) => {
+                let newline = buf.iter().position(|b| *b == b'\n');
+                let take = newline.unwrap_or(buf.len());
+                let room = MAX_LINE.saturating_sub(line.len());
+                line.extend_from_slice(&buf[..take.min(room)]);
+                match newline {
+                    Some(i) => (true, false, i + 1),
+                    None => (false, false, buf.len()),
+                }
+            }
+        };
+        reader.consume(used);
+        if !end_of_line && !eof {
+            continue;
         }
-        while buf.last().is_some_and(|b| *b == b'\n' || *b == b'\r') {
-            buf.pop();
+        if eof && line.is_empty() {
+            return;
         }
-        buf.truncate(MAX_LINE);
-        let line = String::from_utf8_lossy(&buf).into_owned();
-        if tx.send(OutputLine { stream, line }).await.is_err() {
+        while line.last() == Some(&b'\r') {
+            line.pop();
+        }
+        let text = String::from_utf8_lossy(&line).into_owned();
+        line.clear();
+        if tx.send(OutputLine { stream, line: text }).await.is_err() || eof {
             return;
         }
     }
@@ -393,6 +449,34 @@ mod tests {
             f.output
                 .iter()
                 .any(|l| l.stream == Stream::Stderr && l.line == "err")
+        );
+    }
+
+    #[tokio::test]
+    async fn an_endless_line_is_cut_not_buffered() {
+        let f = run(
+            "head -c 3000000 /dev/zero | tr '\\0' x; echo; echo next",
+            Duration::from_secs(30),
+        )
+        .await;
+        assert_eq!(f.exit, Exit::Code(0));
+        assert_eq!(f.output[0].line.len(), MAX_LINE);
+        assert_eq!(f.output[1].line, "next");
+    }
+
+    #[tokio::test]
+    async fn sigterm_grace_holds_even_with_closed_pipes() {
+        let dir = tempfile::tempdir().unwrap();
+        let mark = dir.path().join("graceful");
+        let script = format!(
+            "exec >/dev/null 2>&1; trap 'sleep 0.1; touch {}; exit 0' TERM; while :; do sleep 0.01; done",
+            mark.display()
+        );
+        let f = run(&script, Duration::from_millis(300)).await;
+        assert_eq!(f.exit, Exit::TimedOut);
+        assert!(
+            mark.exists(),
+            "the command got its grace period to clean up"
         );
     }
 

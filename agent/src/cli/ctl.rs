@@ -78,6 +78,10 @@ pub fn main(args: CtlArgs) -> ExitCode {
         .clone()
         .or_else(|| config::peek_socket(&args.config))
         .unwrap_or_else(|| config::Config::default().socket);
+    if args.timeout.is_zero() {
+        eprintln!("ginxctl: --timeout must be longer than 0s");
+        return ExitCode::from(2);
+    }
     let client = Client::new(&socket, args.timeout.get());
     match run(&client, args.command) {
         Ok(code) => code,

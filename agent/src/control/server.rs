@@ -26,8 +26,10 @@ use crate::source::{PollerCmd, SourceStatus};
 
 /// Connections served at once; more wait in the kernel's backlog.
 const MAX_CONNECTIONS: usize = 64;
-/// A connection that sends nothing for this long is closed.
+/// A connection that sends nothing for this long is closed...
 const IDLE_TIMEOUT: Duration = Duration::from_secs(300);
+/// ...and one that does not send its first request within this.
+const FIRST_REQUEST_TIMEOUT: Duration = Duration::from_secs(30);
 
 /// Everything the socket can ask of the daemon.
 pub struct Backend {
@@ -207,7 +209,15 @@ pub fn bind(path: &Path, group: &str) -> anyhow::Result<UnixListener> {
         std::fs::create_dir_all(dir)
             .with_context(|| format!("creating the socket directory {}", dir.display()))?;
     }
-    if path.exists() {
+    if let Ok(meta) = std::fs::symlink_metadata(path) {
+        use std::os::unix::fs::FileTypeExt;
+        if !meta.file_type().is_socket() {
+            anyhow::bail!(
+                "{} exists and is not a socket; refusing to replace it: check `socket` in the \
+                 configuration",
+                path.display()
+            );
+        }
         if std::os::unix::net::UnixStream::connect(path).is_ok() {
             anyhow::bail!(
                 "another process (another ginx?) is already listening on {}; stop it or set \
@@ -254,12 +264,19 @@ pub async fn serve(
         tokio::select! {
             accepted = listener.accept() => match accepted {
                 Ok((stream, _)) => {
-                    let Ok(permit) = Arc::clone(&slots).acquire_owned().await else { break };
                     let backend = Arc::clone(&backend);
-                    tokio::spawn(async move {
-                        handle(stream, backend).await;
-                        drop(permit);
-                    });
+                    match Arc::clone(&slots).try_acquire_owned() {
+                        Ok(permit) => {
+                            tokio::spawn(async move {
+                                handle(stream, backend).await;
+                                drop(permit);
+                            });
+                        }
+                        // Full: say so and move on; never stop accepting or hear shutdown late.
+                        Err(_) => {
+                            tokio::spawn(refuse(stream));
+                        }
+                    }
                 }
                 Err(e) => {
                     tracing::warn!(error = %e, "accept on the control socket failed");
@@ -330,14 +347,32 @@ fn peer_groups(stream: &UnixStream) -> Option<Vec<u32>> {
     None
 }
 
+async fn refuse(mut stream: UnixStream) {
+    let response = Response::error(
+        ErrorKind::Unavailable,
+        format!("ginx is serving {MAX_CONNECTIONS} connections already; try again"),
+    );
+    let mut bytes = serde_json::to_vec(&response).unwrap_or_default();
+    bytes.push(b'\n');
+    let _ = tokio::time::timeout(Duration::from_secs(1), stream.write_all(&bytes)).await;
+}
+
 async fn handle(stream: UnixStream, backend: Arc<Backend>) {
     let peer = Peer::of(&stream);
     let (read, mut write) = stream.into_split();
     let mut reader = BufReader::new(read);
+    let mut first = true;
     loop {
         let mut line = Vec::new();
+        // A connection that never says anything does not hold its slot for long.
+        let idle = if first {
+            FIRST_REQUEST_TIMEOUT
+        } else {
+            IDLE_TIMEOUT
+        };
+        first = false;
         let read = tokio::time::timeout(
-            IDLE_TIMEOUT,
+            idle,
             (&mut reader)
                 .take(MAX_REQUEST as u64 + 1)
                 .read_until(b'\n', &mut line),

@@ -133,6 +133,9 @@ pub struct Reconciler {
     /// The latest attempt, for `started_at`/`finished_at` in status.
     last: Option<(Timestamp, Option<Timestamp>)>,
     drift: Option<Drift>,
+    /// A revision offered before another was deployed that it does not descend from (a
+    /// force-push racing an apply): not applied; the source refuses it on its next fetch.
+    blocked: Option<Revision>,
 }
 
 /// Everything the loop is wired to.
@@ -152,10 +155,18 @@ impl Reconciler {
         let cfg = Arc::clone(&w.config.borrow());
         let state_path = cfg.state_dir.join("state.json");
         let history_path = cfg.state_dir.join("history.json");
-        let (st, aside) = state::load::<State>(&state_path)?;
+        let (mut st, aside) = state::load::<State>(&state_path)?;
         if let Some(a) = aside {
-            tracing::warn!(file = %state_path.display(), moved_to = %a.to.display(), reason = %a.reason,
-                "state file unusable; moved aside, starting fresh (applied revisions will be applied again)");
+            if a.newer {
+                // Written by a newer ginx: we cannot tell what it had applied or held back.
+                // Applying blindly could undo an operator's suspend; wait for one instead.
+                st.suspended = true;
+                tracing::warn!(file = %state_path.display(), moved_to = %a.to.display(), reason = %a.reason,
+                    "state file from a newer ginx; moved aside, starting SUSPENDED: check, then `ginxctl resume`");
+            } else {
+                tracing::warn!(file = %state_path.display(), moved_to = %a.to.display(), reason = %a.reason,
+                    "state file unusable; moved aside, starting fresh (applied revisions will be applied again)");
+            }
         }
         let (history, aside) = state::load::<History>(&history_path)?;
         if let Some(a) = aside {
@@ -188,6 +199,7 @@ impl Reconciler {
             isolation,
             last,
             drift: None,
+            blocked: None,
         })
     }
 
@@ -261,10 +273,17 @@ impl Reconciler {
             _ => desired.as_ref().map(|d| d.revision.clone()),
         };
         let reason = match state {
-            ApplyState::Idle => Some(format!(
-                "waiting for the first fetch of {}",
-                cfg.apply.source
-            )),
+            ApplyState::Idle => Some(
+                match self
+                    .sources
+                    .borrow()
+                    .get(&cfg.apply.source)
+                    .and_then(|s| s.error.clone())
+                {
+                    Some(e) => format!("nothing to apply from {}: {e}", cfg.apply.source),
+                    None => format!("waiting for the first fetch of {}", cfg.apply.source),
+                },
+            ),
             ApplyState::Waiting => Some("suspended: run `ginxctl resume` to apply".to_owned()),
             ApplyState::Failed => failure.map(|f| {
                 if f.exhausted {
@@ -333,7 +352,9 @@ impl Reconciler {
                 let desired = self.desired();
                 self.core.decide(desired.as_ref().map(|(d, _)| d), now)
             };
-            if let Decision::Start(desired) = &decision {
+            if let Decision::Start(desired) = &decision
+                && self.blocked.as_ref() != Some(&desired.revision)
+            {
                 let testing = self.desired().is_some_and(|(_, t)| t);
                 attempting = self.start_apply(desired.clone(), testing).await;
                 continue;
@@ -467,13 +488,18 @@ impl Reconciler {
 
     /// A state written before anchors existed: its applied revision becomes the anchor.
     async fn seed_anchor(&self) {
-        let source = self.config.borrow().apply.source.clone();
+        let (source, goal) = {
+            let cfg = self.config.borrow();
+            (cfg.apply.source.clone(), cfg.apply.goal)
+        };
+        // Only a deployment of the main branch (its goal is apply.goal; a testing branch's
+        // revision is not an anchor).
         let Some(applied) = self
             .core
             .state
             .applied
             .clone()
-            .filter(|a| a.source == source)
+            .filter(|a| a.source == source && a.goal == goal)
         else {
             return;
         };
@@ -589,10 +615,32 @@ impl Reconciler {
         }
     }
 
+    /// Whether `revision` descends from what was deployed since the source offered it.
+    async fn descends_from_deployed(&self, source: &str, revision: &Revision) -> bool {
+        let workspace = Arc::clone(&self.workspace);
+        let (source, revision) = (source.to_owned(), revision.clone());
+        tokio::task::spawn_blocking(move || match workspace.anchor(&source) {
+            Some(anchor) => workspace
+                .clone_of(&source)
+                .descends(&revision, &anchor)
+                .unwrap_or(false),
+            None => true,
+        })
+        .await
+        .unwrap_or(true)
+    }
+
     async fn start_apply(&mut self, desired: Desired, testing: bool) -> Option<Attempting> {
         let cfg = Arc::clone(&self.config.borrow());
         let source = cfg.apply.source.clone();
         let Desired { revision, goal } = desired;
+        if !testing && !self.descends_from_deployed(&source, &revision).await {
+            tracing::warn!(revision = %revision.short(),
+                "not applying: it does not descend from the revision deployed since it was offered");
+            self.blocked = Some(revision);
+            return None;
+        }
+        self.blocked = None;
         let node = cfg.node_name().to_owned();
         let unit = format!("ginx-apply-{}", revision.short());
         let id = self.begin(InFlight {
@@ -864,7 +912,8 @@ impl Reconciler {
         self.record(attempt);
         if outcome == Outcome::Succeeded && done.kind == AttemptKind::Apply {
             if !done.testing {
-                self.record_deployed(done.revision.clone()).await;
+                self.record_deployed(&done.source, done.revision.clone())
+                    .await;
             }
             let now_image = SelfImage::read(&cfg.system.ginx_binary, &cfg.system.ginx_unit);
             if let Some(why) = self.self_image.changed(&now_image) {
@@ -988,8 +1037,8 @@ impl Reconciler {
     }
 
     /// Records a deployment of the tracked branch as the commit new heads must descend from.
-    async fn record_deployed(&self, revision: Revision) {
-        let source = self.config.borrow().apply.source.clone();
+    async fn record_deployed(&self, source: &str, revision: Revision) {
+        let source = source.to_owned();
         let workspace = Arc::clone(&self.workspace);
         let result =
             tokio::task::spawn_blocking(move || workspace.advance_anchor(&source, &revision)).await;

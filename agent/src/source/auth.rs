@@ -116,7 +116,13 @@ impl Auth {
         let mut cb = RemoteCallbacks::new();
         let tries = Cell::new(0u32);
         cb.credentials(move |_url, user_from_url, allowed| {
-            tries.set(tries.get() + 1);
+            // libgit2 asks again after the server refused what it was given. A user name alone
+            // (asked first when the URL has none) is not a credential and does not count.
+            let offering =
+                allowed.intersects(CredentialType::SSH_KEY | CredentialType::USER_PASS_PLAINTEXT);
+            if offering {
+                tries.set(tries.get() + 1);
+            }
             if tries.get() > 1 {
                 let what = if self.ssh_key.is_some() || self.token.is_some() {
                     "the server rejected the configured credentials (ssh_key_file / token_file)"
@@ -200,25 +206,26 @@ pub fn check_host_key(path: &Path, name: &str, blob: &[u8]) -> Result<(), String
             path.display()
         )
     })?;
-    let mut other_keys = Vec::new();
-    for (index, entry) in KnownHosts::new(&text).enumerate() {
-        let Ok(entry) = entry else { continue };
-        if !patterns_match(entry.host_patterns(), name) {
-            continue;
-        }
-        let same = entry.public_key().key_data() == key.key_data();
-        match entry.marker() {
-            Some(Marker::Revoked) if same => {
-                return Err(format!(
-                    "the host key of {name} ({fingerprint}) is marked @revoked in {}",
-                    path.display()
-                ));
-            }
-            Some(_) => continue,
-            None if same => return Ok(()),
-            None => other_keys.push(index + 1),
-        }
+    let entries: Vec<_> = KnownHosts::new(&text)
+        .flatten()
+        .filter(|e| patterns_match(e.host_patterns(), name))
+        .collect();
+    let same = |e: &ssh_key::known_hosts::Entry| e.public_key().key_data() == key.key_data();
+    // A revocation anywhere in the file wins, as in OpenSSH.
+    if entries
+        .iter()
+        .any(|e| matches!(e.marker(), Some(Marker::Revoked)) && same(e))
+    {
+        return Err(format!(
+            "the host key of {name} ({fingerprint}) is marked @revoked in {}",
+            path.display()
+        ));
     }
+    let plain: Vec<_> = entries.iter().filter(|e| e.marker().is_none()).collect();
+    if plain.iter().any(|e| same(e)) {
+        return Ok(());
+    }
+    let other_keys = plain;
     if other_keys.is_empty() {
         Err(format!(
             "the host key of {name} is unknown: {fingerprint} is not in known_hosts_file {}; \
@@ -349,9 +356,14 @@ mod tests {
         assert!(check_host_key(f.path(), "git.example.com", &blob(KEY)).is_ok());
         assert!(check_host_key(f.path(), "bad.example.com", &blob(KEY)).is_err());
 
-        let f = file(&format!("@revoked * {KEY}\ngit.example.com {KEY}\n"));
-        let e = check_host_key(f.path(), "git.example.com", &blob(KEY)).unwrap_err();
-        assert!(e.contains("@revoked"), "{e}");
+        for text in [
+            format!("@revoked * {KEY}\ngit.example.com {KEY}\n"),
+            format!("git.example.com {KEY}\n@revoked * {KEY}\n"),
+        ] {
+            let f = file(&text);
+            let e = check_host_key(f.path(), "git.example.com", &blob(KEY)).unwrap_err();
+            assert!(e.contains("@revoked"), "{e}");
+        }
     }
 
     #[test]

@@ -137,6 +137,15 @@ impl Clone {
         })
     }
 
+    /// Opens the clone for reading or updating refs; never creates or moves anything (only
+    /// a fetch does that).
+    pub fn open_existing(&self) -> Result<Repository, GitError> {
+        Repository::open_bare(&self.dir).map_err(|e| GitError::Clone {
+            path: self.dir.clone(),
+            message: e.message().to_owned(),
+        })
+    }
+
     /// Moves a damaged clone to `<dir>.broken-<timestamp>` for inspection, keeping only the
     /// newest such copy.
     pub fn move_aside(&self) -> Result<PathBuf, GitError> {
@@ -220,7 +229,7 @@ impl Clone {
         anchor: Option<&Revision>,
         policy: &Policy,
     ) -> Result<Evaluation, GitError> {
-        let repo = self.open()?;
+        let repo = self.open_existing()?;
         let main = &fetched.main;
         if let Some(anchor) = anchor
             && anchor != main
@@ -305,7 +314,7 @@ impl Clone {
 
     /// Records `rev` as the anchor; fails when the clone does not have that commit.
     pub fn set_anchor(&self, rev: &Revision) -> Result<(), GitError> {
-        let repo = self.open()?;
+        let repo = self.open_existing()?;
         repo.find_commit(rev.oid())
             .map_err(|e| read_error(rev, &e))?;
         repo.reference(ANCHOR_REF, rev.oid(), true, "ginx: deployed")
@@ -313,15 +322,20 @@ impl Clone {
             .map_err(|e| read_error(rev, &e))
     }
 
+    /// Whether the clone has commit `rev`.
+    pub fn has_commit(&self, rev: &Revision) -> bool {
+        Repository::open_bare(&self.dir).is_ok_and(|r| r.find_commit(rev.oid()).is_ok())
+    }
+
     /// Whether `new` is `old` or descends from it; an error when `old` is not in the clone.
     pub fn descends(&self, new: &Revision, old: &Revision) -> Result<bool, GitError> {
-        let repo = self.open()?;
+        let repo = self.open_existing()?;
         descends(&repo, new, old).map_err(|e| read_error(old, &e))
     }
 
     /// Resolves a revision an operator typed (full id or unambiguous prefix) to a commit.
     pub fn resolve(&self, spec: &str) -> Result<Revision, GitError> {
-        let repo = self.open()?;
+        let repo = self.open_existing()?;
         let fail = |m: String| GitError::Read {
             revision: spec.to_owned(),
             message: m,
@@ -340,7 +354,7 @@ impl Clone {
 
     /// The contents of `path` in the tree of `rev`.
     pub fn read_file(&self, rev: &Revision, path: &Path) -> Result<Vec<u8>, GitError> {
-        let repo = self.open()?;
+        let repo = self.open_existing()?;
         let commit = repo
             .find_commit(rev.oid())
             .map_err(|e| read_error(rev, &e))?;

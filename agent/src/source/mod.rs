@@ -389,9 +389,10 @@ impl Poller {
         if self.busy.swap(true, Ordering::SeqCst) {
             return self.failed(
                 previous,
-                "the previous fetch is still running (a stalled remote?); \
-                                          it is abandoned and ginx waits for it to give up"
+                "the previous fetch is still running (a stalled remote?); it was abandoned and \
+                 ginx waits for it to give up"
                     .into(),
+                None,
             );
         }
         let cancel = Arc::new(AtomicBool::new(false));
@@ -405,9 +406,15 @@ impl Poller {
             let have_published = previous.is_some();
             let cfg = cfg.clone();
             tokio::task::spawn_blocking(move || {
-                let r = round(&workspace, &trees, &name, &cfg, &cancel, have_published);
-                busy.store(false, Ordering::SeqCst);
-                r
+                // Cleared however the round ends, a panic included.
+                struct Idle(Arc<AtomicBool>);
+                impl Drop for Idle {
+                    fn drop(&mut self) {
+                        self.0.store(false, Ordering::SeqCst);
+                    }
+                }
+                let _idle = Idle(busy);
+                round(&workspace, &trees, &name, &cfg, &cancel, have_published)
             })
         };
         let result = match tokio::time::timeout(timeout.get(), job).await {
@@ -430,7 +437,13 @@ impl Poller {
         let now = util::now();
         let round = match result {
             Ok(r) => r,
-            Err(e) => return self.failed(previous, e.to_string()),
+            Err(e) => {
+                let per_remote = match &e {
+                    GitError::AllRemotes(r) => Some(r.clone()),
+                    _ => None,
+                };
+                return self.failed(previous, e.to_string(), per_remote);
+            }
         };
         if self.failures > 0 {
             tracing::info!(source = %self.name, served_by = %round.fetched.served_by, "fetching works again");
@@ -512,7 +525,12 @@ impl Poller {
         }
     }
 
-    fn failed(&mut self, previous: Option<Revision>, message: String) -> SyncOutcome {
+    fn failed(
+        &mut self,
+        previous: Option<Revision>,
+        message: String,
+        per_remote: Option<Vec<RemoteResult>>,
+    ) -> SyncOutcome {
         let now = util::now();
         // One line per change of state, not one per retry.
         if self.status().error.as_deref() != Some(message.as_str()) {
@@ -524,9 +542,19 @@ impl Poller {
         self.update(|s| {
             s.error = Some(message.clone());
             s.failing_since.get_or_insert(now);
-            if s.remotes.len() == 1 {
-                s.remotes[0].ok = Some(false);
-                s.remotes[0].error = Some(remotes_failed);
+            match per_remote {
+                Some(results) => {
+                    for r in &mut s.remotes {
+                        let tried = results.iter().find(|x| x.url == r.url);
+                        r.ok = tried.map(|x| x.error.is_none());
+                        r.error = tried.and_then(|x| x.error.clone());
+                    }
+                }
+                None if s.remotes.len() == 1 => {
+                    s.remotes[0].ok = Some(false);
+                    s.remotes[0].error = Some(remotes_failed);
+                }
+                None => {}
             }
         });
         SyncOutcome {
@@ -589,12 +617,17 @@ fn round(
         let candidate = match eval.accepted {
             Some(c) => Some(c),
             // Nothing acceptable and nothing offered yet (a restart): offer the deployed commit.
-            None if !have_published => anchor.clone().map(|revision| git::Candidate {
-                revision,
-                branch: cfg.source.branch.clone(),
-                testing: false,
-                signed: None,
-            }),
+            None if !have_published => {
+                anchor
+                    .clone()
+                    .filter(|a| clone.has_commit(a))
+                    .map(|revision| git::Candidate {
+                        revision,
+                        branch: cfg.source.branch.clone(),
+                        testing: false,
+                        signed: None,
+                    })
+            }
             None => None,
         };
         let published = match candidate {

@@ -124,22 +124,23 @@ impl FromStr for RemoteUrl {
                 transport,
             });
         }
-        // SCP-like syntax: [user@]host:path, with no slash before the colon.
-        if let Some((before, path)) = raw.split_once(':')
-            && !before.contains('/')
-            && !before.is_empty()
+        // SCP-like syntax: [user[:password]@]host:path, with no slash before the colon that
+        // ends the host.
+        let (userinfo, rest) = match raw.split_once('@') {
+            Some((u, r)) if !u.contains('/') => (Some(u), r),
+            _ => (None, raw),
+        };
+        if let Some((host, path)) = rest.split_once(':')
+            && !host.contains('/')
+            && !host.is_empty()
             && !path.is_empty()
         {
-            let host = before.rsplit_once('@').map_or(before, |(_, h)| h);
-            if host.is_empty() {
-                return Err("SCP-like URL without a host".into());
-            }
-            let shown = match before.split_once('@') {
-                Some((user, host)) => {
-                    let user = user.split_once(':').map_or(user, |(u, _)| u);
+            let shown = match userinfo {
+                Some(u) => {
+                    let user = u.split_once(':').map_or(u, |(user, _)| user);
                     format!("{user}@{host}:{path}")
                 }
-                None => raw.to_owned(),
+                None => format!("{host}:{path}"),
             };
             return Ok(Self {
                 raw: raw.to_owned(),
@@ -147,10 +148,13 @@ impl FromStr for RemoteUrl {
                 transport: Transport::Ssh,
             });
         }
-        Err(format!(
-            "{raw:?} is neither a URL nor an absolute path; use ssh://, https://, git://, \
-             file:// or an absolute path (relative paths are ambiguous for a daemon)"
-        ))
+        // Never echo the value: a mistyped URL may carry a token.
+        Err(
+            "the value is neither a URL nor an absolute path; use ssh://, https://, git://, \
+             file://, user@host:path or an absolute path (relative paths are ambiguous for a \
+             daemon)"
+                .to_owned(),
+        )
     }
 }
 
@@ -273,6 +277,17 @@ mod tests {
         let scp: RemoteUrl = "git@github.com:org/repo.git".parse().unwrap();
         assert_eq!(scp.transport(), Transport::Ssh);
         assert_eq!(scp.to_string(), "git@github.com:org/repo.git");
+    }
+
+    #[test]
+    fn a_password_in_scp_syntax_or_a_typo_is_never_shown() {
+        let u: RemoteUrl = "git:hunter2@git.example.com:infra/h.git".parse().unwrap();
+        assert_eq!(u.to_string(), "git@git.example.com:infra/h.git");
+        assert_eq!(u.transport(), Transport::Ssh);
+        let e = "https//deploy:TOKEN@host/x"
+            .parse::<RemoteUrl>()
+            .unwrap_err();
+        assert!(!e.contains("TOKEN"), "{e}");
     }
 
     #[test]

@@ -120,7 +120,7 @@ impl Trees {
         }
         std::fs::create_dir(&tmp).map_err(|e| fail(format!("creating {}: {e}", tmp.display())))?;
         let result = (|| {
-            let repo = clone.open()?;
+            let repo = clone.open_existing()?;
             let commit = repo
                 .find_commit(revision.oid())
                 .map_err(|e| fail(classify(&e)))?;
@@ -130,6 +130,9 @@ impl Trees {
                     derive(&repo, &base_tree, &base_dir, &tree, &tmp).map_err(|e| match e {
                         Derive::Git(e) => fail(classify(&e)),
                         Derive::Io(p, e) => fail(format!("writing {}: {e}", p.display())),
+                        Derive::Unsafe(name) => fail(format!(
+                            "refusing a tree entry whose name would leave the tree: {name:?}"
+                        )),
                     })?;
                 }
                 None => {
@@ -210,6 +213,18 @@ impl Trees {
 enum Derive {
     Git(git2::Error),
     Io(PathBuf, std::io::Error),
+    /// A tree entry whose name could escape the tree.
+    Unsafe(String),
+}
+
+/// A tree entry name that stays inside its directory: not empty, `.`, `..` or `.git` (in any
+/// case), without `/`, `\` or NUL.
+fn safe_entry_name(name: &[u8]) -> bool {
+    !name.is_empty()
+        && name != b"."
+        && name != b".."
+        && !name.eq_ignore_ascii_case(b".git")
+        && !name.iter().any(|b| matches!(b, b'/' | b'\\' | 0))
 }
 
 impl From<git2::Error> for Derive {
@@ -241,6 +256,15 @@ fn derive(
     let odb = repo.odb()?;
     let mut failure = None;
     new.walk(git2::TreeWalkMode::PreOrder, |parent, entry| {
+        // libgit2 does not check names in trees it reads: a crafted tree must not write
+        // outside `dest` (`..`, `/etc/x`) nor into a `.git`.
+        if !safe_entry_name(entry.name_bytes()) {
+            failure = Some(Derive::Unsafe(format!(
+                "{parent}{}",
+                String::from_utf8_lossy(entry.name_bytes())
+            )));
+            return git2::TreeWalkResult::Abort;
+        }
         let name = std::ffi::OsStr::from_bytes(entry.name_bytes());
         let rel = Path::new(parent).join(name);
         let target = dest.join(&rel);
@@ -367,6 +391,66 @@ mod tests {
         }
         out.sort();
         out
+    }
+
+    #[test]
+    fn entry_names_that_leave_the_tree_are_refused() {
+        for bad in [
+            &b".."[..],
+            b".",
+            b"",
+            b".git",
+            b".GIT",
+            b"a/b",
+            b"/etc",
+            b"a\\b",
+            b"a\0b",
+        ] {
+            assert!(!safe_entry_name(bad), "{:?}", String::from_utf8_lossy(bad));
+        }
+        for good in [&b"hive.nix"[..], b"..hidden", b".gitignore", b"a b"] {
+            assert!(safe_entry_name(good));
+        }
+    }
+
+    #[test]
+    fn a_crafted_tree_cannot_write_outside_its_directory() {
+        let r = Repo::new();
+        r.write("hive.nix", "{ }\n", 0o644);
+        let a = r.commit();
+        // A tree object with an entry named "../escaped", written raw: libgit2's tree builder
+        // would refuse the name, a remote need not.
+        let blob = r.repo.blob(b"pwned\n").unwrap();
+        let mut raw = b"100644 ../escaped\0".to_vec();
+        raw.extend_from_slice(blob.as_bytes());
+        let tree = r
+            .repo
+            .odb()
+            .unwrap()
+            .write(git2::ObjectType::Tree, &raw)
+            .unwrap();
+        let tree = r.repo.find_tree(tree).unwrap();
+        let sig = git2::Signature::now("t", "t@example.com").unwrap();
+        let parent = r.repo.find_commit(a.oid()).unwrap();
+        let bad = Revision::from_oid(
+            r.repo
+                .commit(None, &sig, &sig, "evil", &tree, &[&parent])
+                .unwrap(),
+        );
+
+        let clone = r.clone();
+        let root = r.work.parent().unwrap().join("trees");
+        let trees = Trees::new(root.clone());
+        let _a = trees.checkout(&clone, &a).unwrap();
+        trees.set_current(&a).unwrap();
+        let e = trees.checkout(&clone, &bad).unwrap_err().to_string();
+        assert!(e.contains("would leave the tree"), "{e}");
+        assert!(!root.parent().unwrap().join("escaped").exists());
+        assert!(!root.join("escaped").exists());
+        // A fresh checkout (libgit2's own) refuses it too.
+        let fresh = Trees::new(r.work.parent().unwrap().join("fresh"));
+        assert!(fresh.checkout(&clone, &bad).is_err());
+        assert!(!r.work.parent().unwrap().join("escaped").exists());
     }
 
     #[test]

@@ -262,6 +262,8 @@ impl Document for History {
 pub struct MovedAside {
     pub to: PathBuf,
     pub reason: String,
+    /// The file came from a newer ginx (a downgrade, e.g. after a rollback).
+    pub newer: bool,
 }
 
 /// Reads `path`; a missing file is an empty document, a bad one is moved aside.
@@ -275,14 +277,17 @@ pub fn load<T: Document>(path: &Path) -> io::Result<(T, Option<MovedAside>)> {
         }
         Err(e) => return Err(e),
     };
-    let reason = match serde_json::from_slice::<T>(&bytes) {
+    let (reason, newer) = match serde_json::from_slice::<T>(&bytes) {
         Ok(doc) if doc.version() == T::VERSION => return Ok((doc, None)),
-        Ok(doc) => format!(
-            "format version {} is not the {} this ginx understands",
-            doc.version(),
-            T::VERSION
+        Ok(doc) => (
+            format!(
+                "format version {} is not the {} this ginx understands",
+                doc.version(),
+                T::VERSION
+            ),
+            doc.version() > T::VERSION,
         ),
-        Err(e) => format!("does not parse: {e}"),
+        Err(e) => (format!("does not parse: {e}"), false),
     };
     let stamp = Timestamp::now().strftime("%Y%m%dT%H%M%SZ").to_string();
     let mut to = path.as_os_str().to_owned();
@@ -291,7 +296,7 @@ pub fn load<T: Document>(path: &Path) -> io::Result<(T, Option<MovedAside>)> {
     fs::rename(path, &to)?;
     let mut fresh = T::default();
     fresh.set_version();
-    Ok((fresh, Some(MovedAside { to, reason })))
+    Ok((fresh, Some(MovedAside { to, reason, newer })))
 }
 
 /// Writes `doc` to `path` atomically and durably.
