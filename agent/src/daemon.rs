@@ -14,6 +14,7 @@ use tokio::sync::{mpsc, watch};
 
 use crate::config::{self, Config};
 use crate::control::server::{self, Backend};
+use crate::metrics::Metrics;
 use crate::reconcile::{self, ApplyState, Published, Reconciler, Wiring};
 use crate::source::{self, PollerCmd, PollerConfig, PollerHandle, StatusMap, Workspace};
 use crate::util;
@@ -76,8 +77,14 @@ pub async fn run(config_path: PathBuf) -> anyhow::Result<Ending> {
     let (published_tx, published_rx) = watch::channel(Published::default());
     let (commands_tx, commands_rx) = mpsc::channel(32);
 
+    let metrics = Metrics::new();
+    let metrics_listener = match cfg.metrics.listen {
+        Some(addr) => Some(crate::metrics::bind(addr).await?),
+        None => None,
+    };
     let (restart_tx, mut restart_rx) = watch::channel(None);
     let reconciler = Reconciler::new(Wiring {
+        metrics: Arc::clone(&metrics),
         config: config_rx.clone(),
         sources: statuses.subscribe(),
         workspace: Arc::clone(&workspace),
@@ -95,8 +102,13 @@ pub async fn run(config_path: PathBuf) -> anyhow::Result<Ending> {
         workspace,
         statuses: Arc::clone(&statuses),
         shutdown: shutdown_rx.clone(),
+        metrics: Arc::clone(&metrics),
     };
     sources.reconcile(&cfg);
+
+    let health = Arc::new(watch::channel(crate::health::HealthMap::new()).0);
+    let (kube_clients_tx, kube_clients_rx) = watch::channel(None);
+    let (kube_status_tx, kube_status_rx) = watch::channel(crate::kube::KubeStatus::default());
 
     let backend = Arc::new(Backend {
         config: config_rx.clone(),
@@ -104,8 +116,38 @@ pub async fn run(config_path: PathBuf) -> anyhow::Result<Ending> {
         published: published_rx.clone(),
         reconciler: commands_tx.clone(),
         pollers: Arc::clone(&sources.channels),
+        health: health.subscribe(),
+        kubernetes: kube_status_rx,
         started_at: util::now(),
     });
+    crate::health::spawn(
+        crate::health::Context {
+            config: config_rx.clone(),
+            kube: kube_clients_rx,
+        },
+        health,
+        shutdown_rx.clone(),
+    );
+    tokio::spawn(
+        crate::kube::reporter::Reporter {
+            config: config_rx.clone(),
+            backend: Arc::clone(&backend),
+            clients: kube_clients_tx,
+            status: kube_status_tx,
+            metrics: Arc::clone(&metrics),
+            shutdown: shutdown_rx.clone(),
+        }
+        .run(),
+    );
+    if let Some(l) = metrics_listener {
+        tracing::info!(listen = ?cfg.metrics.listen, "serving metrics");
+        tokio::spawn(crate::metrics::serve(
+            l,
+            Arc::clone(&backend),
+            Arc::clone(&metrics),
+            shutdown_rx.clone(),
+        ));
+    }
     let server_task = tokio::spawn(server::serve(
         listener,
         cfg.socket.clone(),
@@ -255,6 +297,7 @@ struct Sources {
     workspace: Arc<Workspace>,
     statuses: Arc<StatusMap>,
     shutdown: watch::Receiver<bool>,
+    metrics: Arc<Metrics>,
 }
 
 impl Sources {
@@ -297,6 +340,7 @@ impl Sources {
                         pc,
                         &self.workspace,
                         Arc::clone(&self.statuses),
+                        Arc::clone(&self.metrics),
                         self.shutdown.clone(),
                     );
                     self.running.insert(name.clone(), handle);

@@ -38,6 +38,11 @@ pub enum CtlCommand {
         #[arg(long)]
         json: bool,
     },
+    /// Show every health probe with its message, since when and when it last ran.
+    Health {
+        #[arg(long)]
+        json: bool,
+    },
     /// Fetch now (one source, or all), then apply a new revision; retries a failed one at once.
     Sync {
         /// The source to fetch; all when omitted.
@@ -106,6 +111,15 @@ fn run(client: &Client, command: CtlCommand) -> Result<ExitCode, ClientError> {
             } else {
                 let s: Status = client.call(Command::Status)?;
                 print(render::status(&s));
+            }
+        }
+        CtlCommand::Health { json } => {
+            let s: Status = client.call(Command::Status)?;
+            if json {
+                let v = serde_json::json!({"overall": s.health_overall, "probes": s.health});
+                print(pretty(&v));
+            } else {
+                print(render::health(&s));
             }
         }
         CtlCommand::Sync { source } => {

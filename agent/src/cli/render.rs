@@ -139,11 +139,62 @@ pub fn status(s: &Status) -> String {
             }
         }
     }
+    let k = &s.kubernetes;
+    let kline = match (k.state, &k.error) {
+        (crate::kube::KubeState::NotConfigured, None) => "not configured".to_owned(),
+        (crate::kube::KubeState::Connected, _) => format!(
+            "connected, heartbeat {}{}",
+            k.last_heartbeat
+                .map_or_else(|| "never".to_owned(), |t| age(t, now)),
+            k.lease
+                .as_ref()
+                .map(|l| format!(" ({l})"))
+                .unwrap_or_default()
+        ),
+        (state, Some(e)) => format!(
+            "{} since {}: {}",
+            state.as_str(),
+            k.since.map_or_else(
+                || "?".to_owned(),
+                |t| age(t, now).trim_end_matches(" ago").to_owned()
+            ),
+            printable(e)
+        ),
+        (state, None) => state.as_str().to_owned(),
+    };
+    let _ = writeln!(o, "kubernetes {kline}");
     if !s.health.is_empty() {
-        let _ = writeln!(o, "health");
+        let _ = writeln!(o, "health     {}", s.health_overall.as_str());
         for (probe, p) in &s.health {
-            let _ = writeln!(o, "  {probe:<12} {:<9} {}", p.status, p.message);
+            let _ = writeln!(
+                o,
+                "  {probe:<12} {:<9} {}",
+                p.status.as_str(),
+                printable(&p.message)
+            );
         }
+    }
+    o
+}
+
+/// `ginxctl health`: every probe with its details.
+pub fn health(s: &Status) -> String {
+    let now = s.now;
+    let mut o = format!("overall    {}\n", s.health_overall.as_str());
+    if s.health.is_empty() {
+        o.push_str("no probe has run yet\n");
+    }
+    for (probe, p) in &s.health {
+        let since = p.since.map_or_else(|| "?".to_owned(), |t| age(t, now));
+        let checked = p
+            .checked_at
+            .map_or_else(|| "never".to_owned(), |t| age(t, now));
+        let _ = writeln!(
+            o,
+            "{probe:<12} {:<9} since {since}, checked {checked}\n             {}",
+            p.status.as_str(),
+            printable(&p.message)
+        );
     }
     o
 }

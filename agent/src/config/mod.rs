@@ -39,6 +39,9 @@ pub struct Config {
     pub apply: ApplyConfig,
     pub system: SystemConfig,
     pub control: ControlConfig,
+    pub kubernetes: KubernetesConfig,
+    pub health: HealthConfig,
+    pub metrics: MetricsConfig,
 }
 
 impl Default for Config {
@@ -51,6 +54,9 @@ impl Default for Config {
             apply: ApplyConfig::default(),
             system: SystemConfig::default(),
             control: ControlConfig::default(),
+            kubernetes: KubernetesConfig::default(),
+            health: HealthConfig::default(),
+            metrics: MetricsConfig::default(),
         }
     }
 }
@@ -348,6 +354,302 @@ impl Default for ControlConfig {
             group: "wheel".to_owned(),
         }
     }
+}
+
+/// How ginx reports to the cluster. Without `kubeconfig` nothing is reported (and nothing
+/// waits for it).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct KubernetesConfig {
+    /// ginx's own credentials (client certificate or token); see packaging/kubernetes.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub kubeconfig: Option<PathBuf>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub context: Option<String>,
+    /// Where the heartbeat Lease lives.
+    pub namespace: String,
+    /// `{node}` is replaced by the node name.
+    pub lease_name: String,
+    pub lease_duration: Duration,
+    pub renew_interval: Duration,
+    /// Annotations are compared with the node's and the condition's heartbeat refreshed this
+    /// often, even when nothing changed.
+    pub resync_interval: Duration,
+    pub condition_type: String,
+    /// Prefix of the node annotations ginx owns.
+    pub annotation_prefix: String,
+    /// One API request (connect, read or write) taking longer fails.
+    pub request_timeout: Duration,
+}
+
+impl Default for KubernetesConfig {
+    fn default() -> Self {
+        Self {
+            kubeconfig: None,
+            context: None,
+            namespace: "ginx-system".to_owned(),
+            lease_name: "ginx-{node}".to_owned(),
+            lease_duration: Duration::from_secs(40),
+            renew_interval: Duration::from_secs(10),
+            resync_interval: Duration::from_secs(600),
+            condition_type: "GinxHealthy".to_owned(),
+            annotation_prefix: "ginx.io/".to_owned(),
+            request_timeout: Duration::from_secs(10),
+        }
+    }
+}
+
+impl KubernetesConfig {
+    pub fn lease_name_for(&self, node: &str) -> String {
+        self.lease_name.replace("{node}", node)
+    }
+}
+
+/// Health probes. Each has `enabled`, and may override `interval` and `timeout`.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct HealthConfig {
+    pub interval: Duration,
+    pub timeout: Duration,
+    pub kubelet: KubeletProbe,
+    pub apiserver: ApiserverProbe,
+    pub kube_vip: KubeVipProbe,
+    pub cilium: CiliumProbe,
+    pub systemd: SystemdProbe,
+    pub node_ready: NodeReadyProbe,
+}
+
+impl Default for HealthConfig {
+    fn default() -> Self {
+        Self {
+            interval: Duration::from_secs(30),
+            timeout: Duration::from_secs(5),
+            kubelet: KubeletProbe::default(),
+            apiserver: ApiserverProbe::default(),
+            kube_vip: KubeVipProbe::default(),
+            cilium: CiliumProbe::default(),
+            systemd: SystemdProbe::default(),
+            node_ready: NodeReadyProbe::default(),
+        }
+    }
+}
+
+fn yes() -> bool {
+    true
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct KubeletProbe {
+    #[serde(default = "yes")]
+    pub enabled: bool,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub interval: Option<Duration>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub timeout: Option<Duration>,
+    #[serde(default = "default_kubelet_url")]
+    pub url: String,
+}
+
+fn default_kubelet_url() -> String {
+    "http://127.0.0.1:10248/healthz".to_owned()
+}
+
+impl Default for KubeletProbe {
+    fn default() -> Self {
+        Self {
+            enabled: true,
+            interval: None,
+            timeout: None,
+            url: default_kubelet_url(),
+        }
+    }
+}
+
+/// `/readyz` on this node's API server (control-plane nodes) and through the VIP, verified
+/// against the cluster CA of the kubeconfig.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ApiserverProbe {
+    #[serde(default = "yes")]
+    pub enabled: bool,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub interval: Option<Duration>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub timeout: Option<Duration>,
+    #[serde(default = "default_local_apiserver")]
+    pub local_url: String,
+    /// Default: the server of the kubeconfig (the control-plane endpoint).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub vip_url: Option<String>,
+    /// The name the API server's certificate is checked against (kubeadm certificates do not
+    /// list 127.0.0.1, but do list `kubernetes`).
+    #[serde(
+        default = "default_tls_server_name",
+        skip_serializing_if = "Option::is_none"
+    )]
+    pub tls_server_name: Option<String>,
+    /// Skip certificate verification. Only when you mean it.
+    #[serde(default)]
+    pub insecure_skip_tls_verify: bool,
+}
+
+fn default_local_apiserver() -> String {
+    "https://127.0.0.1:6443".to_owned()
+}
+
+fn default_tls_server_name() -> Option<String> {
+    Some("kubernetes".to_owned())
+}
+
+impl Default for ApiserverProbe {
+    fn default() -> Self {
+        Self {
+            enabled: true,
+            interval: None,
+            timeout: None,
+            local_url: default_local_apiserver(),
+            vip_url: None,
+            tls_server_name: default_tls_server_name(),
+            insecure_skip_tls_verify: false,
+        }
+    }
+}
+
+/// Whether the VIP is on a local interface, who holds kube-vip's lease, and whether the two
+/// agree. Runs only when `address` is set.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct KubeVipProbe {
+    #[serde(default = "yes")]
+    pub enabled: bool,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub interval: Option<Duration>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub timeout: Option<Duration>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub address: Option<std::net::IpAddr>,
+    #[serde(default = "default_kube_system")]
+    pub lease_namespace: String,
+    #[serde(default = "default_kube_vip_lease")]
+    pub lease_name: String,
+}
+
+fn default_kube_system() -> String {
+    "kube-system".to_owned()
+}
+
+fn default_kube_vip_lease() -> String {
+    "plndr-cp-lock".to_owned()
+}
+
+impl Default for KubeVipProbe {
+    fn default() -> Self {
+        Self {
+            enabled: true,
+            interval: None,
+            timeout: None,
+            address: None,
+            lease_namespace: default_kube_system(),
+            lease_name: default_kube_vip_lease(),
+        }
+    }
+}
+
+/// The Cilium agent's API (`GET /v1/healthz` on its unix socket), else its health port.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct CiliumProbe {
+    #[serde(default = "yes")]
+    pub enabled: bool,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub interval: Option<Duration>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub timeout: Option<Duration>,
+    #[serde(default = "default_cilium_socket")]
+    pub socket: PathBuf,
+    #[serde(default = "default_cilium_fallback")]
+    pub fallback_url: String,
+}
+
+fn default_cilium_socket() -> PathBuf {
+    PathBuf::from("/var/run/cilium/cilium.sock")
+}
+
+fn default_cilium_fallback() -> String {
+    "http://127.0.0.1:9879/healthz".to_owned()
+}
+
+impl Default for CiliumProbe {
+    fn default() -> Self {
+        Self {
+            enabled: true,
+            interval: None,
+            timeout: None,
+            socket: default_cilium_socket(),
+            fallback_url: default_cilium_fallback(),
+        }
+    }
+}
+
+/// `systemctl is-system-running` and the failed units.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SystemdProbe {
+    #[serde(default = "yes")]
+    pub enabled: bool,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub interval: Option<Duration>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub timeout: Option<Duration>,
+    #[serde(default = "default_systemctl")]
+    pub systemctl: PathBuf,
+}
+
+fn default_systemctl() -> PathBuf {
+    PathBuf::from("systemctl")
+}
+
+impl Default for SystemdProbe {
+    fn default() -> Self {
+        Self {
+            enabled: true,
+            interval: None,
+            timeout: None,
+            systemctl: default_systemctl(),
+        }
+    }
+}
+
+/// The node's own `Ready` condition, read from the API.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct NodeReadyProbe {
+    #[serde(default = "yes")]
+    pub enabled: bool,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub interval: Option<Duration>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub timeout: Option<Duration>,
+}
+
+impl Default for NodeReadyProbe {
+    fn default() -> Self {
+        Self {
+            enabled: true,
+            interval: None,
+            timeout: None,
+        }
+    }
+}
+
+/// Prometheus metrics.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct MetricsConfig {
+    /// Off unless set, e.g. `"127.0.0.1:9977"`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub listen: Option<std::net::SocketAddr>,
 }
 
 /// A configuration that could not be read or is not valid.
@@ -684,11 +986,109 @@ impl Config {
         if self.system.drift_check_interval.is_zero() {
             return Err(ctx.error("system.drift_check_interval", "must be longer than 0s"));
         }
+        let k = &self.kubernetes;
+        for (key, d) in [
+            ("kubernetes.lease_duration", k.lease_duration),
+            ("kubernetes.renew_interval", k.renew_interval),
+            ("kubernetes.resync_interval", k.resync_interval),
+            ("kubernetes.request_timeout", k.request_timeout),
+            ("health.interval", self.health.interval),
+            ("health.timeout", self.health.timeout),
+        ] {
+            if d.is_zero() {
+                return Err(ctx.error(key, "must be longer than 0s"));
+            }
+        }
+        if k.renew_interval >= k.lease_duration {
+            return Err(ctx.error(
+                "kubernetes.renew_interval",
+                format!(
+                    "must be shorter than kubernetes.lease_duration ({}), or the lease expires between renewals",
+                    k.lease_duration
+                ),
+            ));
+        }
+        if let Some(p) = &k.kubeconfig
+            && !p.is_absolute()
+        {
+            return Err(ctx.error(
+                "kubernetes.kubeconfig",
+                format!("{} must be an absolute path", p.display()),
+            ));
+        }
+        let lease = k.lease_name_for(self.node_name());
+        if !is_dns_subdomain(&lease) || !is_dns_label(&k.namespace) {
+            return Err(ctx.error(
+                "kubernetes.lease_name",
+                format!(
+                    "lease {:?} in namespace {:?} is not a valid Kubernetes name",
+                    lease, k.namespace
+                ),
+            ));
+        }
+        let prefix_ok = k.annotation_prefix.ends_with('/')
+            && is_dns_subdomain(k.annotation_prefix.trim_end_matches('/'));
+        if !prefix_ok {
+            return Err(ctx.error(
+                "kubernetes.annotation_prefix",
+                "must be a DNS subdomain followed by '/', like \"ginx.io/\"",
+            ));
+        }
+        if k.condition_type.is_empty()
+            || !k.condition_type.chars().all(|c| c.is_ascii_alphanumeric())
+        {
+            return Err(ctx.error(
+                "kubernetes.condition_type",
+                "must be a CamelCase word, like \"GinxHealthy\"",
+            ));
+        }
+        for (key, url) in [
+            ("health.kubelet.url", &self.health.kubelet.url),
+            (
+                "health.cilium.fallback_url",
+                &self.health.cilium.fallback_url,
+            ),
+        ] {
+            if !url.starts_with("http://") || url::Url::parse(url).is_err() {
+                return Err(ctx.error(key, format!("{url:?} must be an http:// URL")));
+            }
+        }
+        for (key, url) in [
+            (
+                "health.apiserver.local_url",
+                Some(&self.health.apiserver.local_url),
+            ),
+            (
+                "health.apiserver.vip_url",
+                self.health.apiserver.vip_url.as_ref(),
+            ),
+        ] {
+            if let Some(url) = url
+                && (!url.starts_with("https://") || url.parse::<http::Uri>().is_err())
+            {
+                return Err(ctx.error(key, format!("{url:?} must be an https:// URL")));
+            }
+        }
         if self.control.group.trim().is_empty() {
             return Err(ctx.error("control.group", "must name a group"));
         }
         Ok(())
     }
+}
+
+/// RFC 1123 subdomain, as Kubernetes object names.
+fn is_dns_subdomain(s: &str) -> bool {
+    !s.is_empty() && s.len() <= 253 && s.split('.').all(is_dns_label)
+}
+
+/// RFC 1123 label.
+fn is_dns_label(s: &str) -> bool {
+    !s.is_empty()
+        && s.len() <= 63
+        && s.bytes()
+            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
+        && !s.starts_with('-')
+        && !s.ends_with('-')
 }
 
 /// Kubernetes node names are DNS subdomains; colmena node names must match them here.

@@ -13,6 +13,8 @@ use jiff::Timestamp;
 use serde::{Deserialize, Serialize};
 
 use crate::config::Role;
+use crate::health::{HealthMap, HealthStatus};
+use crate::kube::KubeStatus;
 use crate::reconcile::{ApplyStatus, SystemStatus};
 use crate::source::{Revision, SourceStatus, SyncOutcome};
 use crate::state::Attempt;
@@ -140,14 +142,6 @@ impl Response {
     }
 }
 
-/// Probe results (filled by the health probes of a later version; empty until then).
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
-pub struct ProbeStatus {
-    pub status: String,
-    pub message: String,
-    pub since: Option<Timestamp>,
-}
-
 /// What `ginxctl status --json` prints. Fields are added, never renamed.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct Status {
@@ -159,7 +153,11 @@ pub struct Status {
     pub apply: ApplyStatus,
     /// What the machine runs: generation, reboot required, drift.
     pub system: SystemStatus,
-    pub health: BTreeMap<String, ProbeStatus>,
+    /// Probe → `{status, message, since}`.
+    pub health: HealthMap,
+    /// The overall health: the worst probe.
+    pub health_overall: HealthStatus,
+    pub kubernetes: KubeStatus,
     pub started_at: Timestamp,
     pub now: Timestamp,
 }

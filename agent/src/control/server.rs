@@ -21,6 +21,8 @@ use super::protocol::{
     Response, RollbackReport, Status, SuspendReport, SyncReport,
 };
 use crate::config::Config;
+use crate::health::HealthMap;
+use crate::kube::KubeStatus;
 use crate::reconcile::{self, Published};
 use crate::source::{PollerCmd, SourceStatus};
 
@@ -39,6 +41,8 @@ pub struct Backend {
     pub reconciler: mpsc::Sender<reconcile::Command>,
     /// Sync request channels of the running pollers, by source name.
     pub pollers: Arc<Mutex<BTreeMap<String, mpsc::Sender<PollerCmd>>>>,
+    pub health: watch::Receiver<HealthMap>,
+    pub kubernetes: watch::Receiver<KubeStatus>,
     pub started_at: Timestamp,
 }
 
@@ -47,6 +51,7 @@ impl Backend {
     pub fn status(&self) -> Status {
         let cfg = self.config.borrow();
         let published = self.published.borrow();
+        let health = self.health.borrow().clone();
         Status {
             node: cfg.node_name().to_owned(),
             role: cfg.node.role,
@@ -55,7 +60,9 @@ impl Backend {
             sources: self.sources.borrow().clone(),
             apply: published.apply.clone(),
             system: published.system.clone(),
-            health: BTreeMap::new(),
+            health: health.clone(),
+            health_overall: crate::health::overall(&health).status,
+            kubernetes: self.kubernetes.borrow().clone(),
             started_at: self.started_at,
             now: crate::util::now(),
         }

@@ -128,6 +128,7 @@ pub struct Reconciler {
     /// Asks the daemon to restart into a new version of ginx.
     restart: watch::Sender<Option<String>>,
     isolation: Isolation,
+    metrics: Arc<crate::metrics::Metrics>,
     /// ginx's binary and unit as they were when it started.
     self_image: SelfImage,
     /// The latest attempt, for `started_at`/`finished_at` in status.
@@ -140,6 +141,7 @@ pub struct Reconciler {
 
 /// Everything the loop is wired to.
 pub struct Wiring {
+    pub metrics: Arc<crate::metrics::Metrics>,
     pub config: watch::Receiver<Arc<Config>>,
     pub sources: watch::Receiver<BTreeMap<String, SourceStatus>>,
     pub workspace: Arc<Workspace>,
@@ -197,6 +199,7 @@ impl Reconciler {
             shutdown: w.shutdown,
             restart: w.restart,
             isolation,
+            metrics: w.metrics,
             last,
             drift: None,
             blocked: None,
@@ -908,6 +911,9 @@ impl Reconciler {
             generation_after,
             isolation: done.isolation.clone(),
         };
+        let took = attempt.finished_at.duration_since(attempt.started_at);
+        self.metrics
+            .applied(outcome.as_str(), took.as_secs_f64().max(0.0));
         self.run_hook(&cfg, &attempt);
         self.record(attempt);
         if outcome == Outcome::Succeeded && done.kind == AttemptKind::Apply {

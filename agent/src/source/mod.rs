@@ -247,6 +247,7 @@ pub fn spawn_poller(
     config: PollerConfig,
     workspace: &Arc<Workspace>,
     statuses: Arc<StatusMap>,
+    metrics: Arc<crate::metrics::Metrics>,
     shutdown: watch::Receiver<bool>,
 ) -> PollerHandle {
     let (config_tx, config_rx) = watch::channel(config);
@@ -258,6 +259,7 @@ pub fn spawn_poller(
         config: config_rx,
         commands: cmd_rx,
         statuses,
+        metrics,
         shutdown,
         head: None,
         failures: 0,
@@ -275,6 +277,7 @@ struct Poller {
     config: watch::Receiver<PollerConfig>,
     commands: mpsc::Receiver<PollerCmd>,
     statuses: Arc<StatusMap>,
+    metrics: Arc<crate::metrics::Metrics>,
     workspace: Arc<Workspace>,
     trees: Arc<Trees>,
     shutdown: watch::Receiver<bool>,
@@ -485,6 +488,15 @@ impl Poller {
                 s.tree = Some(tree);
             });
         }
+        self.metrics.fetched(
+            &self.name,
+            if round.refused.is_some() {
+                "refused"
+            } else {
+                "ok"
+            },
+            Some(now),
+        );
         let refusal = round.refused.map(|(rev, why)| Refused {
             revision: rev,
             reason: why,
@@ -538,6 +550,7 @@ impl Poller {
                 "fetch failed; keeping the previous revision and retrying with backoff");
         }
         self.failures = self.failures.saturating_add(1);
+        self.metrics.fetched(&self.name, "error", None);
         let remotes_failed = message.clone();
         self.update(|s| {
             s.error = Some(message.clone());

@@ -1,0 +1,379 @@
+//! The probes themselves. Each returns a status and a message an operator can act on.
+
+use std::net::IpAddr;
+use std::time::Duration;
+
+use k8s_openapi::api::coordination::v1::Lease;
+use k8s_openapi::api::core::v1::Node;
+
+use super::http::{Target, get, parse_http_url};
+use super::{Context, HealthStatus};
+use crate::config::{Config, Role};
+
+type Verdict = (HealthStatus, String);
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Probe {
+    Kubelet,
+    Apiserver,
+    KubeVip,
+    Cilium,
+    Systemd,
+    NodeReady,
+}
+
+pub const ALL: [Probe; 6] = [
+    Probe::Kubelet,
+    Probe::Apiserver,
+    Probe::KubeVip,
+    Probe::Cilium,
+    Probe::Systemd,
+    Probe::NodeReady,
+];
+
+impl Probe {
+    pub fn name(self) -> &'static str {
+        match self {
+            Probe::Kubelet => "kubelet",
+            Probe::Apiserver => "apiserver",
+            Probe::KubeVip => "kube-vip",
+            Probe::Cilium => "cilium",
+            Probe::Systemd => "systemd",
+            Probe::NodeReady => "node-ready",
+        }
+    }
+
+    /// Whether the probe runs with this configuration.
+    pub fn applies(self, cfg: &Config) -> bool {
+        let h = &cfg.health;
+        match self {
+            Probe::Kubelet => h.kubelet.enabled,
+            Probe::Apiserver => h.apiserver.enabled,
+            Probe::KubeVip => h.kube_vip.enabled && h.kube_vip.address.is_some(),
+            Probe::Cilium => h.cilium.enabled,
+            Probe::Systemd => h.systemd.enabled,
+            Probe::NodeReady => h.node_ready.enabled,
+        }
+    }
+
+    /// Interval and timeout, the probe's own or the defaults of `[health]`.
+    pub fn timing(self, cfg: &Config) -> (Duration, Duration) {
+        let h = &cfg.health;
+        let (i, t) = match self {
+            Probe::Kubelet => (h.kubelet.interval, h.kubelet.timeout),
+            Probe::Apiserver => (h.apiserver.interval, h.apiserver.timeout),
+            Probe::KubeVip => (h.kube_vip.interval, h.kube_vip.timeout),
+            Probe::Cilium => (h.cilium.interval, h.cilium.timeout),
+            Probe::Systemd => (h.systemd.interval, h.systemd.timeout),
+            Probe::NodeReady => (h.node_ready.interval, h.node_ready.timeout),
+        };
+        (i.unwrap_or(h.interval).get(), t.unwrap_or(h.timeout).get())
+    }
+
+    pub async fn run(self, cfg: &Config, ctx: &Context) -> Verdict {
+        let timeout = self.timing(cfg).1;
+        match self {
+            Probe::Kubelet => kubelet(&cfg.health.kubelet.url, timeout).await,
+            Probe::Apiserver => apiserver(cfg, ctx, timeout).await,
+            Probe::KubeVip => kube_vip(cfg, ctx).await,
+            Probe::Cilium => cilium(cfg, timeout).await,
+            Probe::Systemd => systemd(cfg, timeout).await,
+            Probe::NodeReady => node_ready(cfg, ctx).await,
+        }
+    }
+}
+
+fn snippet(body: &[u8]) -> String {
+    let text = String::from_utf8_lossy(body);
+    let one_line: String = text.split_whitespace().collect::<Vec<_>>().join(" ");
+    one_line.chars().take(200).collect()
+}
+
+async fn kubelet(url: &str, timeout: Duration) -> Verdict {
+    let (target, path) = match parse_http_url(url) {
+        Ok(x) => x,
+        Err(e) => return (HealthStatus::Failed, e),
+    };
+    match get(&target, &path, timeout).await {
+        Ok((200, _)) => (HealthStatus::Ok, "healthz ok".into()),
+        Ok((code, body)) => (
+            HealthStatus::Failed,
+            format!("healthz answered {code}: {}", snippet(&body)),
+        ),
+        Err(e) => (HealthStatus::Failed, format!("kubelet at {url}: {e}")),
+    }
+}
+
+/// `/readyz` through a client: Ok, or why not.
+async fn readyz(client: &kube::Client) -> Result<(), String> {
+    let request = http::Request::get("/readyz")
+        .body(Vec::new())
+        .map_err(|e| e.to_string())?;
+    match client.request_text(request).await {
+        Ok(_) => Ok(()),
+        Err(kube::Error::Api(s)) => {
+            let failing: Vec<&str> = s.message.lines().filter(|l| l.starts_with("[-]")).collect();
+            Err(if failing.is_empty() {
+                format!("readyz {}: {}", s.code, snippet(s.message.as_bytes()))
+            } else {
+                format!("readyz {}: {}", s.code, failing.join(", "))
+            })
+        }
+        Err(e) => Err(format!("unreachable: {}", crate::kube::describe(&e))),
+    }
+}
+
+async fn apiserver(cfg: &Config, ctx: &Context, timeout: Duration) -> Verdict {
+    let clients = ctx.kube.borrow().clone();
+    let Some(clients) = clients else {
+        return (
+            HealthStatus::Unknown,
+            "kubernetes is not configured or not reachable yet".into(),
+        );
+    };
+    let bounded = |c: kube::Client| async move {
+        tokio::time::timeout(timeout, async move { readyz(&c).await })
+            .await
+            .unwrap_or_else(|_| Err("no answer".into()))
+    };
+    let vip = bounded(clients.vip.clone()).await;
+    let local = match (&clients.local, cfg.node.role) {
+        (Some(c), Role::ControlPlane) => Some(bounded(c.clone()).await),
+        _ => None,
+    };
+    match (local, vip) {
+        (None, Ok(())) => (HealthStatus::Ok, "ready through the VIP".into()),
+        (None, Err(e)) => (HealthStatus::Failed, format!("VIP: {e}")),
+        (Some(Ok(())), Ok(())) => (HealthStatus::Ok, "local and VIP ready".into()),
+        (Some(Ok(())), Err(e)) => (HealthStatus::Degraded, format!("local ready; VIP: {e}")),
+        (Some(Err(e)), Ok(())) => (HealthStatus::Degraded, format!("VIP ready; local: {e}")),
+        (Some(Err(l)), Err(v)) => (HealthStatus::Failed, format!("local: {l}; VIP: {v}")),
+    }
+}
+
+/// Whether `ip` is configured on an interface of this host (network namespace).
+pub fn address_is_local(ip: IpAddr) -> Result<bool, String> {
+    let addrs = nix::ifaddrs::getifaddrs().map_err(|e| format!("getifaddrs: {e}"))?;
+    Ok(addrs.filter_map(|a| a.address).any(|a| {
+        a.as_sockaddr_in().map(|s| IpAddr::V4(s.ip())) == Some(ip)
+            || a.as_sockaddr_in6().map(|s| IpAddr::V6(s.ip())) == Some(ip)
+    }))
+}
+
+async fn kube_vip(cfg: &Config, ctx: &Context) -> Verdict {
+    let probe = &cfg.health.kube_vip;
+    let Some(vip) = probe.address else {
+        return (HealthStatus::Unknown, "no VIP configured".into());
+    };
+    let here = match address_is_local(vip) {
+        Ok(h) => h,
+        Err(e) => return (HealthStatus::Unknown, e),
+    };
+    let me = cfg.node_name();
+    let clients = ctx.kube.borrow().clone();
+    let holder = match clients {
+        None => Err("kubernetes is not configured or not reachable".to_owned()),
+        Some(c) => {
+            let leases: kube::Api<Lease> = kube::Api::namespaced(c.main, &probe.lease_namespace);
+            match leases.get_opt(&probe.lease_name).await {
+                Ok(l) => Ok(l
+                    .and_then(|l| l.spec)
+                    .and_then(|s| s.holder_identity)
+                    .filter(|h| !h.is_empty())),
+                Err(e) => Err(crate::kube::describe(&e)),
+            }
+        }
+    };
+    let lease = format!("{}/{}", probe.lease_namespace, probe.lease_name);
+    match (here, holder) {
+        (true, Ok(Some(h))) if h == me => (
+            HealthStatus::Ok,
+            format!("VIP {vip} is here; {lease} held here"),
+        ),
+        (false, Ok(Some(h))) if h != me => (HealthStatus::Ok, format!("VIP {vip} is held by {h}")),
+        (true, Ok(Some(h))) => (
+            HealthStatus::Failed,
+            format!("split brain: VIP {vip} is on this node but {lease} is held by {h}"),
+        ),
+        (false, Ok(Some(_))) => (
+            HealthStatus::Degraded,
+            format!("this node holds {lease} but VIP {vip} is not on any interface here"),
+        ),
+        (true, Ok(None)) => (
+            HealthStatus::Degraded,
+            format!("VIP {vip} is here but {lease} has no holder"),
+        ),
+        (false, Ok(None)) => (
+            HealthStatus::Failed,
+            format!("nobody holds {lease} and VIP {vip} is not here"),
+        ),
+        (true, Err(e)) => (
+            HealthStatus::Unknown,
+            format!("VIP {vip} is here; lease holder unknown: {e}"),
+        ),
+        (false, Err(e)) => (
+            HealthStatus::Unknown,
+            format!("VIP {vip} is not here; lease holder unknown: {e}"),
+        ),
+    }
+}
+
+async fn cilium(cfg: &Config, timeout: Duration) -> Verdict {
+    let probe = &cfg.health.cilium;
+    let api = get(&Target::Unix(probe.socket.clone()), "/v1/healthz", timeout).await;
+    match api {
+        Ok((200, body)) => {
+            let v: serde_json::Value = match serde_json::from_slice(&body) {
+                Ok(v) => v,
+                Err(e) => {
+                    return (
+                        HealthStatus::Unknown,
+                        format!("cilium API answered something else: {e}"),
+                    );
+                }
+            };
+            let state = v
+                .pointer("/cilium/state")
+                .and_then(|s| s.as_str())
+                .unwrap_or("?");
+            let msg = v
+                .pointer("/cilium/msg")
+                .and_then(|s| s.as_str())
+                .unwrap_or("");
+            let kpr = v
+                .pointer("/kube-proxy-replacement/mode")
+                .and_then(|s| s.as_str())
+                .unwrap_or("unknown");
+            let status = match state {
+                "Ok" => HealthStatus::Ok,
+                "Warning" => HealthStatus::Degraded,
+                "Failure" => HealthStatus::Failed,
+                _ => HealthStatus::Unknown,
+            };
+            let mut message = format!("cilium {state}, kube-proxy replacement {kpr}");
+            if !msg.is_empty() {
+                message.push_str(&format!(": {msg}"));
+            }
+            (status, message)
+        }
+        Ok((code, body)) => (
+            HealthStatus::Failed,
+            format!("cilium API answered {code}: {}", snippet(&body)),
+        ),
+        Err(api_err) => {
+            let (target, path) = match parse_http_url(&probe.fallback_url) {
+                Ok(x) => x,
+                Err(e) => return (HealthStatus::Failed, e),
+            };
+            match get(&target, &path, timeout).await {
+                Ok((200, _)) => (
+                    HealthStatus::Ok,
+                    format!("agent healthy on its health port (API socket: {api_err})"),
+                ),
+                Ok((code, body)) => (
+                    HealthStatus::Failed,
+                    format!("health port answered {code}: {}", snippet(&body)),
+                ),
+                Err(e) => (
+                    HealthStatus::Failed,
+                    format!("cilium agent unreachable: API socket: {api_err}; health port: {e}"),
+                ),
+            }
+        }
+    }
+}
+
+async fn systemctl(program: &std::path::Path, args: &[&str]) -> Result<String, String> {
+    let out = tokio::process::Command::new(program)
+        .args(args)
+        .stdin(std::process::Stdio::null())
+        .kill_on_drop(true)
+        .output()
+        .await
+        .map_err(|e| format!("cannot run {}: {e}", program.display()))?;
+    Ok(String::from_utf8_lossy(&out.stdout).trim().to_owned())
+}
+
+async fn systemd(cfg: &Config, _timeout: Duration) -> Verdict {
+    let program = &cfg.health.systemd.systemctl;
+    let state = match systemctl(program, &["is-system-running"]).await {
+        Ok(s) => s,
+        Err(e) => return (HealthStatus::Unknown, e),
+    };
+    match state.as_str() {
+        "running" => (HealthStatus::Ok, "running".into()),
+        "degraded" => {
+            let failed = systemctl(
+                program,
+                &["list-units", "--state=failed", "--plain", "--no-legend"],
+            )
+            .await
+            .unwrap_or_default();
+            let units: Vec<&str> = failed
+                .lines()
+                .filter_map(|l| l.split_whitespace().next())
+                .collect();
+            (
+                HealthStatus::Degraded,
+                format!("degraded; failed units: {}", units.join(", ")),
+            )
+        }
+        "initializing" | "starting" => (HealthStatus::Unknown, format!("system is {state}")),
+        "maintenance" | "stopping" => (HealthStatus::Failed, format!("system is {state}")),
+        other => (
+            HealthStatus::Unknown,
+            format!("systemd reports {other:?} (not running as PID 1?)"),
+        ),
+    }
+}
+
+async fn node_ready(cfg: &Config, ctx: &Context) -> Verdict {
+    let clients = ctx.kube.borrow().clone();
+    let Some(c) = clients else {
+        return (
+            HealthStatus::Unknown,
+            "kubernetes is not configured or not reachable yet".into(),
+        );
+    };
+    let nodes: kube::Api<Node> = kube::Api::all(c.main);
+    let node = match nodes.get_opt(cfg.node_name()).await {
+        Ok(Some(n)) => n,
+        Ok(None) => {
+            return (
+                HealthStatus::Unknown,
+                "this node is not registered (yet)".into(),
+            );
+        }
+        Err(e) => {
+            return (
+                HealthStatus::Unknown,
+                format!("cannot read the node: {}", crate::kube::describe(&e)),
+            );
+        }
+    };
+    let ready = node
+        .status
+        .and_then(|s| s.conditions)
+        .and_then(|cs| cs.into_iter().find(|c| c.type_ == "Ready"));
+    match ready {
+        None => (
+            HealthStatus::Unknown,
+            "the node has no Ready condition yet".into(),
+        ),
+        Some(c) => {
+            let why = format!(
+                "{}{}",
+                c.reason.unwrap_or_default(),
+                c.message.map(|m| format!(": {m}")).unwrap_or_default()
+            );
+            match c.status.as_str() {
+                "True" => (HealthStatus::Ok, format!("Ready ({why})")),
+                "False" => (HealthStatus::Failed, format!("NotReady ({why})")),
+                _ => (
+                    HealthStatus::Unknown,
+                    format!("Ready is {} ({why})", c.status),
+                ),
+            }
+        }
+    }
+}

@@ -1,0 +1,178 @@
+//! The Kubernetes side: a client built from ginx's own kubeconfig, the heartbeat Lease, node
+//! annotations and the `GinxHealthy` node condition.
+//!
+//! Nothing here blocks pulling or applying: without a kubeconfig, or with the API away, ginx runs
+//! on and retries with backoff, and status says `not-configured` or `unreachable since …`.
+
+pub mod heartbeat;
+pub mod report;
+pub mod reporter;
+
+use std::path::Path;
+use std::sync::Arc;
+
+use jiff::Timestamp;
+use kube::client::ClientBuilder;
+use kube::config::{KubeConfigOptions, Kubeconfig};
+use serde::{Deserialize, Serialize};
+
+use crate::config::Config;
+use crate::metrics::Metrics;
+
+/// Clients for the API, shared with the probes.
+#[derive(Clone)]
+pub struct KubeClients {
+    /// The kubeconfig's server (normally the control-plane endpoint, the VIP).
+    pub main: kube::Client,
+    /// The same credentials against `health.apiserver.local_url`.
+    pub local: Option<kube::Client>,
+    /// The same credentials against `health.apiserver.vip_url` (default: the kubeconfig's
+    /// server).
+    pub vip: kube::Client,
+}
+
+/// `kubernetes.state` in status.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum KubeState {
+    /// No `kubernetes.kubeconfig`, or the file does not exist yet.
+    #[default]
+    NotConfigured,
+    Connecting,
+    Connected,
+    /// The API cannot be reached, or answers with server errors.
+    Unreachable,
+    /// The API refuses ginx's credentials (401) or permissions (403, missing namespace).
+    Refused,
+}
+
+impl KubeState {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            KubeState::NotConfigured => "not-configured",
+            KubeState::Connecting => "connecting",
+            KubeState::Connected => "connected",
+            KubeState::Unreachable => "unreachable",
+            KubeState::Refused => "refused",
+        }
+    }
+}
+
+/// `kubernetes` in `ginxctl status --json`.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct KubeStatus {
+    pub state: KubeState,
+    /// When `state` last changed.
+    pub since: Option<Timestamp>,
+    pub error: Option<String>,
+    /// `namespace/name` of the heartbeat Lease.
+    pub lease: Option<String>,
+    pub last_heartbeat: Option<Timestamp>,
+    /// Annotations and condition written for the current state.
+    pub reported: bool,
+}
+
+/// A short description of a client error: the HTTP status and reason for API errors, the root
+/// cause for transport errors. Never contains credentials.
+pub fn describe(e: &kube::Error) -> String {
+    match e {
+        kube::Error::Api(s) => {
+            let msg = s.message.lines().next().unwrap_or("").trim();
+            if s.reason.is_empty() || s.reason == "Failed to parse error data" {
+                format!("HTTP {}: {msg}", s.code)
+            } else {
+                format!("HTTP {} {}: {msg}", s.code, s.reason)
+            }
+        }
+        other => {
+            let mut cause: &dyn std::error::Error = other;
+            while let Some(next) = cause.source() {
+                cause = next;
+            }
+            let root = cause.to_string();
+            let top = other.to_string();
+            if root == top {
+                top
+            } else {
+                format!("{top}: {root}")
+            }
+        }
+    }
+}
+
+/// The HTTP status of an API error.
+pub fn code(e: &kube::Error) -> Option<u16> {
+    match e {
+        kube::Error::Api(s) if s.code != 0 => Some(s.code),
+        _ => None,
+    }
+}
+
+/// Installs ring as rustls's crypto provider (once; later calls do nothing).
+pub fn install_crypto() {
+    let _ = rustls::crypto::ring::default_provider().install_default();
+}
+
+/// Builds the clients from `kubernetes.kubeconfig`. The error names the file and what is wrong
+/// with it, without its contents.
+pub async fn connect(cfg: &Config, metrics: &Arc<Metrics>) -> Result<KubeClients, String> {
+    install_crypto();
+    let k = &cfg.kubernetes;
+    let path = k
+        .kubeconfig
+        .as_deref()
+        .ok_or_else(|| "kubernetes.kubeconfig is not set".to_owned())?;
+    let kubeconfig =
+        Kubeconfig::read_from(path).map_err(|e| format!("kubeconfig {}: {e}", path.display()))?;
+    let options = KubeConfigOptions {
+        context: k.context.clone(),
+        ..KubeConfigOptions::default()
+    };
+    let mut config = kube::Config::from_custom_kubeconfig(kubeconfig, &options)
+        .await
+        .map_err(|e| format!("kubeconfig {}: {e}", path.display()))?;
+    let t = k.request_timeout.get();
+    config.connect_timeout = Some(t);
+    config.read_timeout = Some(t);
+    config.write_timeout = Some(t);
+    config.reset_reader_on_write = true;
+    // ginx retries on its own schedule; kube's own retries could hold a call for minutes.
+    config.default_retry = false;
+    // A proxy in the environment is for other programs: the API is reached directly.
+    config.proxy_url = None;
+    let build = |c: kube::Config| -> Result<kube::Client, String> {
+        ClientBuilder::try_from(c)
+            .map(|b| {
+                b.with_layer(&crate::metrics::KubeMetricsLayer(Arc::clone(metrics)))
+                    .build()
+            })
+            .map_err(|e| format!("kubeconfig {}: {}", path.display(), describe(&e)))
+    };
+    let main = build(config.clone())?;
+    let probe = &cfg.health.apiserver;
+    let probe_client = |url: &str| -> Result<kube::Client, String> {
+        let mut c = config.clone();
+        c.cluster_url = url
+            .parse()
+            .map_err(|e| format!("health.apiserver URL {url:?}: {e}"))?;
+        if probe.tls_server_name.is_some() {
+            c.tls_server_name.clone_from(&probe.tls_server_name);
+        }
+        if probe.insecure_skip_tls_verify {
+            c.accept_invalid_certs = true;
+        }
+        build(c)
+    };
+    let local = probe_client(&probe.local_url).ok();
+    let vip = match &probe.vip_url {
+        Some(u) => probe_client(u)?,
+        None => probe_client(&config.cluster_url.to_string())?,
+    };
+    Ok(KubeClients { main, local, vip })
+}
+
+/// What identifies a kubeconfig file's version, to notice it being written or rotated.
+pub fn stamp(path: &Path) -> Option<(std::time::SystemTime, u64)> {
+    let m = std::fs::metadata(path).ok()?;
+    Some((m.modified().ok()?, m.len()))
+}

@@ -1,0 +1,330 @@
+//! The reporter task: keeps a client from the kubeconfig (rebuilt when the file appears or
+//! changes), renews the heartbeat every `renew_interval` (±5%), and writes annotations and the
+//! condition when what they describe changes, plus a full resync every `resync_interval`.
+//!
+//! When the API goes away: local work goes on, renewals back off (capped at the renew
+//! interval), one log line per change of state; when it comes back the current values are
+//! written after a fresh read of the Node — no backlog is replayed.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use k8s_openapi::api::coordination::v1::Lease;
+use k8s_openapi::api::core::v1::Node;
+use tokio::sync::watch;
+
+use super::heartbeat::{Heartbeat, RenewError};
+use super::report::{self, NodeReport, Written};
+use super::{KubeClients, KubeState, KubeStatus, code, describe};
+use crate::config::Config;
+use crate::control::server::Backend;
+use crate::metrics::Metrics;
+use crate::util;
+
+/// First wait after a failed renewal; doubles up to the renew interval.
+const RETRY_BASE: Duration = Duration::from_secs(1);
+/// Changes arriving within this are written together.
+const DEBOUNCE: Duration = Duration::from_millis(300);
+
+pub struct Reporter {
+    pub config: watch::Receiver<Arc<Config>>,
+    pub backend: Arc<Backend>,
+    pub clients: watch::Sender<Option<KubeClients>>,
+    pub status: watch::Sender<KubeStatus>,
+    pub metrics: Arc<Metrics>,
+    pub shutdown: watch::Receiver<bool>,
+}
+
+/// What the reporter keeps between ticks.
+#[derive(Default)]
+struct Session {
+    /// The kubeconfig version the clients were built from.
+    stamp: Option<(std::time::SystemTime, u64)>,
+    heartbeat: Option<Heartbeat>,
+    node: Option<NodeReport>,
+    /// ginx's annotations as last written (or read); `None`: read the Node first.
+    annotations: Option<BTreeMap<String, String>>,
+    condition: Option<Written>,
+    last_resync: Option<Instant>,
+    failures: u32,
+}
+
+impl Reporter {
+    pub async fn run(mut self) {
+        let mut session = Session::default();
+        let mut published = self.backend.published.clone();
+        let mut sources = self.backend.sources.clone();
+        let mut health = self.backend.health.clone();
+        let mut next = Instant::now();
+        loop {
+            tokio::select! {
+                () = tokio::time::sleep_until(next.into()) => {
+                    let wait = self.tick(&mut session).await;
+                    next = Instant::now() + wait;
+                }
+                r = published.changed() => {
+                    if r.is_err() { return; }
+                    self.changed(&mut session).await;
+                }
+                r = sources.changed() => {
+                    if r.is_err() { return; }
+                    self.changed(&mut session).await;
+                }
+                r = health.changed() => {
+                    if r.is_err() { return; }
+                    self.changed(&mut session).await;
+                }
+                r = self.config.changed() => {
+                    if r.is_err() { return; }
+                    // Rebuild everything from the new settings at once.
+                    session = Session::default();
+                    let _ = self.clients.send(None);
+                    next = Instant::now();
+                }
+                _ = self.shutdown.changed() => return,
+            }
+        }
+    }
+
+    fn cfg(&self) -> Arc<Config> {
+        Arc::clone(&self.config.borrow())
+    }
+
+    fn set_state(&self, state: KubeState, error: Option<String>) {
+        let now = util::now();
+        self.status.send_if_modified(|s| {
+            let changed = s.state != state || s.error != error;
+            if changed {
+                match (&error, state) {
+                    (Some(e), _) => {
+                        tracing::warn!(state = state.as_str(), error = %e, "kubernetes")
+                    }
+                    (None, KubeState::Connected) => {
+                        tracing::info!("kubernetes: connected; heartbeat renewed")
+                    }
+                    (None, _) => tracing::info!(state = state.as_str(), "kubernetes"),
+                }
+                if s.state != state {
+                    s.since = Some(now);
+                }
+                s.state = state;
+                s.error = error;
+            }
+            changed
+        });
+    }
+
+    /// Makes sure there is a client for the current kubeconfig; `false` when there cannot be.
+    async fn ensure_client(&self, session: &mut Session) -> bool {
+        let cfg = self.cfg();
+        let Some(path) = &cfg.kubernetes.kubeconfig else {
+            self.set_state(KubeState::NotConfigured, None);
+            return false;
+        };
+        let Some(stamp) = super::stamp(path) else {
+            self.set_state(
+                KubeState::NotConfigured,
+                Some(format!("waiting for the kubeconfig {}", path.display())),
+            );
+            *session = Session::default();
+            let _ = self.clients.send(None);
+            return false;
+        };
+        if session.heartbeat.is_some() && session.stamp == Some(stamp) {
+            return true;
+        }
+        match super::connect(&cfg, &self.metrics).await {
+            Ok(clients) => {
+                let k = &cfg.kubernetes;
+                let node = cfg.node_name().to_owned();
+                let lease = k.lease_name_for(&node);
+                self.status
+                    .send_modify(|s| s.lease = Some(format!("{}/{lease}", k.namespace)));
+                session.heartbeat = Some(Heartbeat::new(
+                    kube::Api::<Lease>::namespaced(clients.main.clone(), &k.namespace),
+                    lease,
+                    node.clone(),
+                    i32::try_from(k.lease_duration.get().as_secs()).unwrap_or(i32::MAX),
+                ));
+                session.node = Some(NodeReport::new(
+                    kube::Api::<Node>::all(clients.main.clone()),
+                    node,
+                    k.annotation_prefix.clone(),
+                    k.condition_type.clone(),
+                ));
+                session.annotations = None;
+                session.condition = None;
+                session.stamp = Some(stamp);
+                let _ = self.clients.send(Some(clients));
+                if self.status.borrow().state == KubeState::NotConfigured {
+                    self.set_state(KubeState::Connecting, None);
+                }
+                true
+            }
+            Err(e) => {
+                self.set_state(KubeState::Refused, Some(e));
+                let _ = self.clients.send(None);
+                false
+            }
+        }
+    }
+
+    /// One heartbeat; returns how long to wait for the next.
+    async fn tick(&self, session: &mut Session) -> Duration {
+        let cfg = self.cfg();
+        let interval = cfg.kubernetes.renew_interval.get();
+        if !self.ensure_client(session).await {
+            return interval;
+        }
+        let Some(hb) = session.heartbeat.as_mut() else {
+            return interval;
+        };
+        match hb.renew().await {
+            Ok(()) => {
+                let was_failing = session.failures > 0;
+                session.failures = 0;
+                let now = util::now();
+                self.metrics.heartbeat_succeeded(now);
+                self.status.send_modify(|s| s.last_heartbeat = Some(now));
+                self.set_state(KubeState::Connected, None);
+                if was_failing {
+                    // Whatever we wrote before may be stale now: read the Node again.
+                    session.annotations = None;
+                    session.condition = None;
+                }
+                let resync_due = session
+                    .last_resync
+                    .is_none_or(|t| t.elapsed() >= cfg.kubernetes.resync_interval.get());
+                self.report(session, resync_due).await;
+                util::jitter(interval, 0.05)
+            }
+            Err(e) => {
+                hb.forget();
+                session.failures = session.failures.saturating_add(1);
+                let (state, message) = self.classify(&cfg, &e);
+                self.set_state(state, Some(message));
+                util::jitter(util::backoff(RETRY_BASE, interval, session.failures), 0.1)
+            }
+        }
+    }
+
+    fn classify(&self, cfg: &Config, e: &RenewError) -> (KubeState, String) {
+        let k = &cfg.kubernetes;
+        let lease = format!("{}/{}", k.namespace, k.lease_name_for(cfg.node_name()));
+        match e {
+            RenewError::Conflicts => (
+                KubeState::Unreachable,
+                format!("lease {lease} kept changing under ginx (another writer?)"),
+            ),
+            RenewError::Api(e) => match code(e) {
+                Some(401) => (
+                    KubeState::Refused,
+                    format!(
+                        "the API server rejects ginx's credentials ({}): {}; renew the \
+                         kubeconfig",
+                        k.kubeconfig
+                            .as_deref()
+                            .map(|p| p.display().to_string())
+                            .unwrap_or_default(),
+                        describe(e)
+                    ),
+                ),
+                Some(403) => (
+                    KubeState::Refused,
+                    format!(
+                        "forbidden: {}; ginx needs get/create/update on leases in {} — apply \
+                         packaging/kubernetes/rbac.yaml",
+                        describe(e),
+                        k.namespace
+                    ),
+                ),
+                Some(404) => (
+                    KubeState::Refused,
+                    format!(
+                        "{}; does namespace {} exist? apply packaging/kubernetes/rbac.yaml",
+                        describe(e),
+                        k.namespace
+                    ),
+                ),
+                _ => (KubeState::Unreachable, describe(e)),
+            },
+        }
+    }
+
+    async fn changed(&self, session: &mut Session) {
+        if session.heartbeat.is_none() || session.failures > 0 {
+            return;
+        }
+        tokio::time::sleep(DEBOUNCE).await;
+        self.report(session, false).await;
+    }
+
+    /// Writes annotations and the condition if they differ from what the Node has.
+    async fn report(&self, session: &mut Session, resync: bool) {
+        let cfg = self.cfg();
+        let Some(node) = session.node.as_ref() else {
+            return;
+        };
+        let status = self.backend.status();
+        let desired = report::annotations(&status, &cfg.kubernetes.annotation_prefix);
+        let condition = report::condition(&status.health);
+        if resync || session.annotations.is_none() {
+            match node.read().await {
+                Ok(Some((annotations, written))) => {
+                    session.annotations = Some(annotations);
+                    session.condition = written;
+                    session.last_resync = Some(Instant::now());
+                }
+                Ok(None) => {
+                    self.status.send_modify(|s| s.reported = false);
+                    tracing::debug!("node not registered yet; nothing to annotate");
+                    return;
+                }
+                Err(e) => {
+                    tracing::debug!(error = %describe(&e), "cannot read the node");
+                    return;
+                }
+            }
+        }
+        let mut ok = true;
+        if let Some(current) = &session.annotations
+            && let Some(patch) = report::annotation_patch(current, &desired)
+        {
+            match node.patch_annotations(&patch).await {
+                Ok(()) => session.annotations = Some(desired),
+                Err(e) => {
+                    ok = false;
+                    session.annotations = None;
+                    tracing::warn!(error = %describe(&e), "cannot annotate the node (needs patch on nodes)");
+                }
+            }
+        }
+        let stale = match &session.condition {
+            None => true,
+            Some(w) => {
+                (w.status.as_str(), w.reason.as_str(), w.message.as_str())
+                    != (
+                        condition.0.as_str(),
+                        condition.1.as_str(),
+                        condition.2.as_str(),
+                    )
+                    || resync
+            }
+        };
+        if stale {
+            match node
+                .write_condition(condition, session.condition.as_ref(), util::now())
+                .await
+            {
+                Ok(w) => session.condition = Some(w),
+                Err(e) => {
+                    ok = false;
+                    session.condition = None;
+                    tracing::warn!(error = %describe(&e), "cannot write the node condition (needs patch on nodes/status)");
+                }
+            }
+        }
+        self.status.send_modify(|s| s.reported = ok);
+    }
+}
