@@ -6,4 +6,5 @@ mod support;
 mod apply_engine;
 mod control_socket;
 mod core_loop;
+mod kubernetes;
 mod sources;

@@ -118,6 +118,7 @@ pub async fn run(config_path: PathBuf) -> anyhow::Result<Ending> {
         pollers: Arc::clone(&sources.channels),
         health: health.subscribe(),
         kubernetes: kube_status_rx,
+        metrics_listen: metrics_listener.as_ref().and_then(|l| l.local_addr().ok()),
         started_at: util::now(),
     });
     crate::health::spawn(
@@ -140,7 +141,7 @@ pub async fn run(config_path: PathBuf) -> anyhow::Result<Ending> {
         .run(),
     );
     if let Some(l) = metrics_listener {
-        tracing::info!(listen = ?cfg.metrics.listen, "serving metrics");
+        tracing::info!(listen = ?l.local_addr().ok(), "serving metrics");
         tokio::spawn(crate::metrics::serve(
             l,
             Arc::clone(&backend),

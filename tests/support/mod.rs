@@ -3,10 +3,13 @@
 
 #![allow(dead_code)] // Each test module uses a different part of the support code.
 
+pub mod apiserver;
 pub mod daemon;
+pub mod fakes;
 pub mod git;
 pub mod http;
 pub mod inetd;
+pub mod netns;
 pub mod ssh;
 pub mod tls;
 

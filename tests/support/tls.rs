@@ -43,6 +43,23 @@ impl TestCa {
         )
     }
 
+    /// The CA certificate, DER.
+    pub fn der(&self) -> CertificateDer<'static> {
+        self.issuer.der().clone()
+    }
+
+    /// A client certificate for `common_name` and its key, both PEM.
+    pub fn issue_pem(&self, common_name: &str) -> (String, String) {
+        let key = KeyPair::generate().unwrap();
+        let mut params = CertificateParams::new(Vec::<String>::new()).unwrap();
+        params
+            .distinguished_name
+            .push(rcgen::DnType::CommonName, common_name);
+        params.extended_key_usages = vec![rcgen::ExtendedKeyUsagePurpose::ClientAuth];
+        let cert = params.signed_by(&key, &self.issuer).unwrap();
+        (cert.pem(), key.serialize_pem())
+    }
+
     /// A rustls server configuration for 127.0.0.1 and localhost.
     pub fn server_config(&self) -> Arc<rustls::ServerConfig> {
         let (cert, key) = self.issue(&["127.0.0.1", "localhost"]);

@@ -158,6 +158,8 @@ pub struct Status {
     /// The overall health: the worst probe.
     pub health_overall: HealthStatus,
     pub kubernetes: KubeStatus,
+    /// Where metrics are served (`[metrics] listen`, with the port actually bound).
+    pub metrics_listen: Option<std::net::SocketAddr>,
     pub started_at: Timestamp,
     pub now: Timestamp,
 }

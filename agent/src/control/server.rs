@@ -43,6 +43,7 @@ pub struct Backend {
     pub pollers: Arc<Mutex<BTreeMap<String, mpsc::Sender<PollerCmd>>>>,
     pub health: watch::Receiver<HealthMap>,
     pub kubernetes: watch::Receiver<KubeStatus>,
+    pub metrics_listen: Option<std::net::SocketAddr>,
     pub started_at: Timestamp,
 }
 
@@ -63,6 +64,7 @@ impl Backend {
             health: health.clone(),
             health_overall: crate::health::overall(&health).status,
             kubernetes: self.kubernetes.borrow().clone(),
+            metrics_listen: self.metrics_listen,
             started_at: self.started_at,
             now: crate::util::now(),
         }
