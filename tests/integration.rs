@@ -6,5 +6,6 @@ mod support;
 mod apply_engine;
 mod control_socket;
 mod core_loop;
+mod kubeadm;
 mod kubernetes;
 mod sources;

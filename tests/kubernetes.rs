@@ -180,6 +180,16 @@ fn the_condition_follows_the_probes_and_leaves_others_alone() {
     let env = Env::new();
     let api = ApiServer::start(&env.root);
     api.add_node("lucy");
+    // A condition left by an earlier ginx, True since long ago: it stays True, so its
+    // lastTransitionTime must stay too (times have whole seconds; an old one makes the
+    // comparison independent of the clock).
+    let mut node = api.node("lucy").unwrap();
+    node["status"]["conditions"].as_array_mut().unwrap().push(
+        serde_json::json!({"type": "GinxHealthy", "status": "True", "reason": "AllProbesOk",
+            "message": "", "lastHeartbeatTime": "2026-01-01T00:00:00Z",
+            "lastTransitionTime": "2026-01-01T00:00:00Z"}),
+    );
+    api.put_object("nodes/lucy", node);
     let (url, kubelet) = fakes::tcp(200, "ok");
     use_api(&env, &api, "");
     env.dropin(
@@ -187,11 +197,16 @@ fn the_condition_follows_the_probes_and_leaves_others_alone() {
         &format!("[health.kubelet]\nenabled = true\nurl = \"{url}\"\n"),
     );
     let d = env.start();
-    let c = wait_for("GinxHealthy True", || {
-        condition(&api).filter(|c| c["status"] == "True")
+    let c = wait_for("GinxHealthy True, written by this ginx", || {
+        condition(&api)
+            .filter(|c| c["status"] == "True" && c["lastHeartbeatTime"] != "2026-01-01T00:00:00Z")
     });
     assert_eq!(c["reason"], "AllProbesOk");
     let first_transition = c["lastTransitionTime"].clone();
+    assert_eq!(
+        first_transition, "2026-01-01T00:00:00Z",
+        "no change of status, no transition"
+    );
 
     kubelet.set(500, "[-]syncloop failed");
     let c = wait_for("GinxHealthy False", || {

@@ -55,7 +55,11 @@ fn steady_state() {
     let d = env.start();
     d.wait_applied(&env.repo.head());
     wait_for("the condition", || {
-        api.node("lucy")?["status"]["conditions"].as_array()?.iter().any(|c| c["type"] == "GinxHealthy").then_some(())
+        api.node("lucy")?["status"]["conditions"]
+            .as_array()?
+            .iter()
+            .any(|c| c["type"] == "GinxHealthy")
+            .then_some(())
     });
     std::thread::sleep(Duration::from_secs(2));
     let from = api.log().len();
@@ -64,7 +68,9 @@ fn steady_state() {
     // 36 s at 100× is one hour.
     let counts = per_hour(&api, from, 3600.0 / (window.as_secs_f64() * 100.0));
     let total: f64 = counts.values().sum();
-    println!("Steady state, one node, requests per hour (intervals scaled 100×, measured over one scaled hour):");
+    println!(
+        "Steady state, one node, requests per hour (intervals scaled 100×, measured over one scaled hour):"
+    );
     println!();
     println!("| request | per hour |");
     println!("| --- | --- |");
@@ -75,13 +81,21 @@ fn steady_state() {
     println!();
 }
 
-async fn heartbeats(api: &ApiServer, env: &Env, n: usize, interval: Duration, seconds: u64) -> (f64, Vec<Duration>) {
+async fn heartbeats(
+    api: &ApiServer,
+    env: &Env,
+    n: usize,
+    interval: Duration,
+    seconds: u64,
+) -> (f64, Vec<Duration>) {
     let kc = env.root.join("kubeconfig");
     api.kubeconfig_token(&kc);
     let mut cfg = ginx::config::Config::default();
     cfg.kubernetes.kubeconfig = Some(kc);
     cfg.node.name = Some("bench".into());
-    let clients = ginx::kube::connect(&cfg, &ginx::metrics::Metrics::new()).await.unwrap();
+    let clients = ginx::kube::connect(&cfg, &ginx::metrics::Metrics::new())
+        .await
+        .unwrap();
     let deadline = Instant::now() + Duration::from_secs(seconds);
     let latencies = Arc::new(std::sync::Mutex::new(Vec::new()));
     let writes = Arc::new(std::sync::atomic::AtomicUsize::new(0));
@@ -105,14 +119,17 @@ async fn heartbeats(api: &ApiServer, env: &Env, n: usize, interval: Duration, se
                     }
                     first = false;
                 }
-                tokio::time::sleep(ginx::util::jitter(interval, 0.05).saturating_sub(t.elapsed())).await;
+                tokio::time::sleep(ginx::util::jitter(interval, 0.05).saturating_sub(t.elapsed()))
+                    .await;
             }
         }));
     }
     for t in tasks {
         t.await.unwrap();
     }
-    let window = Instant::now().saturating_duration_since(steady_from).as_secs_f64();
+    let window = Instant::now()
+        .saturating_duration_since(steady_from)
+        .as_secs_f64();
     let rate = writes.load(std::sync::atomic::Ordering::Relaxed) as f64 / window;
     let mut l = latencies.lock().unwrap().clone();
     l.sort();
@@ -130,10 +147,17 @@ fn main() {
     }
     ginx::kube::install_crypto();
     steady_state();
-    let seconds = std::env::var("BENCH_SECONDS").ok().and_then(|s| s.parse().ok()).unwrap_or(30);
+    let seconds = std::env::var("BENCH_SECONDS")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(30);
     let env = Env::new();
     let api = ApiServer::start(&env.root);
-    let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(1).enable_all().build().unwrap();
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(1)
+        .enable_all()
+        .build()
+        .unwrap();
     println!("300 heartbeats in one process (one client, one worker thread), {seconds} s each:");
     println!();
     println!("| renew interval | writes/s | p50 | p99 | max |");

@@ -109,6 +109,7 @@ pub async fn run(config_path: PathBuf) -> anyhow::Result<Ending> {
     let health = Arc::new(watch::channel(crate::health::HealthMap::new()).0);
     let (kube_clients_tx, kube_clients_rx) = watch::channel(None);
     let (kube_status_tx, kube_status_rx) = watch::channel(crate::kube::KubeStatus::default());
+    let (kubeadm_tx, kubeadm_rx) = watch::channel(None);
 
     let backend = Arc::new(Backend {
         config: config_rx.clone(),
@@ -119,8 +120,21 @@ pub async fn run(config_path: PathBuf) -> anyhow::Result<Ending> {
         health: health.subscribe(),
         kubernetes: kube_status_rx,
         metrics_listen: metrics_listener.as_ref().and_then(|l| l.local_addr().ok()),
+        kubeadm: kubeadm_rx,
+        workspace: Arc::clone(&sources.workspace),
         started_at: util::now(),
     });
+    tokio::spawn(
+        crate::kubeadm::watch::Watcher {
+            config: config_rx.clone(),
+            sources: statuses.subscribe(),
+            workspace: Arc::clone(&sources.workspace),
+            kube: kube_clients_rx.clone(),
+            status: kubeadm_tx,
+            shutdown: shutdown_rx.clone(),
+        }
+        .run(),
+    );
     crate::health::spawn(
         crate::health::Context {
             config: config_rx.clone(),

@@ -11,6 +11,7 @@ pub mod control;
 pub mod daemon;
 pub mod health;
 pub mod kube;
+pub mod kubeadm;
 pub mod logging;
 pub mod metrics;
 pub mod reconcile;

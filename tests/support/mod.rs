@@ -9,6 +9,7 @@ pub mod fakes;
 pub mod git;
 pub mod http;
 pub mod inetd;
+pub mod kubeadm_schema;
 pub mod netns;
 pub mod ssh;
 pub mod tls;

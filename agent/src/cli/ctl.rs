@@ -20,7 +20,7 @@ pub struct CtlArgs {
     /// The control socket [default: `socket` from the configuration, else /run/ginx/ginx.sock].
     #[arg(long, global = true, env = "GINX_SOCKET")]
     pub socket: Option<PathBuf>,
-    /// The configuration file, read only to find the socket.
+    /// The configuration file: where the socket is (and, for `kubeadm`, the cluster facts).
     #[arg(long, global = true, default_value = DEFAULT_CONFIG_PATH, env = "GINX_CONFIG")]
     pub config: PathBuf,
     /// How long to wait for an answer (a sync waits for the fetch).
@@ -64,6 +64,9 @@ pub enum CtlCommand {
     /// Switch to the previous system generation (recorded as an attempt); the current revision
     /// is not applied again until a new one arrives or `ginxctl retry`.
     Rollback,
+    /// kubeadm and kube-vip: render the documents, initialise or join the cluster.
+    #[command(subcommand)]
+    Kubeadm(super::kubeadm::KubeadmCommand),
     /// Show past apply attempts, newest first.
     History {
         #[arg(long)]
@@ -88,6 +91,9 @@ pub fn main(args: CtlArgs) -> ExitCode {
         return ExitCode::from(2);
     }
     let client = Client::new(&socket, args.timeout.get());
+    if let CtlCommand::Kubeadm(cmd) = args.command {
+        return super::kubeadm::main(&args.config, &client, cmd);
+    }
     match run(&client, args.command) {
         Ok(code) => code,
         Err(e) => {
@@ -146,6 +152,7 @@ fn run(client: &Client, command: CtlCommand) -> Result<ExitCode, ClientError> {
                 "was not suspended\n".into()
             });
         }
+        CtlCommand::Kubeadm(_) => unreachable!("handled before"),
         CtlCommand::Retry => {
             client.call_raw(Command::Retry)?;
             print("retrying the wanted revision now\n".into());

@@ -2,6 +2,7 @@
 //! completions and man pages) and what each command does.
 
 mod ctl;
+mod kubeadm;
 mod render;
 
 use std::path::PathBuf;

@@ -42,6 +42,7 @@ pub struct Config {
     pub kubernetes: KubernetesConfig,
     pub health: HealthConfig,
     pub metrics: MetricsConfig,
+    pub kubeadm: KubeadmConfig,
 }
 
 impl Default for Config {
@@ -57,6 +58,7 @@ impl Default for Config {
             kubernetes: KubernetesConfig::default(),
             health: HealthConfig::default(),
             metrics: MetricsConfig::default(),
+            kubeadm: KubeadmConfig::default(),
         }
     }
 }
@@ -71,6 +73,12 @@ pub struct NodeConfig {
     /// Control-plane nodes are the ones a rollout must never take down together, so an
     /// unspecified role errs on that side.
     pub role: Role,
+    /// The address the API server advertises on this node (kubeadm's localAPIEndpoint).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub advertise_address: Option<std::net::IpAddr>,
+    /// The kubelet's `--node-ip`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub node_ip: Option<std::net::IpAddr>,
 }
 
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -652,6 +660,189 @@ pub struct MetricsConfig {
     pub listen: Option<std::net::SocketAddr>,
 }
 
+/// Cluster facts for kubeadm and kube-vip. Each may come from here or from `cluster_file` in
+/// the `source` checkout (Argus); the local value wins key by key. Defaults for facts neither
+/// gives are in `kubeadm::facts`.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ClusterFacts {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cluster_name: Option<String>,
+    /// `vX.Y.Z`
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub kubernetes_version: Option<String>,
+    /// `VIP:PORT`
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub control_plane_endpoint: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pod_subnet: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub service_subnet: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub dns_domain: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cert_sans: Option<Vec<String>>,
+    /// Cilium replaces kube-proxy: kubeadm skips it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub kube_proxy_replacement: Option<bool>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cri_socket: Option<String>,
+    #[serde(default, skip_serializing_if = "KubeVipFacts::is_empty")]
+    pub kube_vip: KubeVipFacts,
+}
+
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct KubeVipFacts {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub image: Option<String>,
+    /// The interface the VIP is announced on (ARP).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub interface: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub manifest_path: Option<PathBuf>,
+    /// Seconds.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub lease_duration: Option<u32>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub renew_deadline: Option<u32>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub retry_period: Option<u32>,
+}
+
+impl KubeVipFacts {
+    pub fn is_empty(&self) -> bool {
+        *self == Self::default()
+    }
+}
+
+impl ClusterFacts {
+    /// `self`, with what it does not say taken from `base`.
+    pub fn over(self, base: ClusterFacts) -> ClusterFacts {
+        let v = self.kube_vip;
+        let b = base.kube_vip;
+        ClusterFacts {
+            cluster_name: self.cluster_name.or(base.cluster_name),
+            kubernetes_version: self.kubernetes_version.or(base.kubernetes_version),
+            control_plane_endpoint: self.control_plane_endpoint.or(base.control_plane_endpoint),
+            pod_subnet: self.pod_subnet.or(base.pod_subnet),
+            service_subnet: self.service_subnet.or(base.service_subnet),
+            dns_domain: self.dns_domain.or(base.dns_domain),
+            cert_sans: self.cert_sans.or(base.cert_sans),
+            kube_proxy_replacement: self.kube_proxy_replacement.or(base.kube_proxy_replacement),
+            cri_socket: self.cri_socket.or(base.cri_socket),
+            kube_vip: KubeVipFacts {
+                image: v.image.or(b.image),
+                interface: v.interface.or(b.interface),
+                manifest_path: v.manifest_path.or(b.manifest_path),
+                lease_duration: v.lease_duration.or(b.lease_duration),
+                renew_deadline: v.renew_deadline.or(b.renew_deadline),
+                retry_period: v.retry_period.or(b.retry_period),
+            },
+        }
+    }
+}
+
+/// `ginxctl kubeadm` and the files behind `initKubeadm` / `joinCPKubeadm`.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct KubeadmConfig {
+    /// A source (Argus) holding `cluster_file` with cluster facts.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub source: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cluster_file: Option<PathBuf>,
+    #[serde(default = "default_kubeadm_path")]
+    pub kubeadm_path: PathBuf,
+    /// Rendered files; those with a token or key are written with mode 0600.
+    #[serde(default = "default_kubeadm_output")]
+    pub output_dir: PathBuf,
+    /// The cluster CA, for `discovery.bootstrapToken.caCertHashes`.
+    #[serde(default = "default_ca_cert")]
+    pub ca_cert: PathBuf,
+    /// The kubeconfig kubeadm writes on control-plane nodes, used to see when kube-vip can
+    /// leave super-admin.conf.
+    #[serde(default = "default_admin_kubeconfig")]
+    pub admin_kubeconfig: PathBuf,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cluster_name: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub kubernetes_version: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub control_plane_endpoint: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pod_subnet: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub service_subnet: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub dns_domain: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cert_sans: Option<Vec<String>>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub kube_proxy_replacement: Option<bool>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cri_socket: Option<String>,
+    #[serde(default, skip_serializing_if = "KubeVipFacts::is_empty")]
+    pub kube_vip: KubeVipFacts,
+}
+
+fn default_kubeadm_path() -> PathBuf {
+    PathBuf::from("kubeadm")
+}
+
+fn default_kubeadm_output() -> PathBuf {
+    PathBuf::from("/etc/ginx/kubeadm")
+}
+
+fn default_ca_cert() -> PathBuf {
+    PathBuf::from("/etc/kubernetes/pki/ca.crt")
+}
+
+fn default_admin_kubeconfig() -> PathBuf {
+    PathBuf::from("/etc/kubernetes/admin.conf")
+}
+
+impl Default for KubeadmConfig {
+    fn default() -> Self {
+        Self {
+            source: None,
+            cluster_file: None,
+            kubeadm_path: default_kubeadm_path(),
+            output_dir: default_kubeadm_output(),
+            ca_cert: default_ca_cert(),
+            admin_kubeconfig: default_admin_kubeconfig(),
+            cluster_name: None,
+            kubernetes_version: None,
+            control_plane_endpoint: None,
+            pod_subnet: None,
+            service_subnet: None,
+            dns_domain: None,
+            cert_sans: None,
+            kube_proxy_replacement: None,
+            cri_socket: None,
+            kube_vip: KubeVipFacts::default(),
+        }
+    }
+}
+
+impl KubeadmConfig {
+    /// The facts written here.
+    pub fn facts(&self) -> ClusterFacts {
+        ClusterFacts {
+            cluster_name: self.cluster_name.clone(),
+            kubernetes_version: self.kubernetes_version.clone(),
+            control_plane_endpoint: self.control_plane_endpoint.clone(),
+            pod_subnet: self.pod_subnet.clone(),
+            service_subnet: self.service_subnet.clone(),
+            dns_domain: self.dns_domain.clone(),
+            cert_sans: self.cert_sans.clone(),
+            kube_proxy_replacement: self.kube_proxy_replacement,
+            cri_socket: self.cri_socket.clone(),
+            kube_vip: self.kube_vip.clone(),
+        }
+    }
+}
+
 /// A configuration that could not be read or is not valid.
 #[derive(Debug, thiserror::Error)]
 pub enum ConfigError {
@@ -1068,6 +1259,33 @@ impl Config {
             {
                 return Err(ctx.error(key, format!("{url:?} must be an https:// URL")));
             }
+        }
+        let ka = &self.kubeadm;
+        match (&ka.source, &ka.cluster_file) {
+            (Some(src), Some(_)) if !self.sources.contains_key(src) => {
+                return Err(ctx.error("kubeadm.source", format!("{src:?} names no source")));
+            }
+            (Some(_), None) => {
+                return Err(ctx.error("kubeadm.source", "is set but kubeadm.cluster_file is not"));
+            }
+            (None, Some(_)) => {
+                return Err(ctx.error("kubeadm.cluster_file", "is set but kubeadm.source is not"));
+            }
+            _ => {}
+        }
+        if let Some(f) = &ka.cluster_file
+            && !f
+                .components()
+                .all(|c| matches!(c, std::path::Component::Normal(_)))
+        {
+            return Err(ctx.error(
+                "kubeadm.cluster_file",
+                "must be a relative path inside the source, without \"..\"",
+            ));
+        }
+        // Facts written here are checked now; with those from the source, when rendering.
+        if let Err((key, message)) = crate::kubeadm::facts::check_partial(&ka.facts()) {
+            return Err(ctx.error(&format!("kubeadm.{key}"), message));
         }
         if self.control.group.trim().is_empty() {
             return Err(ctx.error("control.group", "must name a group"));

@@ -54,6 +54,11 @@ pub enum Command {
     Retry,
     /// Switch to the previous system generation.
     Rollback,
+    /// A file of a source at the revision it offers (how `ginxctl kubeadm` reads Argus).
+    SourceFile {
+        source: String,
+        path: String,
+    },
 }
 
 impl Command {
@@ -67,6 +72,8 @@ impl Command {
                 | Command::Accept { .. }
                 | Command::Retry
                 | Command::Rollback
+                // Not a change, but repository content is more than status.
+                | Command::SourceFile { .. }
         )
     }
 
@@ -79,6 +86,7 @@ impl Command {
             Command::Accept { .. } => "accept",
             Command::Retry => "retry",
             Command::Rollback => "rollback",
+            Command::SourceFile { .. } => "source-file",
             Command::History { .. } => "history",
         }
     }
@@ -158,6 +166,9 @@ pub struct Status {
     /// The overall health: the worst probe.
     pub health_overall: HealthStatus,
     pub kubernetes: KubeStatus,
+    /// Rendering of the kubeadm files and drift from the cluster's kubeadm-config; absent when
+    /// `[kubeadm]` says nothing.
+    pub kubeadm: Option<crate::kubeadm::watch::KubeadmStatus>,
     /// Where metrics are served (`[metrics] listen`, with the port actually bound).
     pub metrics_listen: Option<std::net::SocketAddr>,
     pub started_at: Timestamp,
@@ -183,6 +194,14 @@ pub struct SuspendReport {
     pub suspended: bool,
     /// False when it already was in that state.
     pub changed: bool,
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct SourceFileReport {
+    pub source: String,
+    pub revision: Revision,
+    pub path: String,
+    pub content: String,
 }
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]

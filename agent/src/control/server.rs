@@ -18,7 +18,7 @@ use tokio::sync::{Semaphore, mpsc, oneshot, watch};
 
 use super::protocol::{
     AcceptReport, Command, ErrorKind, HistoryReport, MAX_REQUEST, PROTOCOL_VERSION, Request,
-    Response, RollbackReport, Status, SuspendReport, SyncReport,
+    Response, RollbackReport, SourceFileReport, Status, SuspendReport, SyncReport,
 };
 use crate::config::Config;
 use crate::health::HealthMap;
@@ -44,6 +44,8 @@ pub struct Backend {
     pub health: watch::Receiver<HealthMap>,
     pub kubernetes: watch::Receiver<KubeStatus>,
     pub metrics_listen: Option<std::net::SocketAddr>,
+    pub kubeadm: watch::Receiver<Option<crate::kubeadm::watch::KubeadmStatus>>,
+    pub workspace: Arc<crate::source::Workspace>,
     pub started_at: Timestamp,
 }
 
@@ -64,6 +66,7 @@ impl Backend {
             health: health.clone(),
             health_overall: crate::health::overall(&health).status,
             kubernetes: self.kubernetes.borrow().clone(),
+            kubeadm: self.kubeadm.borrow().clone(),
             metrics_listen: self.metrics_listen,
             started_at: self.started_at,
             now: crate::util::now(),
@@ -119,6 +122,53 @@ impl Backend {
                 ErrorKind::NotFound,
                 format!("no source named {name:?}; configured: {}", known.join(", ")),
             )
+        })
+    }
+
+    async fn source_file(
+        &self,
+        source: String,
+        path: String,
+    ) -> Result<SourceFileReport, (ErrorKind, String)> {
+        let revision = self
+            .sources
+            .borrow()
+            .get(&source)
+            .ok_or_else(|| (ErrorKind::NotFound, format!("no source named {source:?}")))?
+            .revision
+            .clone()
+            .ok_or_else(|| {
+                (
+                    ErrorKind::Unavailable,
+                    format!("{source} has not been fetched yet"),
+                )
+            })?;
+        let workspace = Arc::clone(&self.workspace);
+        let (s, r, p) = (
+            source.clone(),
+            revision.clone(),
+            std::path::PathBuf::from(&path),
+        );
+        let bytes = tokio::task::spawn_blocking(move || workspace.read_file(&s, &r, &p))
+            .await
+            .map_err(|e| (ErrorKind::Internal, e.to_string()))?
+            .map_err(|e| {
+                (
+                    ErrorKind::NotFound,
+                    format!("{source}@{}: {e}", revision.short()),
+                )
+            })?;
+        let content = String::from_utf8(bytes).map_err(|_| {
+            (
+                ErrorKind::BadRequest,
+                format!("{source}:{path} is not UTF-8 text"),
+            )
+        })?;
+        Ok(SourceFileReport {
+            source,
+            revision,
+            path,
+            content,
         })
     }
 
@@ -193,6 +243,9 @@ impl Backend {
                 Ok(Err(why)) => Err((ErrorKind::Unavailable, why)),
                 Err(e) => Err(e),
             },
+            Command::SourceFile { source, path } => {
+                self.source_file(source, path).await.map(Response::ok)
+            }
             Command::Accept { source, revision } => {
                 self.accept(source, revision).await.map(Response::ok)
             }

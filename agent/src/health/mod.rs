@@ -7,6 +7,8 @@
 pub mod http;
 mod probes;
 
+pub use probes::address_is_local;
+
 use std::collections::BTreeMap;
 use std::sync::Arc;
 

@@ -113,33 +113,42 @@ pub fn install_crypto() {
     let _ = rustls::crypto::ring::default_provider().install_default();
 }
 
-/// Builds the clients from `kubernetes.kubeconfig`. The error names the file and what is wrong
-/// with it, without its contents.
-pub async fn connect(cfg: &Config, metrics: &Arc<Metrics>) -> Result<KubeClients, String> {
+/// A client configuration from the kubeconfig at `path`: timeouts on, kube's own retries off
+/// (ginx retries on its own schedule; kube's could hold a call for minutes), no proxy from the
+/// environment (the API is reached directly).
+pub async fn client_config(
+    path: &Path,
+    context: Option<String>,
+    timeout: std::time::Duration,
+) -> Result<kube::Config, String> {
     install_crypto();
-    let k = &cfg.kubernetes;
-    let path = k
-        .kubeconfig
-        .as_deref()
-        .ok_or_else(|| "kubernetes.kubeconfig is not set".to_owned())?;
     let kubeconfig =
         Kubeconfig::read_from(path).map_err(|e| format!("kubeconfig {}: {e}", path.display()))?;
     let options = KubeConfigOptions {
-        context: k.context.clone(),
+        context,
         ..KubeConfigOptions::default()
     };
     let mut config = kube::Config::from_custom_kubeconfig(kubeconfig, &options)
         .await
         .map_err(|e| format!("kubeconfig {}: {e}", path.display()))?;
-    let t = k.request_timeout.get();
-    config.connect_timeout = Some(t);
-    config.read_timeout = Some(t);
-    config.write_timeout = Some(t);
+    config.connect_timeout = Some(timeout);
+    config.read_timeout = Some(timeout);
+    config.write_timeout = Some(timeout);
     config.reset_reader_on_write = true;
-    // ginx retries on its own schedule; kube's own retries could hold a call for minutes.
     config.default_retry = false;
-    // A proxy in the environment is for other programs: the API is reached directly.
     config.proxy_url = None;
+    Ok(config)
+}
+
+/// Builds the clients from `kubernetes.kubeconfig`. The error names the file and what is wrong
+/// with it, without its contents.
+pub async fn connect(cfg: &Config, metrics: &Arc<Metrics>) -> Result<KubeClients, String> {
+    let k = &cfg.kubernetes;
+    let path = k
+        .kubeconfig
+        .as_deref()
+        .ok_or_else(|| "kubernetes.kubeconfig is not set".to_owned())?;
+    let config = client_config(path, k.context.clone(), k.request_timeout.get()).await?;
     let build = |c: kube::Config| -> Result<kube::Client, String> {
         ClientBuilder::try_from(c)
             .map(|b| {

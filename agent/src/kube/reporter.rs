@@ -94,24 +94,27 @@ impl Reporter {
     fn set_state(&self, state: KubeState, error: Option<String>) {
         let now = util::now();
         self.status.send_if_modified(|s| {
-            let changed = s.state != state || s.error != error;
-            if changed {
-                match (&error, state) {
-                    (Some(e), _) => {
-                        tracing::warn!(state = state.as_str(), error = %e, "kubernetes")
-                    }
-                    (None, KubeState::Connected) => {
-                        tracing::info!("kubernetes: connected; heartbeat renewed")
-                    }
-                    (None, _) => tracing::info!(state = state.as_str(), "kubernetes"),
-                }
-                if s.state != state {
-                    s.since = Some(now);
-                }
-                s.state = state;
-                s.error = error;
+            if s.state == state && s.error == error {
+                return false;
             }
-            changed
+            match (&error, state) {
+                // Still unreachable, another transport error (a reset after a TLS EOF): status
+                // shows it; the log keeps one line per change of state.
+                (Some(e), KubeState::Unreachable) if s.state == state => {
+                    tracing::debug!(state = state.as_str(), error = %e, "kubernetes")
+                }
+                (Some(e), _) => tracing::warn!(state = state.as_str(), error = %e, "kubernetes"),
+                (None, KubeState::Connected) => {
+                    tracing::info!("kubernetes: connected; heartbeat renewed")
+                }
+                (None, _) => tracing::info!(state = state.as_str(), "kubernetes"),
+            }
+            if s.state != state {
+                s.since = Some(now);
+            }
+            s.state = state;
+            s.error = error;
+            true
         });
     }
 

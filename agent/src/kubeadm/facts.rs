@@ -1,0 +1,407 @@
+//! Cluster facts, checked and completed with defaults: what the kubeadm documents and the
+//! kube-vip manifest are rendered from. Pure.
+
+use std::fmt;
+use std::net::IpAddr;
+use std::path::PathBuf;
+
+use crate::config::{ClusterFacts, Role};
+
+/// The kube-vip release the manifest uses unless told otherwise.
+pub const KUBE_VIP_IMAGE: &str = "ghcr.io/kube-vip/kube-vip:v1.2.3";
+pub const KUBE_VIP_MANIFEST: &str = "/etc/kubernetes/manifests/kube-vip.yaml";
+
+/// An IP network: address and prefix length.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Cidr {
+    pub addr: IpAddr,
+    pub prefix: u8,
+}
+
+impl Cidr {
+    pub fn parse(s: &str) -> Result<Self, String> {
+        let (a, p) = s
+            .split_once('/')
+            .ok_or_else(|| format!("{s:?} is not a CIDR like 10.244.0.0/16"))?;
+        let addr: IpAddr = a
+            .parse()
+            .map_err(|_| format!("{s:?}: {a:?} is not an IP address"))?;
+        let max = if addr.is_ipv4() { 32 } else { 128 };
+        let prefix: u8 = p
+            .parse()
+            .ok()
+            .filter(|p| *p <= max)
+            .ok_or_else(|| format!("{s:?}: the prefix length must be 0..={max}"))?;
+        let c = Cidr { addr, prefix };
+        if c.network() != addr {
+            return Err(format!(
+                "{s:?} has host bits set; the network is {}/{prefix}",
+                c.network()
+            ));
+        }
+        Ok(c)
+    }
+
+    fn bits(addr: IpAddr) -> (u128, u8) {
+        match addr {
+            IpAddr::V4(a) => (u128::from(u32::from(a)), 32),
+            IpAddr::V6(a) => (u128::from(a), 128),
+        }
+    }
+
+    fn mask(&self) -> u128 {
+        let (_, width) = Self::bits(self.addr);
+        if self.prefix == 0 {
+            0
+        } else {
+            (u128::MAX << (width - self.prefix)) & (u128::MAX >> (128 - u32::from(width)))
+        }
+    }
+
+    fn network(&self) -> IpAddr {
+        let (b, _) = Self::bits(self.addr);
+        let n = b & self.mask();
+        match self.addr {
+            IpAddr::V4(_) => IpAddr::V4(std::net::Ipv4Addr::from(n as u32)),
+            IpAddr::V6(_) => IpAddr::V6(std::net::Ipv6Addr::from(n)),
+        }
+    }
+
+    pub fn contains(&self, ip: IpAddr) -> bool {
+        if ip.is_ipv4() != self.addr.is_ipv4() {
+            return false;
+        }
+        let (b, _) = Self::bits(ip);
+        let (n, _) = Self::bits(self.addr);
+        b & self.mask() == n & self.mask()
+    }
+
+    pub fn overlaps(&self, other: &Cidr) -> bool {
+        self.contains(other.addr) || other.contains(self.addr)
+    }
+}
+
+impl fmt::Display for Cidr {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}/{}", self.addr, self.prefix)
+    }
+}
+
+/// One CIDR or a dual-stack pair `a,b`.
+fn cidrs(s: &str) -> Result<Vec<Cidr>, String> {
+    s.split(',').map(|c| Cidr::parse(c.trim())).collect()
+}
+
+/// `host:port` of the control-plane endpoint.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Endpoint {
+    pub host: String,
+    pub port: u16,
+}
+
+impl Endpoint {
+    pub fn parse(s: &str) -> Result<Self, String> {
+        let (host, port) = s
+            .rsplit_once(':')
+            .ok_or_else(|| format!("{s:?} must be VIP:PORT, like 10.0.0.100:6443"))?;
+        let host = host.trim_start_matches('[').trim_end_matches(']');
+        let port: u16 = port
+            .parse()
+            .ok()
+            .filter(|p| *p != 0)
+            .ok_or_else(|| format!("{s:?}: {port:?} is not a valid port (1-65535)"))?;
+        if host.is_empty() {
+            return Err(format!("{s:?} has no host"));
+        }
+        Ok(Self {
+            host: host.to_owned(),
+            port,
+        })
+    }
+
+    pub fn ip(&self) -> Option<IpAddr> {
+        self.host.parse().ok()
+    }
+}
+
+impl fmt::Display for Endpoint {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self.ip() {
+            Some(IpAddr::V6(_)) => write!(f, "[{}]:{}", self.host, self.port),
+            _ => write!(f, "{}:{}", self.host, self.port),
+        }
+    }
+}
+
+fn version(s: &str) -> Result<(), String> {
+    let ok = s
+        .strip_prefix('v')
+        .map(|r| r.split('.').collect::<Vec<_>>())
+        .is_some_and(|p| {
+            p.len() == 3
+                && p.iter()
+                    .all(|n| !n.is_empty() && n.bytes().all(|b| b.is_ascii_digit()))
+        });
+    if ok {
+        Ok(())
+    } else {
+        Err(format!("{s:?} is not a version like v1.33.4 (vX.Y.Z)"))
+    }
+}
+
+/// Checks each fact that is present, on its own. `Err((key, message))`.
+pub fn check_partial(f: &ClusterFacts) -> Result<(), (&'static str, String)> {
+    if let Some(v) = &f.kubernetes_version {
+        version(v).map_err(|m| ("kubernetes_version", m))?;
+    }
+    if let Some(e) = &f.control_plane_endpoint {
+        Endpoint::parse(e).map_err(|m| ("control_plane_endpoint", m))?;
+    }
+    if let Some(s) = &f.pod_subnet {
+        cidrs(s).map_err(|m| ("pod_subnet", m))?;
+    }
+    if let Some(s) = &f.service_subnet {
+        cidrs(s).map_err(|m| ("service_subnet", m))?;
+    }
+    if let Some(s) = &f.cri_socket
+        && !s.starts_with("unix://")
+    {
+        return Err(("cri_socket", format!("{s:?} must be a unix:// URL")));
+    }
+    if let Some(n) = &f.cluster_name
+        && n.trim().is_empty()
+    {
+        return Err(("cluster_name", "must not be empty".into()));
+    }
+    if let Some(d) = &f.dns_domain
+        && d.trim().is_empty()
+    {
+        return Err(("dns_domain", "must not be empty".into()));
+    }
+    let kv = &f.kube_vip;
+    if let (Some(d), Some(r), Some(p)) = (kv.lease_duration, kv.renew_deadline, kv.retry_period)
+        && !(d > r && r > p && p > 0)
+    {
+        return Err((
+            "kube_vip.lease_duration",
+            format!(
+                "kube-vip needs lease_duration > renew_deadline > retry_period > 0 (got {d}, {r}, {p})"
+            ),
+        ));
+    }
+    Ok(())
+}
+
+/// Everything the renderer needs, complete and checked.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Cluster {
+    pub cluster_name: String,
+    pub kubernetes_version: String,
+    pub endpoint: Endpoint,
+    pub pod_subnet: String,
+    pub service_subnet: String,
+    pub dns_domain: String,
+    pub cert_sans: Vec<String>,
+    pub kube_proxy_replacement: bool,
+    pub cri_socket: String,
+    pub kube_vip: KubeVip,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct KubeVip {
+    pub image: String,
+    pub interface: Option<String>,
+    pub manifest_path: PathBuf,
+    pub lease_duration: u32,
+    pub renew_deadline: u32,
+    pub retry_period: u32,
+}
+
+/// This node, for the documents.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct NodeFacts {
+    pub name: String,
+    pub role: Role,
+    pub advertise_address: Option<IpAddr>,
+    pub node_ip: Option<IpAddr>,
+}
+
+/// Completes `f` with defaults and checks the facts against each other. `Err` names the fact.
+pub fn resolve(f: &ClusterFacts) -> Result<Cluster, String> {
+    check_partial(f).map_err(|(k, m)| format!("{k}: {m}"))?;
+    let need = |v: &Option<String>, key: &str, example: &str| {
+        v.clone().ok_or_else(|| {
+            format!("{key} is not set (e.g. {key} = {example:?}) in [kubeadm] or the cluster file")
+        })
+    };
+    let kubernetes_version = need(&f.kubernetes_version, "kubernetes_version", "v1.33.4")?;
+    let endpoint = Endpoint::parse(&need(
+        &f.control_plane_endpoint,
+        "control_plane_endpoint",
+        "10.0.0.100:6443",
+    )?)?;
+    let pod_subnet = need(&f.pod_subnet, "pod_subnet", "10.244.0.0/16")?;
+    let service_subnet = f
+        .service_subnet
+        .clone()
+        .unwrap_or_else(|| "10.96.0.0/12".to_owned());
+    let pods = cidrs(&pod_subnet)?;
+    let services = cidrs(&service_subnet)?;
+    for p in &pods {
+        for s in &services {
+            if p.overlaps(s) {
+                return Err(format!(
+                    "pod_subnet {p} and service_subnet {s} overlap; pick disjoint ranges"
+                ));
+            }
+        }
+    }
+    if let Some(vip) = endpoint.ip() {
+        for net in pods.iter().chain(&services) {
+            if net.contains(vip) {
+                return Err(format!(
+                    "the control-plane endpoint {vip} lies inside {net}; the VIP must be an address of the node network, outside the pod and service subnets"
+                ));
+            }
+        }
+    }
+    let mut cert_sans: Vec<String> = vec![endpoint.host.clone()];
+    for san in f.cert_sans.clone().unwrap_or_default() {
+        if !cert_sans.contains(&san) {
+            cert_sans.push(san);
+        }
+    }
+    let kv = &f.kube_vip;
+    let kube_vip = KubeVip {
+        image: kv
+            .image
+            .clone()
+            .unwrap_or_else(|| KUBE_VIP_IMAGE.to_owned()),
+        interface: kv.interface.clone(),
+        manifest_path: kv
+            .manifest_path
+            .clone()
+            .unwrap_or_else(|| PathBuf::from(KUBE_VIP_MANIFEST)),
+        lease_duration: kv.lease_duration.unwrap_or(15),
+        renew_deadline: kv.renew_deadline.unwrap_or(10),
+        retry_period: kv.retry_period.unwrap_or(2),
+    };
+    if !(kube_vip.lease_duration > kube_vip.renew_deadline
+        && kube_vip.renew_deadline > kube_vip.retry_period
+        && kube_vip.retry_period > 0)
+    {
+        return Err(format!(
+            "kube_vip: lease_duration ({}) > renew_deadline ({}) > retry_period ({}) > 0 is required",
+            kube_vip.lease_duration, kube_vip.renew_deadline, kube_vip.retry_period
+        ));
+    }
+    Ok(Cluster {
+        cluster_name: f
+            .cluster_name
+            .clone()
+            .unwrap_or_else(|| "kubernetes".to_owned()),
+        kubernetes_version,
+        endpoint,
+        pod_subnet,
+        service_subnet,
+        dns_domain: f
+            .dns_domain
+            .clone()
+            .unwrap_or_else(|| "cluster.local".to_owned()),
+        cert_sans,
+        kube_proxy_replacement: f.kube_proxy_replacement.unwrap_or(false),
+        cri_socket: f
+            .cri_socket
+            .clone()
+            .unwrap_or_else(|| "unix:///run/containerd/containerd.sock".to_owned()),
+        kube_vip,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn facts() -> ClusterFacts {
+        ClusterFacts {
+            kubernetes_version: Some("v1.33.4".into()),
+            control_plane_endpoint: Some("10.0.0.100:6443".into()),
+            pod_subnet: Some("10.244.0.0/16".into()),
+            ..ClusterFacts::default()
+        }
+    }
+
+    #[test]
+    fn defaults_fill_what_the_facts_leave_out() {
+        let c = resolve(&facts()).unwrap();
+        assert_eq!(c.service_subnet, "10.96.0.0/12");
+        assert_eq!(c.dns_domain, "cluster.local");
+        assert_eq!(c.cluster_name, "kubernetes");
+        assert_eq!(c.cert_sans, ["10.0.0.100"]);
+        assert_eq!(c.kube_vip.lease_duration, 15);
+        assert_eq!(c.kube_vip.image, KUBE_VIP_IMAGE);
+    }
+
+    #[test]
+    fn cidrs_must_parse_and_not_overlap() {
+        let mut f = facts();
+        f.pod_subnet = Some("10.96.0.0/16".into());
+        assert!(resolve(&f).unwrap_err().contains("overlap"));
+        f.pod_subnet = Some("10.244.0.1/16".into());
+        assert!(resolve(&f).unwrap_err().contains("host bits"));
+        f.pod_subnet = Some("10.244.0.0/33".into());
+        assert!(resolve(&f).unwrap_err().contains("prefix"));
+        f.pod_subnet = Some("fd00:10::/56,10.244.0.0/16".into());
+        assert!(resolve(&f).is_ok());
+    }
+
+    #[test]
+    fn the_vip_must_lie_outside_pods_and_services() {
+        let mut f = facts();
+        f.control_plane_endpoint = Some("10.244.1.1:6443".into());
+        let e = resolve(&f).unwrap_err();
+        assert!(e.contains("10.244.1.1 lies inside 10.244.0.0/16"), "{e}");
+    }
+
+    #[test]
+    fn versions_and_ports_are_checked() {
+        let mut f = facts();
+        f.kubernetes_version = Some("1.33".into());
+        assert_eq!(check_partial(&f).unwrap_err().0, "kubernetes_version");
+        let mut f = facts();
+        f.control_plane_endpoint = Some("10.0.0.100:70000".into());
+        assert!(
+            check_partial(&f)
+                .unwrap_err()
+                .1
+                .contains("not a valid port")
+        );
+        f.control_plane_endpoint = Some("10.0.0.100".into());
+        assert!(check_partial(&f).is_err());
+    }
+
+    #[test]
+    fn missing_facts_are_named() {
+        let mut f = facts();
+        f.kubernetes_version = None;
+        assert!(
+            resolve(&f)
+                .unwrap_err()
+                .contains("kubernetes_version is not set")
+        );
+    }
+
+    #[test]
+    fn cidr_arithmetic() {
+        let c = Cidr::parse("10.96.0.0/12").unwrap();
+        assert!(c.contains("10.111.255.255".parse().unwrap()));
+        assert!(!c.contains("10.112.0.0".parse().unwrap()));
+        assert!(c.overlaps(&Cidr::parse("10.100.0.0/16").unwrap()));
+        assert!(!c.overlaps(&Cidr::parse("10.244.0.0/16").unwrap()));
+        assert!(
+            Cidr::parse("0.0.0.0/0")
+                .unwrap()
+                .contains("1.2.3.4".parse().unwrap())
+        );
+    }
+}
