@@ -299,6 +299,17 @@ fn bad_facts_are_refused_with_what_is_wrong() {
         "{err}"
     );
 
+    lucy.env.dropin(
+        "61-bad.toml",
+        "[node]\nadvertise_address = \"10.0.0.100\"\n",
+    );
+    let err =
+        String::from_utf8_lossy(&lucy.ctl(&["kubeadm", "render", "--init"]).stderr).into_owned();
+    assert!(
+        err.contains("node.advertise_address is 10.0.0.100, the control-plane VIP"),
+        "{err}"
+    );
+
     lucy.env
         .dropin("61-bad.toml", "[kubeadm]\nkubernetes_version = \"1.33\"\n");
     let out = Command::new(support::ginx_bin())
@@ -474,7 +485,12 @@ fn init_writes_the_files_runs_kubeadm_and_moves_kube_vip_to_admin_conf() {
 #[test]
 fn dry_run_is_passed_through_and_touches_no_manifest() {
     let lucy = node("lucy", "control-plane", "10.0.0.11");
-    lucy.ctl_ok(&["kubeadm", "init", "--dry-run"]);
+    let out = lucy.ctl_ok(&["kubeadm", "init", "--dry-run"]);
+    assert!(out.contains("dry run: nothing was initialised"), "{out}");
+    assert!(
+        !out.contains("joinCPKubeadm"),
+        "no join command for a token that does not exist: {out}"
+    );
     let argv = std::fs::read_to_string(lucy.call(0).join("argv")).unwrap();
     assert!(argv.ends_with("--upload-certs\n--dry-run\n"), "{argv}");
     assert!(!lucy.env.root.join("manifests/kube-vip.yaml").exists());
@@ -732,7 +748,7 @@ fn the_schema_refuses_what_kubeadm_v1beta4_would_drop() {
 }
 
 #[test]
-fn without_an_interface_for_the_vip_kubeadm_is_not_run() {
+fn the_vip_interface_comes_from_the_config_the_advertise_address_or_kube_vip() {
     let makise = node("makise", "control-plane", "10.0.0.12");
     let dropin = makise
         .env
@@ -744,14 +760,30 @@ fn without_an_interface_for_the_vip_kubeadm_is_not_run() {
         .unwrap()
         .replace("interface = \"eno1\"\n", "");
     std::fs::write(&dropin, text).unwrap();
-    // 10.0.0.12 is on no interface here, so there is nothing to take the interface from.
+    // 10.0.0.12 is on no interface here: kube-vip is left to pick the default route's, and
+    // the operator is told.
     let out = makise.ctl(&["kubeadm", "join", TOKEN, KEY, "--ca-cert-hash", HASH]);
-    assert_eq!(out.status.code(), Some(1));
+    assert!(out.status.success());
     let err = String::from_utf8_lossy(&out.stderr);
-    assert!(err.contains("needs kubeadm.kube_vip.interface"), "{err}");
-    assert!(!makise.call(0).exists(), "kubeadm ran");
-    // A worker needs no kube-vip.
-    makise.ctl_ok(&["kubeadm", "join", TOKEN, "--worker", "--ca-cert-hash", HASH]);
+    assert!(
+        err.contains("kube-vip will put the VIP on the interface of the default route"),
+        "{err}"
+    );
+    let manifest =
+        std::fs::read_to_string(makise.env.root.join("manifests/kube-vip.yaml")).unwrap();
+    let [Doc::Pod(p)] = &schema::parse(&manifest)[..] else {
+        panic!()
+    };
+    assert!(
+        !env_of(p).iter().any(|(n, _)| n == "vip_interface"),
+        "{manifest}"
+    );
+    // Only the manifest in the static Pod directory: no temporary file the kubelet could run.
+    let names: Vec<_> = std::fs::read_dir(makise.env.root.join("manifests"))
+        .unwrap()
+        .map(|e| e.unwrap().file_name())
+        .collect();
+    assert_eq!(names, ["kube-vip.yaml"]);
 
     // With the advertise address on an interface here (lo), that interface is used.
     let text = std::fs::read_to_string(&dropin)

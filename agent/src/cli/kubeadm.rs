@@ -127,6 +127,7 @@ fn prepare(
     let mut cluster =
         facts::resolve(&merged).map_err(|e| Fail(format!("cluster facts: {e}"), 1))?;
     let (node, mut warnings) = kubeadm::node_facts(&cfg);
+    facts::check_node(&cluster, &node).map_err(|e| Fail(e, 1))?;
     warnings.extend(kubeadm::complete_interface(&mut cluster, &node));
     for w in warnings {
         eprintln!("warning: {w}");
@@ -278,22 +279,7 @@ fn run_kubeadm(cfg: &Config, args: &[&str], file: &Path) -> Result<(), Fail> {
     }
 }
 
-/// kube-vip cannot run without an interface for the VIP: checked before kubeadm runs.
-fn need_interface(cluster: &facts::Cluster) -> Result<(), Fail> {
-    if cluster.kube_vip.interface.is_none() {
-        return Err(Fail(
-            format!(
-                "kube-vip ({}) needs kubeadm.kube_vip.interface: node.advertise_address is not on an interface here to take it from",
-                cluster.kube_vip.manifest_path.display()
-            ),
-            1,
-        ));
-    }
-    Ok(())
-}
-
 fn write_kube_vip(cluster: &facts::Cluster, host_kubeconfig: &str) -> Result<PathBuf, Fail> {
-    need_interface(cluster)?;
     let path = cluster.kube_vip.manifest_path.clone();
     let yaml = render::to_yaml(&[render::kube_vip(cluster, host_kubeconfig)])?;
     kubeadm::write_file(&path, &yaml, true)
@@ -343,6 +329,10 @@ fn init(config_path: &Path, client: &Client, dry_run: bool) -> Result<ExitCode, 
         args.push("--dry-run");
     }
     run_kubeadm(&cfg, &args, &file)?;
+    if dry_run {
+        println!("dry run: nothing was initialised; no token or certificate key exists yet");
+        return Ok(ExitCode::SUCCESS);
+    }
     let (token, key) = (
         secrets.token.unwrap_or_default(),
         secrets.certificate_key.unwrap_or_default(),
@@ -366,7 +356,7 @@ fn init(config_path: &Path, client: &Client, dry_run: bool) -> Result<ExitCode, 
             cfg.kubeadm.ca_cert.display()
         );
     }
-    if !dry_run && let Err(Fail(e, _)) = switch_kube_vip(&cfg, &cluster, Duration::from_secs(300)) {
+    if let Err(Fail(e, _)) = switch_kube_vip(&cfg, &cluster, Duration::from_secs(300)) {
         eprintln!("warning: {e}; run `ginxctl kubeadm switch-kube-vip` once the API answers");
     }
     Ok(ExitCode::SUCCESS)
@@ -391,9 +381,6 @@ fn join(
         ));
     }
     let (cfg, cluster, node) = prepare(config_path, client)?;
-    if !worker {
-        need_interface(&cluster)?;
-    }
     let hashes = ca_hashes(&cfg, given)?;
     if hashes.is_empty() {
         return Err(Fail(

@@ -226,6 +226,25 @@ pub struct NodeFacts {
     pub node_ip: Option<IpAddr>,
 }
 
+/// This node against the cluster: its own addresses must not be the VIP (kube-vip moves the
+/// VIP between nodes; an API server advertising it breaks as soon as it moves).
+pub fn check_node(cluster: &Cluster, node: &NodeFacts) -> Result<(), String> {
+    let Some(vip) = cluster.endpoint.ip() else {
+        return Ok(());
+    };
+    for (key, addr) in [
+        ("node.advertise_address", node.advertise_address),
+        ("node.node_ip", node.node_ip),
+    ] {
+        if addr == Some(vip) {
+            return Err(format!(
+                "{key} is {vip}, the control-plane VIP; use this node's own address"
+            ));
+        }
+    }
+    Ok(())
+}
+
 /// Completes `f` with defaults and checks the facts against each other. `Err` names the fact.
 pub fn resolve(f: &ClusterFacts) -> Result<Cluster, String> {
     check_partial(f).map_err(|(k, m)| format!("{k}: {m}"))?;

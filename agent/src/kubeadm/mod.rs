@@ -100,9 +100,15 @@ pub fn write_file(path: &Path, content: &str, secret: bool) -> std::io::Result<(
         std::fs::create_dir_all(dir)?;
     }
     let mode = if secret { 0o600 } else { 0o644 };
-    let mut tmp = path.as_os_str().to_owned();
-    tmp.push(".tmp");
-    let tmp = std::path::PathBuf::from(tmp);
+    // A dot file beside the target: the kubelet ignores those in the static Pod directory, so a
+    // half-written manifest is never run as a second kube-vip.
+    let name = path
+        .file_name()
+        .ok_or_else(|| std::io::Error::other("not a file name"))?;
+    let mut tmp_name = std::ffi::OsString::from(".");
+    tmp_name.push(name);
+    tmp_name.push(".ginx-tmp");
+    let tmp = path.with_file_name(tmp_name);
     let _ = std::fs::remove_file(&tmp);
     let mut f = std::fs::OpenOptions::new()
         .write(true)
@@ -155,8 +161,8 @@ pub fn node_facts(cfg: &Config) -> (facts::NodeFacts, Vec<String>) {
 }
 
 /// The interface kube-vip puts the VIP on, when `kube_vip.interface` is not set: the one that
-/// carries the node's advertise address here. `None` (with a warning) when it cannot be found;
-/// writing the manifest then fails and asks for the setting.
+/// carries the node's advertise address here. When it cannot be found, a warning: kube-vip then
+/// picks the interface of the default route itself.
 pub fn complete_interface(cluster: &mut facts::Cluster, node: &facts::NodeFacts) -> Option<String> {
     if cluster.kube_vip.interface.is_some() {
         return None;
@@ -168,7 +174,7 @@ pub fn complete_interface(cluster: &mut facts::Cluster, node: &facts::NodeFacts)
             None
         }
         None => Some(
-            "kubeadm.kube_vip.interface is not set and node.advertise_address is not on an interface of this host; set the interface kube-vip puts the VIP on (e.g. interface = \"eno1\")".to_owned(),
+            "kubeadm.kube_vip.interface is not set and node.advertise_address is not on an interface of this host: kube-vip will put the VIP on the interface of the default route; set interface (e.g. interface = \"eno1\") to choose".to_owned(),
         ),
     }
 }

@@ -123,6 +123,11 @@ impl Watcher {
             }
         };
         let (node, mut warnings) = super::node_facts(cfg);
+        if let Err(e) = facts::check_node(&cluster, &node) {
+            st.error = Some(e);
+            self.publish(st);
+            return None;
+        }
         warnings.extend(super::complete_interface(&mut cluster, &node));
         let live = &cluster.kube_vip.manifest_path;
         if std::fs::read_to_string(live).is_ok_and(|t| t.contains(render::SUPER_ADMIN_CONF)) {
