@@ -8,4 +8,5 @@ mod control_socket;
 mod core_loop;
 mod kubeadm;
 mod kubernetes;
+mod packaging;
 mod sources;

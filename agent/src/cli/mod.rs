@@ -17,7 +17,7 @@ pub use ctl::{CtlArgs, CtlCommand};
 
 /// ginx keeps this NixOS Kubernetes node in step with Git, safely.
 #[derive(Debug, Parser)]
-#[command(name = "ginx", version, about, long_about = None)]
+#[command(name = "ginx", version, long_about = None)]
 pub struct GinxArgs {
     /// The configuration file; drop-ins are read from `config.d/*.toml` beside it.
     #[arg(long, short, global = true, default_value = DEFAULT_CONFIG_PATH, env = "GINX_CONFIG")]
@@ -49,6 +49,13 @@ pub enum GinxCommand {
         #[arg(last = true, required = true)]
         argv: Vec<String>,
     },
+    /// Internal (packaging): write shell completions (bash, zsh, fish) and man pages of both
+    /// binaries under DIR/completions and DIR/man.
+    #[command(hide = true)]
+    GenerateAssets {
+        #[arg(long)]
+        out: PathBuf,
+    },
 }
 
 pub fn ginx_main() -> ExitCode {
@@ -73,7 +80,45 @@ pub fn ginx_main() -> ExitCode {
             argv,
         }),
         GinxCommand::Run => run_daemon(args.config),
+        GinxCommand::GenerateAssets { out } => match generate_assets(&out) {
+            Ok(()) => ExitCode::SUCCESS,
+            Err(e) => {
+                eprintln!("ginx generate-assets: {}: {e}", out.display());
+                ExitCode::FAILURE
+            }
+        },
     }
+}
+
+/// Completions and man pages from the argument definitions, so they never disagree with
+/// `--help` (the Nix package installs them).
+fn generate_assets(out: &std::path::Path) -> std::io::Result<()> {
+    use clap::CommandFactory;
+    use clap_complete::Shell;
+    let completions = out.join("completions");
+    let man = out.join("man");
+    std::fs::create_dir_all(&completions)?;
+    std::fs::create_dir_all(&man)?;
+    for mut cmd in [GinxArgs::command(), CtlArgs::command()] {
+        let name = cmd.get_name().to_owned();
+        for shell in [Shell::Bash, Shell::Zsh, Shell::Fish] {
+            clap_complete::generate_to(shell, &mut cmd, &name, &completions)?;
+        }
+        cmd.build();
+        man_pages(&cmd, &man)?;
+    }
+    Ok(())
+}
+
+/// A page for `cmd` and each visible subcommand (`ginxctl-kubeadm-join.1`), none for `help`.
+fn man_pages(cmd: &clap::Command, dir: &std::path::Path) -> std::io::Result<()> {
+    for sub in cmd.get_subcommands() {
+        if !sub.is_hide_set() && sub.get_name() != "help" {
+            man_pages(sub, dir)?;
+        }
+    }
+    clap_mangen::Man::new(cmd.clone()).generate_to(dir)?;
+    Ok(())
 }
 
 fn check_config(path: &std::path::Path) -> ExitCode {
