@@ -225,7 +225,7 @@ in
     {
       assertions =
         map (p: {
-          assertion = !(hasPrefix builtins.storeDir (toString p.value));
+          assertion = !(hasPrefix "${builtins.storeDir}/" (toString p.value));
           message = "ginx: services.ginx.${p.name} is in the Nix store (${toString p.value}), which every user can read; point it at a file outside the store, e.g. under /etc/ginx or /run/secrets.";
         }) secretPaths
         ++ [

@@ -52,6 +52,8 @@ in
     {
       imports = [ ginxNode ];
       virtualisation.memorySize = 1536;
+      # k3s (API server, controllers, its sqlite datastore) and ginx share this VM; give it two vCPUs.
+      virtualisation.cores = 2;
       # kubectl is k3s's; this kubeconfig is the cluster admin's (for the test script only).
       environment.systemPackages = [ pkgs.openssl ];
       environment.variables.KUBECONFIG = "/etc/rancher/k3s/k3s.yaml";

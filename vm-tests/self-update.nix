@@ -23,6 +23,10 @@ in
 
   nodes.machine = {
     imports = [ (import ./common.nix self) ];
+    # The goal is `switch`, which installs the boot loader first; the test VM's root image has
+    # no partition table, so grub-install would fail and nothing would be activated (nixpkgs'
+    # own switch-test disables GRUB for the same reason). The specialisation inherits this.
+    boot.loader.grub.enable = false;
     services.ginx = {
       settings = {
         apply.command = [
