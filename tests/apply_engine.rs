@@ -73,11 +73,7 @@ fn a_timeout_under_systemd_run_stops_the_whole_tree() {
     );
     let call = &env.calls()[0];
     assert_eq!(call.grandchildren().len(), 3);
-    for pid in call.grandchildren().into_iter().chain([call.pid()]) {
-        wait_for(&format!("process {pid} to be gone"), || {
-            (!process_running(pid)).then_some(())
-        });
-    }
+    call.wait_gone();
 }
 
 #[test]
@@ -86,21 +82,11 @@ fn an_interrupted_process_apply_is_retried_once_then_counts_as_failed() {
     env.stub("hang", "");
     let head = env.repo.head();
     let d = env.start();
-    wait_for("the first attempt", || {
-        env.calls()
-            .into_iter()
-            .next()
-            .filter(|c| c.grandchildren().len() == 3)
-    });
+    env.wait_hanging_call(0);
     d.crash();
     // Retried once, at once, on the next start; it hangs again and ginx dies again.
     let d = env.start();
-    let second = wait_for("the retry", || {
-        env.calls()
-            .into_iter()
-            .nth(1)
-            .filter(|c| c.grandchildren().len() == 3)
-    });
+    let second = env.wait_hanging_call(1);
     assert_eq!(second.env["GINX_REVISION"], head);
     d.crash();
     // Interrupted twice in a row: a failure now, with backoff, not a third try.

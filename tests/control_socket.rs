@@ -156,17 +156,12 @@ fn ginxctl_finds_the_socket_through_the_config() {
     let env = Env::new();
     let d = env.start();
     d.wait_applied(&env.repo.head());
-    let out = Command::new(support::ginxctl_bin())
-        .arg("--config")
-        .arg(&env.config)
-        .arg("status")
-        .env_remove("GINX_SOCKET")
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
+    let out = support::succeed(
+        Command::new(support::ginxctl_bin())
+            .arg("--config")
+            .arg(&env.config)
+            .arg("status")
+            .env_remove("GINX_SOCKET"),
     );
     let text = String::from_utf8_lossy(&out.stdout);
     assert!(

@@ -151,11 +151,7 @@ fn timeout_kills_the_whole_process_group() {
         "the stand-in started its grandchildren"
     );
     // One grandchild ignores SIGTERM; SIGKILL after kill_grace ends it too.
-    for pid in grandchildren.into_iter().chain([call.pid()]) {
-        wait_for(&format!("process {pid} to be gone"), || {
-            (!process_running(pid)).then_some(())
-        });
-    }
+    call.wait_gone();
     let history: Value = serde_json::from_str(&d.ctl_ok(&["history", "--json"])).unwrap();
     assert_eq!(history["attempts"][0]["outcome"], "timed-out");
 }
@@ -187,12 +183,7 @@ fn a_second_ginx_on_the_same_state_dir_leaves_the_first_alone() {
     let env = Env::new();
     env.stub("hang", "");
     let d = env.start();
-    let call = wait_for("the apply to run", || {
-        env.calls()
-            .into_iter()
-            .next()
-            .filter(|c| c.grandchildren().len() == 3)
-    });
+    let call = env.wait_hanging_call(0);
     let out = std::process::Command::new(support::ginx_bin())
         .arg("--config")
         .arg(&env.config)
@@ -296,19 +287,11 @@ fn invalid_config_exits_1_naming_file_line_column() {
         "{err}"
     );
 
-    let check = std::process::Command::new(support::ginx_bin())
-        .args(["check-config", "--config"])
-        .arg(&env.config)
-        .output()
-        .unwrap();
+    let check = support::check_config(&env.config);
     assert_eq!(check.status.code(), Some(1));
 
     env.dropin("20-bad.toml", "[apply]\ntimeout = \"45m\"\n");
-    let check = std::process::Command::new(support::ginx_bin())
-        .args(["check-config", "--config"])
-        .arg(&env.config)
-        .output()
-        .unwrap();
+    let check = support::check_config(&env.config);
     assert_eq!(
         check.status.code(),
         Some(0),
@@ -482,21 +465,12 @@ fn sigterm_during_an_apply_waits_then_stops_it_and_exits_0() {
     env.stub("hang", "");
     let mut d = env.start();
     d.wait_status("the apply to run", |s| s["apply"]["state"] == "applying");
-    let call = wait_for("the stand-in to start its grandchildren", || {
-        env.calls()
-            .into_iter()
-            .next()
-            .filter(|c| c.grandchildren().len() == 3)
-    });
+    let call = env.wait_hanging_call(0);
     d.signal(Signal::SIGTERM);
     let status = d.wait_exit();
     assert_eq!(status.code(), Some(0), "log:\n{}", d.log());
     assert!(d.notes.iter().any(|n| n == "STOPPING=1"));
-    for pid in call.grandchildren().into_iter().chain([call.pid()]) {
-        wait_for(&format!("process {pid} to be gone"), || {
-            (!process_running(pid)).then_some(())
-        });
-    }
+    call.wait_gone();
     assert!(!env.socket.exists(), "the socket is removed");
     let history: Value =
         serde_json::from_str(&std::fs::read_to_string(env.state_dir.join("history.json")).unwrap())
@@ -515,20 +489,11 @@ fn killed_mid_apply_resolves_the_attempt_on_the_next_start() {
     let env = Env::new();
     env.stub("hang", "");
     let d = env.start();
-    let call = wait_for("the stand-in to start its grandchildren", || {
-        env.calls()
-            .into_iter()
-            .next()
-            .filter(|c| c.grandchildren().len() == 3)
-    });
+    let call = env.wait_hanging_call(0);
     d.crash();
     // The runner notices its parent died and stops the whole tree, grandchildren included,
     // without waiting for a new ginx.
-    for pid in call.grandchildren().into_iter().chain([call.pid()]) {
-        wait_for(&format!("process {pid} to be gone"), || {
-            (!process_running(pid)).then_some(())
-        });
-    }
+    call.wait_gone();
     env.unstub("hang");
     // The next ginx finds the attempt recorded in flight, records it as interrupted, retries.
     let d = env.start();
@@ -558,11 +523,7 @@ fn readme_configuration_example_is_valid() {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("config.toml");
     std::fs::write(&path, &readme[start..end]).unwrap();
-    let out = std::process::Command::new(support::ginx_bin())
-        .args(["check-config", "--config"])
-        .arg(&path)
-        .output()
-        .unwrap();
+    let out = support::check_config(&path);
     assert!(
         out.status.success(),
         "{}",

@@ -312,11 +312,7 @@ fn bad_facts_are_refused_with_what_is_wrong() {
 
     lucy.env
         .dropin("61-bad.toml", "[kubeadm]\nkubernetes_version = \"1.33\"\n");
-    let out = Command::new(support::ginx_bin())
-        .args(["check-config", "--config"])
-        .arg(&lucy.env.config)
-        .output()
-        .unwrap();
+    let out = support::check_config(&lucy.env.config);
     assert_eq!(out.status.code(), Some(1));
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(
@@ -330,11 +326,7 @@ fn bad_facts_are_refused_with_what_is_wrong() {
         "61-bad.toml",
         "[kubeadm]\ncontrol_plane_endpoint = \"10.0.0.100:99999\"\n",
     );
-    let out = Command::new(support::ginx_bin())
-        .args(["check-config", "--config"])
-        .arg(&lucy.env.config)
-        .output()
-        .unwrap();
+    let out = support::check_config(&lucy.env.config);
     assert!(String::from_utf8_lossy(&out.stderr).contains("not a valid port"));
 }
 
@@ -370,27 +362,22 @@ fn ca_cert_hashes_match_openssl() {
         &["-newkey", "rsa:2048"][..],
         &["-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:P-256"],
     ] {
-        let ok = Command::new("openssl")
-            .args([
-                "req",
-                "-x509",
-                "-nodes",
-                "-days",
-                "1",
-                "-subj",
-                "/CN=kubernetes",
-            ])
-            .args(key)
-            .arg("-keyout")
-            .arg(pki.join("ca.key"))
-            .arg("-out")
-            .arg(pki.join("ca.crt"))
-            .output()
-            .unwrap();
-        assert!(
-            ok.status.success(),
-            "{}",
-            String::from_utf8_lossy(&ok.stderr)
+        support::succeed(
+            Command::new("openssl")
+                .args([
+                    "req",
+                    "-x509",
+                    "-nodes",
+                    "-days",
+                    "1",
+                    "-subj",
+                    "/CN=kubernetes",
+                ])
+                .args(key)
+                .arg("-keyout")
+                .arg(pki.join("ca.key"))
+                .arg("-out")
+                .arg(pki.join("ca.crt")),
         );
         let want = openssl_hash(&pki.join("ca.crt"));
         let out = quinn.ctl_ok(&[

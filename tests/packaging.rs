@@ -11,24 +11,13 @@ use std::process::Command;
 
 use serde_json::Value;
 
-use crate::support;
+use crate::support::{self, succeed};
 
 fn repo() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR"))
         .join("..")
         .canonicalize()
         .unwrap()
-}
-
-/// Runs `cmd`, failing the test with its stderr unless it succeeds.
-fn succeed(cmd: &mut Command) -> std::process::Output {
-    let out = cmd.output().unwrap();
-    assert!(
-        out.status.success(),
-        "{cmd:?}: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    out
 }
 
 fn read(rel: &str) -> String {
@@ -73,17 +62,7 @@ fn every_nix_file_parses_without_undefined_variables() {
         assert!(names.iter().any(|n| n == want), "{want} missing: {names:?}");
     }
     for f in &files {
-        let out = Command::new("nix-instantiate")
-            .arg("--parse")
-            .arg(f)
-            .output()
-            .unwrap();
-        assert!(
-            out.status.success(),
-            "{}: {}",
-            f.display(),
-            String::from_utf8_lossy(&out.stderr)
-        );
+        succeed(Command::new("nix-instantiate").arg("--parse").arg(f));
     }
     // The check is worth something: an undefined variable fails to parse (no `with` hides it).
     let dir = tempfile::tempdir().unwrap();
@@ -169,16 +148,10 @@ fn cloud_init_user_data_passes_the_schema() {
     if !support::require("cloud-init") {
         return;
     }
-    let out = Command::new("cloud-init")
-        .args(["schema", "--config-file"])
-        .arg(repo().join("packaging/cloud-init/user-data.yaml"))
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
+    succeed(
+        Command::new("cloud-init")
+            .args(["schema", "--config-file"])
+            .arg(repo().join("packaging/cloud-init/user-data.yaml")),
     );
     // And the schema check can fail.
     let dir = tempfile::tempdir().unwrap();
@@ -219,11 +192,7 @@ fn merged_check_config(doc: &Value, dir: &Path) -> std::process::Output {
         }
     }
     assert_eq!(dropins, 1);
-    Command::new(support::ginx_bin())
-        .args(["check-config", "--config"])
-        .arg(&config)
-        .output()
-        .unwrap()
+    support::check_config(&config)
 }
 
 #[test]
@@ -245,11 +214,7 @@ fn the_user_data_drop_in_with_the_image_config_passes_check_config() {
 
     // The image alone has no source: ginx says what is missing.
     std::fs::remove_dir_all(dir.path().join("config.d")).unwrap();
-    let out = Command::new(support::ginx_bin())
-        .args(["check-config", "--config"])
-        .arg(dir.path().join("config.toml"))
-        .output()
-        .unwrap();
+    let out = support::check_config(&dir.path().join("config.toml"));
     assert!(!out.status.success());
     assert!(String::from_utf8_lossy(&out.stderr).contains("no sources configured"));
 }

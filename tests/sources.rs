@@ -10,10 +10,33 @@ use std::sync::atomic::{AtomicBool, Ordering};
 
 use serde_json::Value;
 
+use crate::support::daemon::Daemon;
 use crate::support::{self, Env, http, inetd, ssh, wait_for};
 
 fn source<'a>(s: &'a Value, name: &str) -> &'a Value {
     &s["sources"][name]
+}
+
+/// The error status reports for source `name` (the test fails when there is none).
+fn source_error(s: &Value, name: &str) -> String {
+    source(s, name)["error"]
+        .as_str()
+        .unwrap_or_else(|| panic!("no error for source {name}: {s:#}"))
+        .to_owned()
+}
+
+/// Waits until source `name` reports an error that `pred` accepts; returns the status and it.
+fn wait_source_error(
+    d: &Daemon,
+    name: &str,
+    what: &str,
+    pred: impl Fn(&str) -> bool,
+) -> (Value, String) {
+    let s = d.wait_status(what, |s| {
+        source(s, name)["error"].as_str().is_some_and(&pred)
+    });
+    let e = source_error(&s, name);
+    (s, e)
 }
 
 /// Points the hephaestus source at `url` (plus any extra keys).
@@ -36,15 +59,7 @@ fn ssh_deploy_key_with_known_hosts_fetches() {
     let env = Env::new();
     let bare = env.bare();
     let sshd = ssh::SshServer::start(&env.root.join("sshd"));
-    use_remote(
-        &env,
-        &sshd.url(&bare),
-        &format!(
-            "ssh_key_file = \"{}\"\nknown_hosts_file = \"{}\"\n",
-            sshd.client_key.display(),
-            sshd.known_hosts.display()
-        ),
-    );
+    use_remote(&env, &sshd.url(&bare), &sshd.source_keys(&sshd.known_hosts));
     let d = env.start();
     let s = d.wait_applied(&env.repo.head());
     assert!(
@@ -71,22 +86,9 @@ fn ssh_unknown_and_changed_host_keys_are_refused_saying_so() {
     let sshd = ssh::SshServer::start(&env.root.join("sshd"));
     let empty = env.root.join("empty_known_hosts");
     std::fs::write(&empty, "").unwrap();
-    let cfg = |kh: &Path| {
-        format!(
-            "ssh_key_file = \"{}\"\nknown_hosts_file = \"{}\"\n",
-            sshd.client_key.display(),
-            kh.display()
-        )
-    };
-    use_remote(&env, &sshd.url(&bare), &cfg(&empty));
+    use_remote(&env, &sshd.url(&bare), &sshd.source_keys(&empty));
     let d = env.start();
-    let s = d.wait_status("the unknown host key", |s| {
-        source(s, "hephaestus")["error"].is_string()
-    });
-    let e = source(&s, "hephaestus")["error"]
-        .as_str()
-        .unwrap()
-        .to_owned();
+    let (s, e) = wait_source_error(&d, "hephaestus", "the unknown host key", |_| true);
     assert!(
         e.contains("host key of [127.0.0.1]:") && e.contains("is unknown"),
         "{e}"
@@ -105,19 +107,12 @@ fn ssh_unknown_and_changed_host_keys_are_refused_saying_so() {
         format!("[127.0.0.1]:{} {other}\n", sshd.server.port),
     )
     .unwrap();
-    use_remote(&env, &sshd.url(&bare), &cfg(&changed));
+    use_remote(&env, &sshd.url(&bare), &sshd.source_keys(&changed));
     d.signal(nix::sys::signal::Signal::SIGHUP);
-    let s = d.wait_status("the changed host key", |s| {
-        source(s, "hephaestus")["error"]
-            .as_str()
-            .is_some_and(|e| e.contains("CHANGED"))
+    let (_, e) = wait_source_error(&d, "hephaestus", "the changed host key", |e| {
+        e.contains("CHANGED")
     });
-    assert!(
-        source(&s, "hephaestus")["error"]
-            .as_str()
-            .unwrap()
-            .contains("intercepting")
-    );
+    assert!(e.contains("intercepting"), "{e}");
     assert!(
         !sshd.log().contains("Accepted publickey"),
         "no key was offered to an untrusted host"
@@ -133,20 +128,9 @@ fn a_deploy_key_others_can_read_is_refused() {
     let bare = env.bare();
     let sshd = ssh::SshServer::start(&env.root.join("sshd"));
     std::fs::set_permissions(&sshd.client_key, std::fs::Permissions::from_mode(0o644)).unwrap();
-    use_remote(
-        &env,
-        &sshd.url(&bare),
-        &format!(
-            "ssh_key_file = \"{}\"\nknown_hosts_file = \"{}\"\n",
-            sshd.client_key.display(),
-            sshd.known_hosts.display()
-        ),
-    );
+    use_remote(&env, &sshd.url(&bare), &sshd.source_keys(&sshd.known_hosts));
     let d = env.start();
-    let s = d.wait_status("the refusal", |s| {
-        source(s, "hephaestus")["error"].is_string()
-    });
-    let e = source(&s, "hephaestus")["error"].as_str().unwrap();
+    let (_, e) = wait_source_error(&d, "hephaestus", "the refusal", |_| true);
     assert!(
         e.contains("ssh_key_file") && e.contains("mode 0644") && e.contains("chmod 600"),
         "{e}"
@@ -176,8 +160,7 @@ fn https_token_is_used_and_never_shown() {
     // Without the token: refused, and the message says what to configure.
     use_remote(&env, &url, "");
     let d = env.start();
-    let s = d.wait_status("the 401", |s| source(s, "hephaestus")["error"].is_string());
-    let e = source(&s, "hephaestus")["error"].as_str().unwrap();
+    let (_, e) = wait_source_error(&d, "hephaestus", "the 401", |_| true);
     assert!(e.contains("token_file"), "{e}");
 
     let token_file = env.root.join("token");
@@ -390,10 +373,7 @@ fn ssh_signed_heads_are_accepted_unsigned_and_wrong_signer_refused() {
     let wrong = signed_commit(&env, "wrong.nix");
     d.ctl(&["sync"]);
     let s = d.status();
-    let e = source(&s, "hephaestus")["error"]
-        .as_str()
-        .unwrap()
-        .to_owned();
+    let e = source_error(&s, "hephaestus");
     assert!(e.contains(&format!("commit {wrong} refused")), "{e}");
     assert!(
         e.contains("not in allowed_signers_file") && e.contains("(key SHA256:"),
@@ -418,18 +398,13 @@ fn openpgp_signed_heads_are_accepted_and_others_refused() {
     std::fs::create_dir_all(&gnupg).unwrap();
     std::fs::set_permissions(&gnupg, std::fs::Permissions::from_mode(0o700)).unwrap();
     let gpg = |args: &[&str]| {
-        let out = std::process::Command::new("gpg")
-            .env("GNUPGHOME", &gnupg)
-            .args(["--batch", "--pinentry-mode", "loopback", "--passphrase", ""])
-            .args(args)
-            .output()
-            .unwrap();
-        assert!(
-            out.status.success(),
-            "gpg {args:?}: {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        out.stdout
+        support::succeed(
+            std::process::Command::new("gpg")
+                .env("GNUPGHOME", &gnupg)
+                .args(["--batch", "--pinentry-mode", "loopback", "--passphrase", ""])
+                .args(args),
+        )
+        .stdout
     };
     gpg(&[
         "--quick-generate-key",
@@ -446,17 +421,12 @@ fn openpgp_signed_heads_are_accepted_and_others_refused() {
     let commit_signed = |file: &str| {
         std::fs::write(env.repo.path.join(file), "{ }\n").unwrap();
         env.repo.git(&["add", "-A"]);
-        let out = support::git::git_cmd()
-            .arg("-C")
-            .arg(&env.repo.path)
-            .env("GNUPGHOME", &gnupg)
-            .args(["commit", "-q", "-S", "-m", file])
-            .output()
-            .unwrap();
-        assert!(
-            out.status.success(),
-            "{}",
-            String::from_utf8_lossy(&out.stderr)
+        support::succeed(
+            support::git::git_cmd()
+                .arg("-C")
+                .arg(&env.repo.path)
+                .env("GNUPGHOME", &gnupg)
+                .args(["commit", "-q", "-S", "-m", file]),
         );
         env.repo.head()
     };
@@ -491,10 +461,7 @@ fn openpgp_signed_heads_are_accepted_and_others_refused() {
     let wrong = commit_signed("mallory.nix");
     d.ctl(&["sync"]);
     let s = d.status();
-    let e = source(&s, "hephaestus")["error"]
-        .as_str()
-        .unwrap()
-        .to_owned();
+    let e = source_error(&s, "hephaestus");
     assert!(
         e.contains(&format!("commit {wrong} refused"))
             && e.contains("not by a key in openpgp_keyring_file"),
@@ -691,17 +658,8 @@ fn a_stalled_remote_times_out_while_another_source_keeps_working() {
     );
     let d = env.start();
     d.wait_applied(&env.repo.head());
-    let s = d.wait_status("the timeout", |s| {
-        source(s, "argus")["error"]
-            .as_str()
-            .is_some_and(|e| e.contains("timed out"))
-    });
-    assert!(
-        source(&s, "argus")["error"]
-            .as_str()
-            .unwrap()
-            .contains("fetch_timeout")
-    );
+    let (_, e) = wait_source_error(&d, "argus", "the timeout", |e| e.contains("timed out"));
+    assert!(e.contains("fetch_timeout"), "{e}");
     // Hephaestus keeps fetching and applying while argus is stuck.
     let next = env.repo.commit("go.nix", "{ }\n", "go on");
     d.ctl_ok(&["sync", "hephaestus"]);

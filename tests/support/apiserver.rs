@@ -146,35 +146,12 @@ pub fn strategic_merge(target: &mut Value, patch: &Value) {
 
 impl ApiServer {
     pub fn start(dir: &std::path::Path) -> Self {
-        let runtime = tokio::runtime::Builder::new_multi_thread()
-            .worker_threads(2)
-            .enable_all()
-            .build()
-            .unwrap();
-        let listener = runtime
-            .block_on(tokio::net::TcpListener::bind("127.0.0.1:0"))
-            .unwrap();
+        let (runtime, listener) = super::loopback_server(2);
         let addr = listener.local_addr().unwrap();
         let ca = TestCa::new(dir);
-        let (cert, key) = ca.issue(&["127.0.0.1", "localhost", "kubernetes"]);
-        let roots = {
-            let mut r = rustls::RootCertStore::empty();
-            r.add(ca.der()).unwrap();
-            Arc::new(r)
-        };
-        let provider = Arc::new(rustls::crypto::ring::default_provider());
-        let verifier =
-            rustls::server::WebPkiClientVerifier::builder_with_provider(roots, provider.clone())
-                .allow_unauthenticated()
-                .build()
-                .unwrap();
-        let tls = rustls::ServerConfig::builder_with_provider(provider)
-            .with_safe_default_protocol_versions()
-            .unwrap()
-            .with_client_cert_verifier(verifier)
-            .with_single_cert(vec![cert, ca.der()], key)
-            .unwrap();
-        let acceptor = tokio_rustls::TlsAcceptor::from(Arc::new(tls));
+        let acceptor = tokio_rustls::TlsAcceptor::from(
+            ca.server_config_for(&["127.0.0.1", "localhost", "kubernetes"], true),
+        );
         let token = format!("ginx-test-token-{}", fastrand::u64(..));
         let store = Arc::new(Mutex::new(Store::default()));
         store

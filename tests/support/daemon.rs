@@ -13,7 +13,7 @@ use nix::sys::signal::{Signal, kill};
 use nix::unistd::Pid;
 use serde_json::Value;
 
-use super::{GitRepo, PATIENCE, ginx_bin, ginxctl_bin, support_dir, wait_for};
+use super::{GitRepo, PATIENCE, ginx_bin, ginxctl_bin, process_running, support_dir, wait_for};
 
 /// One recorded call of the stand-in colmena.
 #[derive(Debug, Clone)]
@@ -40,6 +40,15 @@ impl Call {
             .trim()
             .parse()
             .unwrap()
+    }
+
+    /// Waits until the stand-in and every grandchild it started have exited.
+    pub fn wait_gone(&self) {
+        for pid in self.grandchildren().into_iter().chain([self.pid()]) {
+            wait_for(&format!("process {pid} to be gone"), || {
+                (!process_running(pid)).then_some(())
+            });
+        }
     }
 }
 
@@ -258,6 +267,20 @@ group = "root"
                 })
             })
             .collect()
+    }
+
+    /// Waits until call `n` (0-based) of the stand-in colmena, running with the `hang` stub, has
+    /// started all three of its grandchildren, and returns it.
+    pub fn wait_hanging_call(&self, n: usize) -> Call {
+        wait_for(
+            &format!("call {n} of the stand-in to start its grandchildren"),
+            || {
+                self.calls()
+                    .into_iter()
+                    .nth(n)
+                    .filter(|c| c.grandchildren().len() == 3)
+            },
+        )
     }
 
     pub fn start(&self) -> Daemon {

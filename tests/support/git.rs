@@ -36,17 +36,7 @@ impl GitRepo {
     }
 
     pub fn git(&self, args: &[&str]) -> String {
-        let out = git_cmd()
-            .arg("-C")
-            .arg(&self.path)
-            .args(args)
-            .output()
-            .expect("running git");
-        assert!(
-            out.status.success(),
-            "git {args:?} failed: {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
+        let out = super::succeed(git_cmd().arg("-C").arg(&self.path).args(args));
         String::from_utf8_lossy(&out.stdout).trim().to_owned()
     }
 

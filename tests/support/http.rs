@@ -44,14 +44,7 @@ pub struct GitHttpServer {
 impl GitHttpServer {
     /// Serves the repositories under `root` at `<base_url>/<name>`.
     pub fn start(root: &Path, opts: Options) -> Self {
-        let runtime = tokio::runtime::Builder::new_multi_thread()
-            .worker_threads(1)
-            .enable_all()
-            .build()
-            .unwrap();
-        let listener = runtime
-            .block_on(tokio::net::TcpListener::bind("127.0.0.1:0"))
-            .unwrap();
+        let (runtime, listener) = super::loopback_server(1);
         let addr = listener.local_addr().unwrap();
         let ca = opts.tls.then(|| TestCa::new(root));
         let acceptor = ca

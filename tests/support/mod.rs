@@ -32,6 +32,44 @@ pub fn ginxctl_bin() -> PathBuf {
     PathBuf::from(env!("CARGO_BIN_EXE_ginxctl"))
 }
 
+/// A tokio runtime with `worker_threads` workers for a test server, and a listener on a free
+/// port of 127.0.0.1.
+pub fn loopback_server(
+    worker_threads: usize,
+) -> (tokio::runtime::Runtime, tokio::net::TcpListener) {
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(worker_threads)
+        .enable_all()
+        .build()
+        .unwrap();
+    let listener = runtime
+        .block_on(tokio::net::TcpListener::bind("127.0.0.1:0"))
+        .unwrap();
+    (runtime, listener)
+}
+
+/// Runs `ginx check-config --config <config>` (with the drop-ins beside it).
+pub fn check_config(config: &Path) -> std::process::Output {
+    std::process::Command::new(ginx_bin())
+        .args(["check-config", "--config"])
+        .arg(config)
+        .output()
+        .unwrap()
+}
+
+/// Runs `cmd`, failing the test with its output unless it exits 0.
+pub fn succeed(cmd: &mut std::process::Command) -> std::process::Output {
+    let out = cmd.output().unwrap_or_else(|e| panic!("{cmd:?}: {e}"));
+    assert!(
+        out.status.success(),
+        "{cmd:?} failed ({}): {}{}",
+        out.status,
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    out
+}
+
 /// The tests/support directory (fixtures and stand-ins live here).
 pub fn support_dir() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/support")

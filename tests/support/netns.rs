@@ -25,17 +25,7 @@ impl NetNs {
 
     /// `ip -n <ns> <args>`.
     pub fn ip(&self, args: &[&str]) {
-        let out = Command::new("ip")
-            .arg("-n")
-            .arg(&self.name)
-            .args(args)
-            .output()
-            .unwrap();
-        assert!(
-            out.status.success(),
-            "ip {args:?}: {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
+        super::succeed(Command::new("ip").arg("-n").arg(&self.name).args(args));
     }
 
     fn file(&self) -> File {

@@ -13,15 +13,10 @@ pub const SSHD: &str = "/usr/sbin/sshd";
 pub fn keygen(path: &Path, comment: &str) -> String {
     let _ = std::fs::remove_file(path);
     let _ = std::fs::remove_file(path.with_extension("pub"));
-    let out = Command::new("ssh-keygen")
-        .args(["-q", "-t", "ed25519", "-N", "", "-C", comment, "-f"])
-        .arg(path)
-        .output()
-        .expect("running ssh-keygen");
-    assert!(
-        out.status.success(),
-        "ssh-keygen: {}",
-        String::from_utf8_lossy(&out.stderr)
+    super::succeed(
+        Command::new("ssh-keygen")
+            .args(["-q", "-t", "ed25519", "-N", "", "-C", comment, "-f"])
+            .arg(path),
     );
     std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600)).unwrap();
     pub_line(path)
@@ -97,6 +92,16 @@ impl SshServer {
             "ssh://root@127.0.0.1:{}{}",
             self.server.port,
             repo.display()
+        )
+    }
+
+    /// The `[sources.*]` keys that make ginx use this server's deploy key, trusting the host keys
+    /// in `known_hosts` (usually [`Self::known_hosts`]).
+    pub fn source_keys(&self, known_hosts: &Path) -> String {
+        format!(
+            "ssh_key_file = \"{}\"\nknown_hosts_file = \"{}\"\n",
+            self.client_key.display(),
+            known_hosts.display()
         )
     }
 

@@ -62,15 +62,40 @@ impl TestCa {
 
     /// A rustls server configuration for 127.0.0.1 and localhost.
     pub fn server_config(&self) -> Arc<rustls::ServerConfig> {
-        let (cert, key) = self.issue(&["127.0.0.1", "localhost"]);
-        let config = rustls::ServerConfig::builder_with_provider(Arc::new(
-            rustls::crypto::ring::default_provider(),
-        ))
-        .with_safe_default_protocol_versions()
-        .unwrap()
-        .with_no_client_auth()
-        .with_single_cert(vec![cert, self.issuer.der().clone()], key)
-        .unwrap();
-        Arc::new(config)
+        self.server_config_for(&["127.0.0.1", "localhost"], false)
+    }
+
+    /// A rustls server configuration with a certificate for `names`. With `client_certs`,
+    /// clients may present a certificate signed by this CA (verified when presented; clients
+    /// without one are accepted too, as an API server accepts bearer tokens).
+    pub fn server_config_for(
+        &self,
+        names: &[&str],
+        client_certs: bool,
+    ) -> Arc<rustls::ServerConfig> {
+        let (cert, key) = self.issue(names);
+        let provider = Arc::new(rustls::crypto::ring::default_provider());
+        let builder = rustls::ServerConfig::builder_with_provider(provider.clone())
+            .with_safe_default_protocol_versions()
+            .unwrap();
+        let builder = if client_certs {
+            let mut roots = rustls::RootCertStore::empty();
+            roots.add(self.der()).unwrap();
+            let verifier = rustls::server::WebPkiClientVerifier::builder_with_provider(
+                Arc::new(roots),
+                provider,
+            )
+            .allow_unauthenticated()
+            .build()
+            .unwrap();
+            builder.with_client_cert_verifier(verifier)
+        } else {
+            builder.with_no_client_auth()
+        };
+        Arc::new(
+            builder
+                .with_single_cert(vec![cert, self.der()], key)
+                .unwrap(),
+        )
     }
 }

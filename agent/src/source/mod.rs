@@ -76,6 +76,18 @@ pub struct RemoteStatus {
     pub error: Option<String>,
 }
 
+impl RemoteStatus {
+    /// The status of the remote shown as `url` after a fetch that tried `results`.
+    fn after(url: String, results: &[RemoteResult]) -> Self {
+        let tried = results.iter().find(|r| r.url == url);
+        Self {
+            ok: tried.map(|r| r.error.is_none()),
+            error: tried.and_then(|r| r.error.clone()),
+            url,
+        }
+    }
+}
+
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Refused {
     pub revision: Revision,
@@ -303,11 +315,21 @@ impl Poller {
         let mut waiters: Vec<oneshot::Sender<SyncOutcome>> = Vec::new();
         let mut accepts: Vec<(String, AcceptReply)> = Vec::new();
         loop {
+            // Accepted revisions become the new base first; the fetch below then judges the
+            // head against them and answers every request.
+            let mut accepted = Vec::new();
             for (spec, reply) in accepts.drain(..) {
-                let r = self.accept(spec).await;
-                let _ = reply.send(r);
+                match self.accept(spec).await {
+                    Ok(rev) => accepted.push((rev, reply)),
+                    Err(e) => {
+                        let _ = reply.send(Err(e));
+                    }
+                }
             }
             let outcome = self.fetch_once().await;
+            for (rev, reply) in accepted {
+                let _ = reply.send(Ok((rev, outcome.clone())));
+            }
             for w in waiters.drain(..) {
                 let _ = w.send(outcome.clone());
             }
@@ -369,7 +391,8 @@ impl Poller {
         util::jitter(base, 0.1)
     }
 
-    async fn accept(&mut self, spec: String) -> Result<(Revision, SyncOutcome), String> {
+    /// Makes the revision `spec` names the deployed base of this source.
+    async fn accept(&mut self, spec: String) -> Result<Revision, String> {
         let workspace = Arc::clone(&self.workspace);
         let name = self.name.clone();
         let rev = tokio::task::spawn_blocking(move || {
@@ -382,8 +405,7 @@ impl Poller {
         .map_err(|e| e.to_string())?;
         tracing::warn!(source = %self.name, revision = %rev, "accepted by an operator as the new base for fast-forward checks");
         self.update(|s| s.deployed = Some(rev.clone()));
-        let outcome = self.fetch_once().await;
-        Ok((rev, outcome))
+        Ok(rev)
     }
 
     async fn fetch_once(&mut self) -> SyncOutcome {
@@ -455,21 +477,7 @@ impl Poller {
         let configured = cfg.source.remotes();
         let remotes: Vec<RemoteStatus> = configured
             .iter()
-            .map(|u| {
-                let shown = u.to_string();
-                match round.fetched.remotes.iter().find(|r| r.url == shown) {
-                    Some(r) => RemoteStatus {
-                        url: shown,
-                        ok: Some(r.error.is_none()),
-                        error: r.error.clone(),
-                    },
-                    None => RemoteStatus {
-                        url: shown,
-                        ok: None,
-                        error: None,
-                    },
-                }
-            })
+            .map(|u| RemoteStatus::after(u.to_string(), &round.fetched.remotes))
             .collect();
         let mut changed = false;
         if let Some((candidate, pin)) = round.published {
@@ -558,9 +566,7 @@ impl Poller {
             match per_remote {
                 Some(results) => {
                     for r in &mut s.remotes {
-                        let tried = results.iter().find(|x| x.url == r.url);
-                        r.ok = tried.map(|x| x.error.is_none());
-                        r.error = tried.and_then(|x| x.error.clone());
+                        *r = RemoteStatus::after(std::mem::take(&mut r.url), &results);
                     }
                 }
                 None if s.remotes.len() == 1 => {
