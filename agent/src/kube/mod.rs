@@ -122,8 +122,23 @@ pub async fn client_config(
     timeout: std::time::Duration,
 ) -> Result<kube::Config, String> {
     install_crypto();
-    let kubeconfig =
-        Kubeconfig::read_from(path).map_err(|e| format!("kubeconfig {}: {e}", path.display()))?;
+    let kubeconfig = Kubeconfig::read_from(path).map_err(|e| match e {
+        // The YAML parser's message quotes the lines around the error, which may be a token or
+        // a client key: only the position goes out.
+        kube::config::KubeconfigError::Parse(e) => match e.location() {
+            Some(l) => format!(
+                "kubeconfig {}:{}:{}: not a valid kubeconfig (YAML); check the file there",
+                path.display(),
+                l.line(),
+                l.column()
+            ),
+            None => format!(
+                "kubeconfig {}: not a valid kubeconfig (YAML); check the file",
+                path.display()
+            ),
+        },
+        e => format!("kubeconfig {}: {e}", path.display()),
+    })?;
     let options = KubeConfigOptions {
         context,
         ..KubeConfigOptions::default()
@@ -184,4 +199,29 @@ pub async fn connect(cfg: &Config, metrics: &Arc<Metrics>) -> Result<KubeClients
 pub fn stamp(path: &Path) -> Option<(std::time::SystemTime, u64)> {
     let m = std::fs::metadata(path).ok()?;
     Some((m.modified().ok()?, m.len()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn a_broken_kubeconfig_is_named_by_position_without_its_contents() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("admin.conf");
+        std::fs::write(
+            &path,
+            "apiVersion: v1\nusers:\n- name: ginx\n  user:\n    token: sekrit-token-value\n   bad: [\n",
+        )
+        .unwrap();
+        let e = client_config(&path, None, std::time::Duration::from_secs(1))
+            .await
+            .unwrap_err();
+        assert!(!e.contains("sekrit"), "{e}");
+        assert!(
+            e.starts_with(&format!("kubeconfig {}:", path.display()))
+                && e.contains("not a valid kubeconfig"),
+            "{e}"
+        );
+    }
 }

@@ -4,7 +4,7 @@
 //! revision. Called from `spawn_blocking`.
 //!
 //! Messages never contain the configured URL as written (it may carry credentials): libgit2
-//! messages pass through [`scrub`] before they leave this module.
+//! messages pass through [`RemoteUrl::scrub`] before they leave this module.
 
 use std::cell::RefCell;
 use std::path::{Path, PathBuf};
@@ -438,7 +438,7 @@ fn fetch_one(
         };
         GitError::Fetch {
             url: url.to_string(),
-            message: scrub(&message, url),
+            message: url.scrub(&message),
         }
     };
     let mut remote = repo
@@ -502,18 +502,4 @@ fn fetch_one(
 
 pub fn tracking_ref(branch: &str) -> String {
     format!("refs/remotes/origin/{branch}")
-}
-
-/// Removes the URL as configured (and its password) from a libgit2 message.
-pub fn scrub(message: &str, url: &RemoteUrl) -> String {
-    let mut out = message.replace(url.as_git_url(), &url.to_string());
-    if let Ok(parsed) = url::Url::parse(url.as_git_url()) {
-        if let Some(pw) = parsed.password().filter(|p| !p.is_empty()) {
-            out = out.replace(pw, "***");
-        }
-        if !parsed.username().is_empty() && url.has_inline_credentials() {
-            out = out.replace(parsed.username(), "***");
-        }
-    }
-    out
 }

@@ -6,7 +6,6 @@
 //! logs, status, errors, `check-config` — goes through `Display`/`Serialize`, which redact.
 
 use std::fmt;
-use std::path::PathBuf;
 use std::str::FromStr;
 
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
@@ -29,6 +28,9 @@ pub struct RemoteUrl {
     raw: String,
     /// What humans see.
     shown: String,
+    /// The parts of `raw` that `shown` hides because they may be credentials: a password, and
+    /// for HTTP(S) and git:// the user name (tokens are often written there).
+    secrets: Vec<String>,
     transport: Transport,
 }
 
@@ -42,28 +44,19 @@ impl RemoteUrl {
         self.transport
     }
 
-    /// The local path for `file://` URLs and plain paths.
-    pub fn local_path(&self) -> Option<PathBuf> {
-        match self.transport {
-            Transport::File => Some(
-                self.raw
-                    .strip_prefix("file://")
-                    .map_or_else(|| PathBuf::from(&self.raw), PathBuf::from),
-            ),
-            _ => None,
-        }
-    }
-
     /// Whether the configured URL itself carries a password or token.
     pub fn has_inline_credentials(&self) -> bool {
-        match url::Url::parse(&self.raw) {
-            Ok(u) => {
-                u.password().is_some()
-                    || (matches!(self.transport, Transport::Http | Transport::Https)
-                        && !u.username().is_empty())
-            }
-            Err(_) => false,
+        !self.secrets.is_empty()
+    }
+
+    /// `message` (from git) with the URL as configured replaced by the URL as shown, and any
+    /// credential in it masked.
+    pub fn scrub(&self, message: &str) -> String {
+        let mut out = message.replace(&self.raw, &self.shown);
+        for secret in &self.secrets {
+            out = out.replace(secret.as_str(), "***");
         }
+        out
     }
 }
 
@@ -83,6 +76,7 @@ impl FromStr for RemoteUrl {
             return Ok(Self {
                 raw: raw.to_owned(),
                 shown: raw.to_owned(),
+                secrets: Vec::new(),
                 transport: Transport::File,
             });
         }
@@ -111,16 +105,20 @@ impl FromStr for RemoteUrl {
             } else if url.host_str().is_none_or(str::is_empty) {
                 return Err(format!("{scheme}:// URL without a host"));
             }
+            let mut secrets: Vec<String> = url.password().map(str::to_owned).into_iter().collect();
             let _ = url.set_password(None);
             if matches!(
                 transport,
                 Transport::Http | Transport::Https | Transport::Git
             ) {
+                secrets.push(url.username().to_owned());
                 let _ = url.set_username("");
             }
+            secrets.retain(|s| !s.is_empty());
             return Ok(Self {
                 raw: raw.to_owned(),
                 shown: url.to_string(),
+                secrets,
                 transport,
             });
         }
@@ -135,16 +133,21 @@ impl FromStr for RemoteUrl {
             && !host.is_empty()
             && !path.is_empty()
         {
-            let shown = match userinfo {
-                Some(u) => {
-                    let user = u.split_once(':').map_or(u, |(user, _)| user);
-                    format!("{user}@{host}:{path}")
-                }
+            let (user, password) = match userinfo.map(|u| u.split_once(':').unwrap_or((u, ""))) {
+                Some((user, password)) => (Some(user), password),
+                None => (None, ""),
+            };
+            let shown = match user {
+                Some(user) => format!("{user}@{host}:{path}"),
                 None => format!("{host}:{path}"),
             };
             return Ok(Self {
                 raw: raw.to_owned(),
                 shown,
+                secrets: (!password.is_empty())
+                    .then(|| password.to_owned())
+                    .into_iter()
+                    .collect(),
                 transport: Transport::Ssh,
             });
         }
@@ -274,6 +277,11 @@ mod tests {
             .unwrap();
         assert_eq!(u.to_string(), "ssh://git@git.example.com:2222/infra/h.git");
         assert_eq!(u.transport(), Transport::Ssh);
+        // The user name is not a secret over SSH: git's messages keep it, the password goes.
+        assert_eq!(
+            u.scrub("git@git.example.com: git-upload-pack failed, password pw"),
+            "git@git.example.com: git-upload-pack failed, password ***"
+        );
         let scp: RemoteUrl = "git@github.com:org/repo.git".parse().unwrap();
         assert_eq!(scp.transport(), Transport::Ssh);
         assert_eq!(scp.to_string(), "git@github.com:org/repo.git");
@@ -284,6 +292,11 @@ mod tests {
         let u: RemoteUrl = "git:hunter2@git.example.com:infra/h.git".parse().unwrap();
         assert_eq!(u.to_string(), "git@git.example.com:infra/h.git");
         assert_eq!(u.transport(), Transport::Ssh);
+        assert!(u.has_inline_credentials());
+        assert_eq!(
+            u.scrub("cannot reach git:hunter2@git.example.com:infra/h.git (hunter2)"),
+            "cannot reach git@git.example.com:infra/h.git (***)"
+        );
         let e = "https//deploy:TOKEN@host/x"
             .parse::<RemoteUrl>()
             .unwrap_err();
@@ -293,9 +306,11 @@ mod tests {
     #[test]
     fn paths_and_file_urls_are_local() {
         let p: RemoteUrl = "/srv/git/h.git".parse().unwrap();
-        assert_eq!(p.local_path().unwrap(), PathBuf::from("/srv/git/h.git"));
+        assert_eq!(p.transport(), Transport::File);
+        assert_eq!(p.to_string(), "/srv/git/h.git");
         let f: RemoteUrl = "file:///srv/git/h.git".parse().unwrap();
-        assert_eq!(f.local_path().unwrap(), PathBuf::from("/srv/git/h.git"));
+        assert_eq!(f.transport(), Transport::File);
+        assert!(!f.has_inline_credentials());
     }
 
     #[test]
