@@ -26,6 +26,9 @@ fn outcomes(d: &crate::support::daemon::Daemon) -> Vec<String> {
 fn an_apply_that_restarts_ginx_completes_and_is_recorded_once() {
     let mut env = Env::new();
     let systemd = env.use_systemd_run();
+    // Something secret in ginx's environment (a Nix access token, say).
+    env.daemon_env
+        .push(("NIX_TEST_TOKEN".into(), "hunter2-token".into()));
     let go = env.root.join("go");
     env.stub("wait_for", &go.display().to_string());
     let head = env.repo.head();
@@ -57,6 +60,12 @@ fn an_apply_that_restarts_ginx_completes_and_is_recorded_once() {
     );
     // The unit got ginx's environment explicitly (transient units inherit nothing).
     assert!(runs.contains("--setenv=GINX_REVISION="), "{runs}");
+    // ginx's own variables go by name; the unit still gets their values.
+    assert!(
+        runs.contains("--setenv=NIX_TEST_TOKEN ") && !runs.contains("hunter2"),
+        "{runs}"
+    );
+    assert_eq!(env.calls()[0].env["NIX_TEST_TOKEN"], "hunter2-token");
 }
 
 #[test]

@@ -244,6 +244,41 @@ fn the_condition_follows_the_probes_and_leaves_others_alone() {
 }
 
 #[test]
+fn a_vip_that_never_answers_leaves_the_local_check_its_time() {
+    let env = Env::new();
+    let api = ApiServer::start(&env.root);
+    api.add_node("lucy");
+    // Accepts connections (the kernel completes them) and never answers: a VIP nobody holds
+    // behind a load balancer, or a half-dead holder.
+    let silent = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    use_api(&env, &api, "");
+    env.dropin(
+        "80-probes.toml",
+        &format!(
+            "[health.apiserver]\nenabled = true\ntimeout = \"1s\"\nlocal_url = \"{}\"\n\
+             vip_url = \"https://127.0.0.1:{}\"\n",
+            api.url,
+            silent.local_addr().unwrap().port()
+        ),
+    );
+    let d = env.start();
+    let s = d.wait_status("the apiserver probe", |s| {
+        s["health"]["apiserver"]["status"]
+            .as_str()
+            .is_some_and(|st| st != "unknown")
+    });
+    let probe = &s["health"]["apiserver"];
+    assert_eq!(probe["status"], "degraded", "{probe}");
+    assert!(
+        probe["message"]
+            .as_str()
+            .unwrap()
+            .starts_with("local ready; VIP: "),
+        "{probe}"
+    );
+}
+
+#[test]
 fn probes_against_stand_in_endpoints() {
     let env = Env::new();
     let api = ApiServer::start(&env.root);

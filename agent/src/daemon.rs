@@ -47,7 +47,7 @@ pub enum Ending {
     /// SIGTERM or SIGINT.
     Stopped,
     /// A new version of ginx was activated: run it.
-    Restart(String),
+    Restart(crate::reconcile::SelfRestart),
 }
 
 /// Runs the daemon until SIGTERM/SIGINT, or until a new version of ginx must take over.

@@ -49,6 +49,53 @@ pub fn age(t: Timestamp, now: Timestamp) -> String {
     }
 }
 
+/// Replaces `path` with `bytes` so that readers see the old or the new content, never a mix,
+/// even across a crash. The new file is created with `mode` (less the umask) before anything is
+/// written to it, so a secret is never readable by others even for a moment. The temporary file
+/// is a dot file beside `path` (the kubelet ignores those in its static Pod directory).
+pub fn replace_file(path: &std::path::Path, bytes: &[u8], mode: u32) -> std::io::Result<()> {
+    use std::io::Write;
+    use std::os::unix::fs::OpenOptionsExt;
+    let dir = path.parent().unwrap_or_else(|| std::path::Path::new("."));
+    let name = path
+        .file_name()
+        .ok_or_else(|| std::io::Error::other(format!("{}: not a file name", path.display())))?;
+    let mut tmp_name = std::ffi::OsString::from(".");
+    tmp_name.push(name);
+    tmp_name.push(format!(".ginx-tmp-{}", std::process::id()));
+    let tmp = path.with_file_name(tmp_name);
+    let _ = std::fs::remove_file(&tmp);
+    let result = (|| {
+        let mut f = std::fs::OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .mode(mode)
+            .open(&tmp)?;
+        f.write_all(bytes)?;
+        f.sync_all()?;
+        std::fs::rename(&tmp, path)?;
+        std::fs::File::open(dir)?.sync_all()
+    })();
+    if result.is_err() {
+        let _ = std::fs::remove_file(&tmp);
+    }
+    result
+}
+
+/// The name of the interface of this host (network namespace) that has `ip`, if any.
+pub fn interface_with(ip: std::net::IpAddr) -> Result<Option<String>, String> {
+    let addrs = nix::ifaddrs::getifaddrs().map_err(|e| format!("getifaddrs: {e}"))?;
+    Ok(addrs
+        .filter(|a| {
+            a.address.is_some_and(|s| {
+                s.as_sockaddr_in().map(|s| std::net::IpAddr::V4(s.ip())) == Some(ip)
+                    || s.as_sockaddr_in6().map(|s| std::net::IpAddr::V6(s.ip())) == Some(ip)
+            })
+        })
+        .map(|a| a.interface_name)
+        .next())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -10,7 +10,7 @@
 //! `result.json`) in the attempt's directory.
 
 use std::collections::VecDeque;
-use std::io::{Read, Seek, SeekFrom};
+use std::io::Read;
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
 use std::time::Duration;
@@ -174,9 +174,12 @@ pub async fn launch(iso: &Isolation, l: &Launch) -> Result<Handle, String> {
                     "--property=RuntimeMaxSec={}",
                     (l.timeout + l.kill_grace * 4).as_secs() + 60
                 ));
+            // ginx's own environment by name only: systemd-run takes the values from its
+            // environment (inherited from ginx), so none of them is on a command line that
+            // every local user can read in /proc.
             for (k, v) in std::env::vars() {
                 if !SERVICE_ONLY_ENV.contains(&k.as_str()) && !v.contains('\n') {
-                    cmd.arg(format!("--setenv={k}={v}"));
+                    cmd.arg(format!("--setenv={k}"));
                 }
             }
             for (k, v) in &l.env {
@@ -356,7 +359,8 @@ pub fn collect(dir: &Path) -> Option<Finished> {
 /// Follows `output.jsonl` as the runner appends to it.
 struct Tail {
     path: PathBuf,
-    offset: u64,
+    /// Opened once the runner has created the file; reads continue where the last one ended.
+    file: Option<std::fs::File>,
     partial: Vec<u8>,
     lines: VecDeque<OutputLine>,
 }
@@ -365,25 +369,22 @@ impl Tail {
     fn new(path: PathBuf) -> Self {
         Self {
             path,
-            offset: 0,
+            file: None,
             partial: Vec::new(),
             lines: VecDeque::with_capacity(OUTPUT_TAIL),
         }
     }
 
     fn read(&mut self, on_line: &mut impl FnMut(&OutputLine)) {
-        let Ok(mut f) = std::fs::File::open(&self.path) else {
+        if self.file.is_none() {
+            self.file = std::fs::File::open(&self.path).ok();
+        }
+        let Some(f) = &mut self.file else {
             return;
         };
-        if f.seek(SeekFrom::Start(self.offset)).is_err() {
+        if f.read_to_end(&mut self.partial).is_err() {
             return;
         }
-        let mut buf = Vec::new();
-        let Ok(n) = f.read_to_end(&mut buf) else {
-            return;
-        };
-        self.offset += n as u64;
-        self.partial.extend_from_slice(&buf);
         while let Some(end) = self.partial.iter().position(|b| *b == b'\n') {
             let raw: Vec<u8> = self.partial.drain(..=end).collect();
             if let Ok(line) = serde_json::from_slice::<OutputLine>(&raw) {

@@ -15,6 +15,5 @@ pub mod runner;
 pub mod system;
 
 pub use process::{
-    Exit, Finished, OUTPUT_TAIL, Running, Spec, boot_id, group_alive, kill_group,
-    recorded_group_alive, start, start_time,
+    Exit, Finished, Spec, boot_id, kill_group, recorded_group_alive, start, start_time,
 };

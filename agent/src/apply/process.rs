@@ -147,11 +147,6 @@ pub fn start(spec: Spec) -> Result<Running, Finished> {
 }
 
 impl Running {
-    /// The process group; recorded so that a ginx that died can stop what it left.
-    pub fn pgid(&self) -> i32 {
-        self.pgid.as_raw()
-    }
-
     /// Waits for the command, killing its group on timeout or when `stop` resolves. Every output
     /// line is handed to `on_line` as it arrives.
     pub async fn wait(

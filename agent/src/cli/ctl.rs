@@ -40,6 +40,7 @@ pub enum CtlCommand {
     },
     /// Show every health probe with its message, since when and when it last ran.
     Health {
+        /// Print `{overall, probes}` as JSON.
         #[arg(long)]
         json: bool,
     },
@@ -69,6 +70,7 @@ pub enum CtlCommand {
     Kubeadm(super::kubeadm::KubeadmCommand),
     /// Show past apply attempts, newest first.
     History {
+        /// Print the attempts as JSON (with their output tails).
         #[arg(long)]
         json: bool,
         /// Show at most this many attempts.
@@ -97,7 +99,7 @@ pub fn main(args: CtlArgs) -> ExitCode {
     match run(&client, args.command) {
         Ok(code) => code,
         Err(e) => {
-            eprintln!("ginxctl: {e}");
+            eprintln!("ginxctl: {}", render::terminal_safe(&e.to_string()));
             ExitCode::from(e.exit_code())
         }
     }
@@ -107,7 +109,7 @@ fn run(client: &Client, command: CtlCommand) -> Result<ExitCode, ClientError> {
     let mut out = std::io::stdout().lock();
     let mut print = |s: String| {
         // A closed pipe (`ginxctl status | head`) is not an error.
-        let _ = out.write_all(s.as_bytes());
+        let _ = out.write_all(render::terminal_safe(&s).as_bytes());
     };
     match command {
         CtlCommand::Status { json } => {

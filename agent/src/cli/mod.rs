@@ -164,7 +164,7 @@ fn run_daemon(config: PathBuf) -> ExitCode {
     runtime.shutdown_timeout(std::time::Duration::from_secs(1));
     match result {
         Ok(crate::daemon::Ending::Stopped) => ExitCode::SUCCESS,
-        Ok(crate::daemon::Ending::Restart(_)) => restart(&config),
+        Ok(crate::daemon::Ending::Restart(r)) => restart(r.binary),
         Err(e) => {
             tracing::error!("{e:#}");
             eprintln!("ginx: {e:#}");
@@ -175,14 +175,11 @@ fn run_daemon(config: PathBuf) -> ExitCode {
 
 /// Hands over to the new version of ginx: under systemd by exiting (the unit restarts with
 /// its new definition), elsewhere by executing the new binary in this process.
-fn restart(config: &std::path::Path) -> ExitCode {
+fn restart(binary: Option<std::path::PathBuf>) -> ExitCode {
     if std::env::var_os("INVOCATION_ID").is_some() {
         return ExitCode::SUCCESS;
     }
-    let binary = config::load(config)
-        .ok()
-        .and_then(|l| std::fs::canonicalize(&l.config.system.ginx_binary).ok())
-        .or_else(|| std::env::current_exe().ok());
+    let binary = binary.or_else(|| std::env::current_exe().ok());
     let Some(binary) = binary else {
         eprintln!("ginx: cannot find the new binary to restart into");
         return ExitCode::from(1);

@@ -292,10 +292,22 @@ pub fn history(h: &HistoryReport, output: bool) -> String {
 }
 
 /// Text from commands and remotes, with control characters (terminal escapes) made visible.
+/// `s` for one line of a terminal: control characters (escape sequences from a hostile remote's
+/// error text, line breaks that would break the layout) become U+FFFD.
 fn printable(s: &str) -> String {
+    without_controls(s, false)
+}
+
+/// Everything `ginxctl` writes to a terminal goes through this: control characters other than
+/// line breaks and tabs become U+FFFD, whatever field they came in.
+pub fn terminal_safe(s: &str) -> String {
+    without_controls(s, true)
+}
+
+fn without_controls(s: &str, keep_newlines: bool) -> String {
     s.chars()
         .map(|c| {
-            if c.is_control() && c != '\t' {
+            if c.is_control() && c != '\t' && !(keep_newlines && c == '\n') {
                 char::REPLACEMENT_CHARACTER
             } else {
                 c
@@ -310,5 +322,20 @@ fn duration(from: Timestamp, to: Timestamp) -> String {
         0..=59 => format!("{secs}s"),
         60..=3599 => format!("{}m{:02}s", secs / 60, secs % 60),
         _ => format!("{}h{:02}m", secs / 3600, (secs % 3600) / 60),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn escape_sequences_never_reach_the_terminal() {
+        let hostile = "remote: \x1b]0;pwned\x07\x1b[2Jdone\r\n\tnext";
+        assert_eq!(
+            terminal_safe(hostile),
+            "remote: \u{fffd}]0;pwned\u{fffd}\u{fffd}[2Jdone\u{fffd}\n\tnext"
+        );
+        assert!(!printable(hostile).contains('\n'));
     }
 }

@@ -2,8 +2,8 @@
 //!
 //! Pure apart from reading the files: [`load`] returns a validated [`Config`] or a
 //! [`ConfigError`] naming `file:line:column` and the key. Defaults live here and only here, in
-//! the `Default` impls and `default_*` functions; the NixOS module and the README take them from
-//! `ginx --print-default-config`.
+//! the `Default` impls and `default_*` functions; `ginx --print-default-config` prints them (the
+//! README's reference lists the same values and a test checks that its example is valid).
 //!
 //! Not here: what the daemon does when the configuration changes (see `daemon`).
 
@@ -163,11 +163,6 @@ impl SourceConfig {
         self.testing_branch
             .as_ref()
             .map(|t| t.replace("{node}", node))
-    }
-
-    /// Whether any signature policy is configured.
-    pub fn requires_signature(&self) -> bool {
-        self.allowed_signers_file.is_some() || self.openpgp_keyring_file.is_some()
     }
 }
 
@@ -656,8 +651,23 @@ impl Default for NodeReadyProbe {
 #[serde(deny_unknown_fields, default)]
 pub struct MetricsConfig {
     /// Off unless set, e.g. `"127.0.0.1:9977"`.
-    #[serde(skip_serializing_if = "Option::is_none")]
+    #[serde(
+        skip_serializing_if = "Option::is_none",
+        deserialize_with = "socket_address"
+    )]
     pub listen: Option<std::net::SocketAddr>,
+}
+
+/// An `IP:PORT`, with an example when it is not one (a host name is not resolved).
+fn socket_address<'de, D: serde::Deserializer<'de>>(
+    d: D,
+) -> Result<Option<std::net::SocketAddr>, D::Error> {
+    let s = String::deserialize(d)?;
+    s.parse().map(Some).map_err(|_| {
+        serde::de::Error::custom(format!(
+            "{s:?} is not an address; write IP:PORT, like \"127.0.0.1:9977\" or \"[::1]:9977\""
+        ))
+    })
 }
 
 /// Cluster facts for kubeadm and kube-vip. Each may come from here or from `cluster_file` in
@@ -899,7 +909,11 @@ fn load_files(files: &[PathBuf]) -> Result<Config, ConfigError> {
     let mut config: Config =
         serde_path_to_error::deserialize(toml::Value::Table(merged)).map_err(|e| {
             let key = path_string(e.path());
-            let message = e.inner().message().trim().to_owned();
+            let mut message = e.inner().message().trim().to_owned();
+            if key == "sources" || key.starts_with("sources.") {
+                // A misplaced URL there may carry a token: never echo the value.
+                message = without_string_value(&message);
+            }
             let message = if message.starts_with("unknown field") {
                 format!("{message}; remove or correct the key")
             } else {
@@ -910,6 +924,16 @@ fn load_files(files: &[PathBuf]) -> Result<Config, ConfigError> {
         })?;
     config.validate(&ctx)?;
     Ok(config)
+}
+
+/// serde's `invalid type: string "…", expected …` without the string itself.
+fn without_string_value(message: &str) -> String {
+    match (message.find("string \""), message.rfind("\", expected")) {
+        (Some(start), Some(end)) if start < end => {
+            format!("{}a string{}", &message[..start], &message[end + 1..])
+        }
+        _ => message.to_owned(),
+    }
 }
 
 fn path_string(path: &serde_path_to_error::Path) -> String {
@@ -1190,6 +1214,23 @@ impl Config {
                 return Err(ctx.error(key, "must be longer than 0s"));
             }
         }
+        let h = &self.health;
+        for (probe, interval, timeout) in [
+            ("kubelet", h.kubelet.interval, h.kubelet.timeout),
+            ("apiserver", h.apiserver.interval, h.apiserver.timeout),
+            ("kube_vip", h.kube_vip.interval, h.kube_vip.timeout),
+            ("cilium", h.cilium.interval, h.cilium.timeout),
+            ("systemd", h.systemd.interval, h.systemd.timeout),
+            ("node_ready", h.node_ready.interval, h.node_ready.timeout),
+        ] {
+            for (what, d) in [("interval", interval), ("timeout", timeout)] {
+                if d.is_some_and(|d| d.is_zero()) {
+                    return Err(
+                        ctx.error(&format!("health.{probe}.{what}"), "must be longer than 0s")
+                    );
+                }
+            }
+        }
         if k.renew_interval >= k.lease_duration {
             return Err(ctx.error(
                 "kubernetes.renew_interval",
@@ -1311,19 +1352,12 @@ fn is_dns_label(s: &str) -> bool {
 
 /// Kubernetes node names are DNS subdomains; colmena node names must match them here.
 fn check_node_name(name: &str) -> Result<(), String> {
-    let ok = !name.is_empty()
-        && name.len() <= 253
-        && name
-            .bytes()
-            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-' || b == b'.')
-        && name.starts_with(|c: char| c.is_ascii_alphanumeric())
-        && name.ends_with(|c: char| c.is_ascii_alphanumeric());
-    if ok {
+    if is_dns_subdomain(name) {
         Ok(())
     } else {
         Err(format!(
             "{name:?} is not a valid node name (lowercase letters, digits, '-' and '.', \
-             starting and ending with a letter or digit)"
+             each dot-separated part starting and ending with a letter or digit)"
         ))
     }
 }
@@ -1430,6 +1464,48 @@ url = "ssh://git@git.example.com/infra/hephaestus.git"
             "{e}"
         );
         assert!(e.contains("duration"), "{e}");
+    }
+
+    #[test]
+    fn a_url_in_the_wrong_place_is_not_echoed() {
+        let e = err_text(&format!(
+            "{BASE}urls = \"https://u:s3cret@h.example/r.git\"\n"
+        ));
+        assert!(
+            e.contains("sources.hephaestus.urls: invalid type: a string, expected a sequence"),
+            "{e}"
+        );
+        assert!(!e.contains("s3cret"), "{e}");
+        let e = err_text("[node]\nname = \"lucy\"\n[sources]\nh = \"https://u:s3cret@h/r.git\"\n");
+        assert!(
+            e.contains("config.toml:4:5: sources.h:") && !e.contains("s3cret"),
+            "{e}"
+        );
+    }
+
+    #[test]
+    fn probe_timings_and_node_names_are_checked() {
+        let e = err_text(&format!("{BASE}\n[health.kube_vip]\ntimeout = \"0s\"\n"));
+        assert!(
+            e.contains("config.toml:11:11: health.kube_vip.timeout: must be longer than 0s"),
+            "{e}"
+        );
+        let e = err_text(&BASE.replace("\"lucy\"", "\"a..b\""));
+        assert!(
+            e.contains("node.name: \"a..b\" is not a valid node name"),
+            "{e}"
+        );
+    }
+
+    #[test]
+    fn a_listen_address_that_is_not_ip_port_says_how_to_write_one() {
+        let e = err_text(&format!("{BASE}\n[metrics]\nlisten = \"localhost:9977\"\n"));
+        assert!(
+            e.contains("metrics.listen: \"localhost:9977\" is not an address; write IP:PORT"),
+            "{e}"
+        );
+        let c = load_text(&format!("{BASE}\n[metrics]\nlisten = \"127.0.0.1:9977\"\n")).unwrap();
+        assert_eq!(c.metrics.listen, Some("127.0.0.1:9977".parse().unwrap()));
     }
 
     #[test]

@@ -166,7 +166,7 @@ pub struct Status {
     /// The overall health: the worst probe.
     pub health_overall: HealthStatus,
     pub kubernetes: KubeStatus,
-    /// Rendering of the kubeadm files and drift from the cluster's kubeadm-config; absent when
+    /// Rendering of the kubeadm files and drift from the cluster's kubeadm-config; `null` when
     /// `[kubeadm]` says nothing.
     pub kubeadm: Option<crate::kubeadm::watch::KubeadmStatus>,
     /// Where metrics are served (`[metrics] listen`, with the port actually bound).

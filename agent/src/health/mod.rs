@@ -7,8 +7,6 @@
 pub mod http;
 mod probes;
 
-pub use probes::address_is_local;
-
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
@@ -105,13 +103,16 @@ pub fn spawn(
                         statuses.send_if_modified(|m| m.remove(probe.name()).is_some());
                     }
                     true => {
+                        // Each request of a probe is bounded by `timeout` (the Cilium probe may
+                        // make two in a row); this only stops a probe that hangs elsewhere.
+                        let backstop = timeout * 2 + std::time::Duration::from_secs(1);
                         let (status, message) =
-                            tokio::time::timeout(timeout, probe.run(&cfg, &ctx))
+                            tokio::time::timeout(backstop, probe.run(&cfg, &ctx))
                                 .await
                                 .unwrap_or_else(|_| {
                                     (
                                         HealthStatus::Failed,
-                                        format!("no answer within {}s", timeout.as_secs_f32()),
+                                        format!("no answer within {}s", backstop.as_secs_f32()),
                                     )
                                 });
                         record(&statuses, probe.name(), status, message);

@@ -1,6 +1,5 @@
 //! The probes themselves. Each returns a status and a message an operator can act on.
 
-use std::net::IpAddr;
 use std::time::Duration;
 
 use k8s_openapi::api::coordination::v1::Lease;
@@ -9,6 +8,7 @@ use k8s_openapi::api::core::v1::Node;
 use super::http::{Target, get, parse_http_url};
 use super::{Context, HealthStatus};
 use crate::config::{Config, Role};
+use crate::util;
 
 type Verdict = (HealthStatus, String);
 
@@ -136,11 +136,13 @@ async fn apiserver(cfg: &Config, ctx: &Context, timeout: Duration) -> Verdict {
             .await
             .unwrap_or_else(|_| Err("no answer".into()))
     };
-    let vip = bounded(clients.vip.clone()).await;
-    let local = match (&clients.local, cfg.node.role) {
-        (Some(c), Role::ControlPlane) => Some(bounded(c.clone()).await),
-        _ => None,
-    };
+    // Both at once: a VIP that nobody answers must not use up the time of the local check.
+    let (vip, local) = tokio::join!(bounded(clients.vip.clone()), async {
+        match (&clients.local, cfg.node.role) {
+            (Some(c), Role::ControlPlane) => Some(bounded(c.clone()).await),
+            _ => None,
+        }
+    });
     match (local, vip) {
         (None, Ok(())) => (HealthStatus::Ok, "ready through the VIP".into()),
         (None, Err(e)) => (HealthStatus::Failed, format!("VIP: {e}")),
@@ -151,21 +153,12 @@ async fn apiserver(cfg: &Config, ctx: &Context, timeout: Duration) -> Verdict {
     }
 }
 
-/// Whether `ip` is configured on an interface of this host (network namespace).
-pub fn address_is_local(ip: IpAddr) -> Result<bool, String> {
-    let addrs = nix::ifaddrs::getifaddrs().map_err(|e| format!("getifaddrs: {e}"))?;
-    Ok(addrs.filter_map(|a| a.address).any(|a| {
-        a.as_sockaddr_in().map(|s| IpAddr::V4(s.ip())) == Some(ip)
-            || a.as_sockaddr_in6().map(|s| IpAddr::V6(s.ip())) == Some(ip)
-    }))
-}
-
 async fn kube_vip(cfg: &Config, ctx: &Context) -> Verdict {
     let probe = &cfg.health.kube_vip;
     let Some(vip) = probe.address else {
         return (HealthStatus::Unknown, "no VIP configured".into());
     };
-    let here = match address_is_local(vip) {
+    let here = match util::interface_with(vip).map(|i| i.is_some()) {
         Ok(h) => h,
         Err(e) => return (HealthStatus::Unknown, e),
     };
@@ -283,20 +276,32 @@ async fn cilium(cfg: &Config, timeout: Duration) -> Verdict {
     }
 }
 
-async fn systemctl(program: &std::path::Path, args: &[&str]) -> Result<String, String> {
-    let out = tokio::process::Command::new(program)
+async fn systemctl(
+    program: &std::path::Path,
+    args: &[&str],
+    timeout: Duration,
+) -> Result<String, String> {
+    let run = tokio::process::Command::new(program)
         .args(args)
         .stdin(std::process::Stdio::null())
         .kill_on_drop(true)
-        .output()
+        .output();
+    let out = tokio::time::timeout(timeout, run)
         .await
+        .map_err(|_| {
+            format!(
+                "{} gave no answer within {}s",
+                program.display(),
+                timeout.as_secs_f32()
+            )
+        })?
         .map_err(|e| format!("cannot run {}: {e}", program.display()))?;
     Ok(String::from_utf8_lossy(&out.stdout).trim().to_owned())
 }
 
-async fn systemd(cfg: &Config, _timeout: Duration) -> Verdict {
+async fn systemd(cfg: &Config, timeout: Duration) -> Verdict {
     let program = &cfg.health.systemd.systemctl;
-    let state = match systemctl(program, &["is-system-running"]).await {
+    let state = match systemctl(program, &["is-system-running"], timeout).await {
         Ok(s) => s,
         Err(e) => return (HealthStatus::Unknown, e),
     };
@@ -306,6 +311,7 @@ async fn systemd(cfg: &Config, _timeout: Duration) -> Verdict {
             let failed = systemctl(
                 program,
                 &["list-units", "--state=failed", "--plain", "--no-legend"],
+                timeout,
             )
             .await
             .unwrap_or_default();

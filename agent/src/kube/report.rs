@@ -127,7 +127,6 @@ pub struct Written {
     pub reason: String,
     pub message: String,
     pub transition: Timestamp,
-    pub heartbeat: Timestamp,
 }
 
 /// Reads and writes ginx's part of one Node.
@@ -174,7 +173,6 @@ impl NodeReport {
                 transition: c
                     .last_transition_time
                     .map_or(Timestamp::UNIX_EPOCH, |t| t.0),
-                heartbeat: c.last_heartbeat_time.map_or(Timestamp::UNIX_EPOCH, |t| t.0),
             });
         Ok(Some((ours, written)))
     }
@@ -219,7 +217,6 @@ impl NodeReport {
             reason,
             message,
             transition,
-            heartbeat: now,
         })
     }
 }

@@ -79,12 +79,17 @@ impl Reporter {
                     if r.is_err() { return; }
                     // Rebuild everything from the new settings at once.
                     session = Session::default();
-                    let _ = self.clients.send(None);
+                    self.drop_clients();
                     next = Instant::now();
                 }
                 _ = self.shutdown.changed() => return,
             }
         }
+    }
+
+    /// Forgets the clients; wakes the probes and the kubeadm watcher only if there were some.
+    fn drop_clients(&self) {
+        self.clients.send_if_modified(|c| c.take().is_some());
     }
 
     fn cfg(&self) -> Arc<Config> {
@@ -131,7 +136,7 @@ impl Reporter {
                 Some(format!("waiting for the kubeconfig {}", path.display())),
             );
             *session = Session::default();
-            let _ = self.clients.send(None);
+            self.drop_clients();
             return false;
         };
         if session.heartbeat.is_some() && session.stamp == Some(stamp) {
@@ -167,7 +172,7 @@ impl Reporter {
             }
             Err(e) => {
                 self.set_state(KubeState::Refused, Some(e));
-                let _ = self.clients.send(None);
+                self.drop_clients();
                 false
             }
         }

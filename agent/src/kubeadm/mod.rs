@@ -9,8 +9,6 @@ pub mod facts;
 pub mod render;
 pub mod watch;
 
-use std::io::Write;
-use std::os::unix::fs::OpenOptionsExt;
 use std::path::Path;
 
 use sha2::{Digest, Sha256};
@@ -99,25 +97,9 @@ pub fn write_file(path: &Path, content: &str, secret: bool) -> std::io::Result<(
     if let Some(dir) = path.parent() {
         std::fs::create_dir_all(dir)?;
     }
-    let mode = if secret { 0o600 } else { 0o644 };
-    // A dot file beside the target: the kubelet ignores those in the static Pod directory, so a
-    // half-written manifest is never run as a second kube-vip.
-    let name = path
-        .file_name()
-        .ok_or_else(|| std::io::Error::other("not a file name"))?;
-    let mut tmp_name = std::ffi::OsString::from(".");
-    tmp_name.push(name);
-    tmp_name.push(".ginx-tmp");
-    let tmp = path.with_file_name(tmp_name);
-    let _ = std::fs::remove_file(&tmp);
-    let mut f = std::fs::OpenOptions::new()
-        .write(true)
-        .create_new(true)
-        .mode(mode)
-        .open(&tmp)?;
-    f.write_all(content.as_bytes())?;
-    f.sync_all()?;
-    std::fs::rename(&tmp, path)
+    // Through a dot file: in the static Pod directory a half-written manifest is never run as a
+    // second kube-vip.
+    crate::util::replace_file(path, content.as_bytes(), if secret { 0o600 } else { 0o644 })
 }
 
 /// Reads the cluster file from a source's checkout; the error names source, revision, file and
@@ -143,7 +125,7 @@ pub fn merged_facts(cfg: &Config, from_source: Option<ClusterFacts>) -> ClusterF
 pub fn node_facts(cfg: &Config) -> (facts::NodeFacts, Vec<String>) {
     let mut warnings = Vec::new();
     if let Some(a) = cfg.node.advertise_address
-        && !crate::health::address_is_local(a).unwrap_or(true)
+        && matches!(crate::util::interface_with(a), Ok(None))
     {
         warnings.push(format!(
             "node.advertise_address {a} is not on any interface of this host; the API server will not be reachable there"
@@ -181,16 +163,7 @@ pub fn complete_interface(cluster: &mut facts::Cluster, node: &facts::NodeFacts)
 
 /// The name of the interface that has `ip`.
 fn interface_of(ip: std::net::IpAddr) -> Option<String> {
-    let addrs = nix::ifaddrs::getifaddrs().ok()?;
-    addrs
-        .filter(|a| {
-            a.address.is_some_and(|s| {
-                s.as_sockaddr_in().map(|s| std::net::IpAddr::V4(s.ip())) == Some(ip)
-                    || s.as_sockaddr_in6().map(|s| std::net::IpAddr::V6(s.ip())) == Some(ip)
-            })
-        })
-        .map(|a| a.interface_name)
-        .next()
+    crate::util::interface_with(ip).ok().flatten()
 }
 
 #[cfg(test)]

@@ -18,7 +18,7 @@ use tokio::sync::watch;
 use super::{facts, render};
 use crate::config::Config;
 use crate::kube::KubeClients;
-use crate::source::{SourceStatus, Workspace};
+use crate::source::{Revision, SourceStatus, Workspace};
 use crate::util;
 
 /// How often the cluster's kubeadm-config is compared again when nothing changed here.
@@ -56,20 +56,19 @@ fn configured(cfg: &Config) -> bool {
 }
 
 impl Watcher {
+    /// The fetched revision of the source the cluster facts come from (`kubeadm.source`).
+    fn facts_revision(&self, cfg: &Config) -> Option<Revision> {
+        let source = cfg.kubeadm.source.as_ref()?;
+        self.sources
+            .borrow()
+            .get(source)
+            .and_then(|s| s.revision.clone())
+    }
+
     pub async fn run(mut self) {
         loop {
             let cfg = Arc::clone(&self.config.borrow());
-            let revision = cfg
-                .kubeadm
-                .source
-                .as_ref()
-                .and_then(|s| {
-                    self.sources
-                        .borrow()
-                        .get(s)
-                        .and_then(|s| s.revision.clone())
-                })
-                .map(|r| r.to_string());
+            let revision = self.facts_revision(&cfg);
             let cluster = self.render(&cfg).await;
             if let Some(c) = cluster {
                 self.compare(&c).await;
@@ -84,10 +83,7 @@ impl Watcher {
                         if r.is_err() { return; }
                         // Only a new revision of the facts' source matters.
                         let cfg = Arc::clone(&self.config.borrow());
-                        let now = cfg.kubeadm.source.as_ref().and_then(|s| {
-                            self.sources.borrow().get(s).and_then(|s| s.revision.clone())
-                        }).map(|r| r.to_string());
-                        if now != revision {
+                        if self.facts_revision(&cfg) != revision {
                             break;
                         }
                     }
@@ -199,10 +195,7 @@ impl Watcher {
             return Ok(None);
         };
         let revision = self
-            .sources
-            .borrow()
-            .get(source)
-            .and_then(|s| s.revision.clone())
+            .facts_revision(cfg)
             .ok_or_else(|| format!("waiting for the first fetch of {source} (kubeadm.source)"))?;
         let origin = format!("{source}:{}@{}", file.display(), revision.short());
         let workspace = Arc::clone(&self.workspace);

@@ -80,6 +80,9 @@ pub struct Metrics {
     probes: Family<ProbeLabels, Gauge>,
     kube_requests: Family<RequestLabels, Counter>,
     heartbeat_last_success: Gauge<f64, AtomicU64>,
+    /// Held by `render` from setting the state gauges to encoding them: two scrapes at once
+    /// (an HA Prometheus pair) would otherwise see each other's cleared families.
+    rendering: std::sync::Mutex<()>,
 }
 
 const APPLY_STATES: [ApplyState; 8] = [
@@ -119,6 +122,7 @@ impl Metrics {
             probes: Family::default(),
             kube_requests: Family::default(),
             heartbeat_last_success: Gauge::default(),
+            rendering: std::sync::Mutex::new(()),
             registry: Registry::default(),
         };
         registry.register(
@@ -216,6 +220,10 @@ impl Metrics {
 
     /// The exposition, with the state gauges set from `status`.
     pub fn render(&self, status: &Status) -> String {
+        let _rendering = self
+            .rendering
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
         self.revision.clear();
         for (name, s) in &status.sources {
             if let Some(r) = &s.revision {

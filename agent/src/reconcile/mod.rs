@@ -126,7 +126,7 @@ pub struct Reconciler {
     published: watch::Sender<Published>,
     shutdown: watch::Receiver<bool>,
     /// Asks the daemon to restart into a new version of ginx.
-    restart: watch::Sender<Option<String>>,
+    restart: watch::Sender<Option<SelfRestart>>,
     isolation: Isolation,
     metrics: Arc<crate::metrics::Metrics>,
     /// ginx's binary and unit as they were when it started.
@@ -148,7 +148,14 @@ pub struct Wiring {
     pub commands: mpsc::Receiver<Command>,
     pub published: watch::Sender<Published>,
     pub shutdown: watch::Receiver<bool>,
-    pub restart: watch::Sender<Option<String>>,
+    pub restart: watch::Sender<Option<SelfRestart>>,
+}
+
+/// A new version of ginx was activated: why, and its binary (resolved when it was found).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct SelfRestart {
+    pub reason: String,
+    pub binary: Option<PathBuf>,
 }
 
 impl Reconciler {
@@ -532,7 +539,7 @@ impl Reconciler {
         {
             tracing::info!(attempt = r.id, unit = %unit, revision = %r.revision.short(),
                 "an attempt started by a previous ginx is still running; following it");
-            let tree = self.pin_tree(&r.source, &r.revision).await;
+            let tree = self.pin_tree(&r.source, &r.revision).await.ok();
             return Some(self.follow(r.id, &r.revision, handle, tree));
         }
         if let Some(pgid) = r.pgid
@@ -554,14 +561,15 @@ impl Reconciler {
         None
     }
 
-    async fn pin_tree(&self, source: &str, revision: &Revision) -> Option<Pin> {
+    /// The tree of `revision`, checked out (or already there) and kept while the pin lives.
+    async fn pin_tree(&self, source: &str, revision: &Revision) -> Result<Pin, String> {
         let trees = self.workspace.trees(source);
         let clone = self.workspace.clone_of(source);
         let rev = revision.clone();
         tokio::task::spawn_blocking(move || trees.checkout(&clone, &rev))
             .await
-            .ok()?
-            .ok()
+            .map_err(|e| e.to_string())?
+            .map_err(|e| e.to_string())
     }
 
     /// Starts following `handle` on a task of its own.
@@ -665,13 +673,13 @@ impl Reconciler {
         tracing::info!(source = %source, revision = %revision.short(), node = %node, attempt = id,
             goal = %goal, isolation = self.isolation.name(), "applying");
 
-        let Some(tree) = self.pin_tree(&source, &revision).await else {
-            self.fail_to_start(
-                id,
-                "cannot check out the revision (see the source's status)".into(),
-            )
-            .await;
-            return None;
+        let tree = match self.pin_tree(&source, &revision).await {
+            Ok(tree) => tree,
+            Err(e) => {
+                self.fail_to_start(id, format!("cannot check out the revision: {e}"))
+                    .await;
+                return None;
+            }
         };
         let subdir = cfg.sources.get(&source).and_then(|s| s.path.clone());
         let cwd = match &subdir {
@@ -924,7 +932,10 @@ impl Reconciler {
             let now_image = SelfImage::read(&cfg.system.ginx_binary, &cfg.system.ginx_unit);
             if let Some(why) = self.self_image.changed(&now_image) {
                 tracing::info!(reason = %why, "a new version of ginx was activated; restarting into it");
-                let _ = self.restart.send(Some(why));
+                let _ = self.restart.send(Some(SelfRestart {
+                    reason: why,
+                    binary: now_image.binary,
+                }));
             }
         }
     }

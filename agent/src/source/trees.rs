@@ -63,10 +63,6 @@ impl Trees {
         })
     }
 
-    pub fn root(&self) -> &Path {
-        &self.root
-    }
-
     pub fn path_of(&self, revision: &Revision) -> PathBuf {
         self.root.join(revision.as_str())
     }
@@ -86,10 +82,14 @@ impl Trees {
 
     /// Points `current` at `revision`'s tree, atomically.
     pub fn set_current(&self, revision: &Revision) -> std::io::Result<()> {
+        let current = self.root.join("current");
+        if std::fs::read_link(&current).is_ok_and(|t| t.as_os_str() == revision.as_str()) {
+            return Ok(());
+        }
         let tmp = self.root.join(".current.tmp");
         let _ = std::fs::remove_file(&tmp);
         std::os::unix::fs::symlink(revision.as_str(), &tmp)?;
-        std::fs::rename(&tmp, self.root.join("current"))
+        std::fs::rename(&tmp, current)
     }
 
     fn pin(self: &Arc<Self>, revision: &Revision) -> Pin {
