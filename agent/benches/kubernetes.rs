@@ -127,7 +127,8 @@ async fn heartbeats(
     for t in tasks {
         t.await.unwrap();
     }
-    let window = Instant::now()
+    // Writes are counted when they start in [steady_from, deadline).
+    let window = deadline
         .saturating_duration_since(steady_from)
         .as_secs_f64();
     let rate = writes.load(std::sync::atomic::Ordering::Relaxed) as f64 / window;
