@@ -617,15 +617,21 @@ fn facts_come_from_argus_with_the_local_config_winning() {
 
 #[test]
 fn the_daemon_rerenders_and_reports_drift_from_the_clusters_kubeadm_config() {
+    // The real control plane: kubeadm's ConfigMap read with ginx's own identity and rbac.yaml.
+    let Some(cp) = support::control_plane::shared() else {
+        return;
+    };
+    let mut rbac = support::control_plane::RbacGuard::new(cp);
+    rbac.watch("lucy");
     let lucy = node("lucy", "control-plane", "10.0.0.11");
-    let api = ApiServer::start(&lucy.env.root);
     let kc = lucy.env.root.join("kubeconfig");
-    api.kubeconfig_token(&kc);
-    api.put_object(
-        "configmaps/kube-system/kubeadm-config",
-        serde_json::json!({"apiVersion": "v1", "kind": "ConfigMap",
+    cp.ginx_kubeconfig(&kc, "lucy");
+    let cluster_configuration = "apiServer:\n  certSANs:\n  - k8s.example.com\n  - 10.0.0.100\napiVersion: kubeadm.k8s.io/v1beta4\nclusterName: kaas\ncontrolPlaneEndpoint: 10.0.0.100:6443\ndns: {}\netcd:\n  local:\n    dataDir: /var/lib/etcd\nkind: ClusterConfiguration\nkubernetesVersion: v1.33.4\nnetworking:\n  dnsDomain: cluster.local\n  podSubnet: 10.245.0.0/16\n  serviceSubnet: 10.96.0.0/12\nproxy:\n  disabled: true\n";
+    cp.apply(
+        &serde_json::json!({"apiVersion": "v1", "kind": "ConfigMap",
             "metadata": {"name": "kubeadm-config", "namespace": "kube-system"},
-            "data": {"ClusterConfiguration": "apiServer:\n  certSANs:\n  - k8s.example.com\n  - 10.0.0.100\napiVersion: kubeadm.k8s.io/v1beta4\nclusterName: kaas\ncontrolPlaneEndpoint: 10.0.0.100:6443\ndns: {}\netcd:\n  local:\n    dataDir: /var/lib/etcd\nkind: ClusterConfiguration\nkubernetesVersion: v1.33.4\nnetworking:\n  dnsDomain: cluster.local\n  podSubnet: 10.245.0.0/16\n  serviceSubnet: 10.96.0.0/12\nproxy:\n  disabled: true\n"}}),
+            "data": {"ClusterConfiguration": cluster_configuration}})
+        .to_string(),
     );
     lucy.env.dropin(
         "70-kube.toml",

@@ -1,5 +1,8 @@
-//! A stand-in Kubernetes API server for the parts ginx uses (there is no kube-apiserver package
-//! here). It keeps the real API's behaviour for those parts:
+//! A stand-in Kubernetes API server for the parts ginx uses. The tests run against the real
+//! control plane (control_plane.rs); this one stays only for what a real server cannot be made
+//! to do on cue: injected 500s, dropped connections, stalls, an unready `/readyz`, a server
+//! inside a network namespace, and the benchmark's comparison. It keeps the real API's
+//! behaviour for those parts:
 //!
 //! - **Objects**: Leases (`coordination.k8s.io/v1`, namespaced: GET, POST, PUT, PATCH merge and
 //!   apply, DELETE), Nodes (`v1`: GET, PATCH merge and strategic merge, and the `status`

@@ -4,12 +4,14 @@
 #![allow(dead_code)] // Each test module uses a different part of the support code.
 
 pub mod apiserver;
+pub mod control_plane;
 pub mod daemon;
 pub mod fakes;
 pub mod git;
 pub mod http;
 pub mod inetd;
 pub mod kubeadm_schema;
+pub mod kubelet;
 pub mod netns;
 pub mod ssh;
 pub mod tls;

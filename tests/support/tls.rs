@@ -60,6 +60,40 @@ impl TestCa {
         (cert.pem(), key.serialize_pem())
     }
 
+    /// A client certificate for `common_name` in the groups `organizations` (how the API
+    /// server reads a certificate: CN the user, O the groups) and its key, both PEM.
+    pub fn issue_client_pem(&self, common_name: &str, organizations: &[&str]) -> (String, String) {
+        let key = KeyPair::generate().unwrap();
+        let mut params = CertificateParams::new(Vec::<String>::new()).unwrap();
+        for o in organizations {
+            params
+                .distinguished_name
+                .push(rcgen::DnType::OrganizationName, *o);
+        }
+        params
+            .distinguished_name
+            .push(rcgen::DnType::CommonName, common_name);
+        params.extended_key_usages = vec![rcgen::ExtendedKeyUsagePurpose::ClientAuth];
+        let cert = params.signed_by(&key, &self.issuer).unwrap();
+        (cert.pem(), key.serialize_pem())
+    }
+
+    /// A serving certificate for `names` (DNS names or IP addresses) and its key, both PEM.
+    pub fn issue_server_pem(&self, names: &[&str]) -> (String, String) {
+        let key = KeyPair::generate().unwrap();
+        let mut params =
+            CertificateParams::new(names.iter().map(|s| (*s).to_owned()).collect::<Vec<_>>())
+                .unwrap();
+        params.extended_key_usages = vec![rcgen::ExtendedKeyUsagePurpose::ServerAuth];
+        let cert = params.signed_by(&key, &self.issuer).unwrap();
+        (cert.pem(), key.serialize_pem())
+    }
+
+    /// The CA's private key, PEM (a control plane's CSR signer needs it).
+    pub fn key_pem(&self) -> String {
+        self.issuer.key().serialize_pem()
+    }
+
     /// A rustls server configuration for 127.0.0.1 and localhost.
     pub fn server_config(&self) -> Arc<rustls::ServerConfig> {
         self.server_config_for(&["127.0.0.1", "localhost"], false)
