@@ -5,7 +5,9 @@
 //! a reboot becoming necessary, someone changing the system by hand (drift), a new version of
 //! ginx itself.
 //!
-//! Not here: fetching (see `source`), running processes and reading the system (see `apply`).
+//! Layer 6: drives the workers (`apply`, `source`) and reads `state`, `status`, `config`,
+//! `types`. It must not import `control`, `daemon` or `cli`. Not here: fetching (see `source`),
+//! running processes and reading the system (see `apply`).
 
 pub mod core;
 
@@ -14,78 +16,23 @@ use std::path::PathBuf;
 use std::sync::Arc;
 
 use jiff::Timestamp;
-use serde::{Deserialize, Serialize};
 use tokio::sync::{mpsc, oneshot, watch};
 use tracing::Instrument;
 
 use crate::apply::isolation::{self, Isolation, Launch};
-use crate::apply::system::{self, Generation, SelfImage};
+use crate::apply::system::{self, SelfImage};
 use crate::apply::{self, Exit, Finished};
-use crate::config::{Config, DriftPolicy, Goal};
-use crate::source::{Pin, Revision, SourceStatus, Workspace};
+use crate::config::{Config, DriftPolicy};
+use crate::source::{Pin, Workspace};
 use crate::state::{self, Attempt, AttemptKind, History, InFlight, Outcome, RebootRequired, State};
+use crate::status::{ApplyState, ApplyStatus, Drift, Published, SourceStatus, SystemStatus};
+use crate::types::{Goal, Revision};
 use crate::util;
 
-pub use self::core::{ApplyState, Core, Decision, Desired, Ending, RetryPolicy};
+pub use self::core::{Core, Decision, Desired, Ending, RetryPolicy};
 
 /// colmena's exit code for "node missing from the hive / local deployment not allowed".
 const COLMENA_CONFIG_ERROR: i32 = 2;
-
-/// `apply` in `ginxctl status --json`.
-#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
-pub struct ApplyStatus {
-    pub state: ApplyState,
-    /// The source whose revisions are applied.
-    pub source: String,
-    /// The revision `state` is about: being applied, failed, waiting, or applied.
-    pub revision: Option<Revision>,
-    pub goal: Goal,
-    /// Start and end of the latest attempt.
-    pub started_at: Option<Timestamp>,
-    pub finished_at: Option<Timestamp>,
-    /// Failed attempts of `revision` so far.
-    pub attempts: u32,
-    pub error: Option<String>,
-    /// The last revision applied successfully.
-    pub applied_revision: Option<Revision>,
-    pub applied_at: Option<Timestamp>,
-    /// When a failed revision is tried again; absent when given up.
-    pub next_retry_at: Option<Timestamp>,
-    /// The failed revision is given up until a new revision or `ginxctl retry`.
-    pub given_up: bool,
-    /// Why nothing happens, in words.
-    pub reason: Option<String>,
-    /// `process` or `systemd-run`.
-    pub isolation: String,
-}
-
-/// `system` in `ginxctl status --json`: what the machine runs.
-#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
-pub struct SystemStatus {
-    /// The system profile's current generation.
-    pub generation: Option<Generation>,
-    pub current_system: Option<PathBuf>,
-    pub booted_system: Option<PathBuf>,
-    pub reboot_required: bool,
-    pub reboot_reasons: Vec<String>,
-    /// The running system is not the one ginx produced last.
-    pub drift: Option<Drift>,
-}
-
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-pub struct Drift {
-    pub expected: PathBuf,
-    pub current: PathBuf,
-    pub since: Timestamp,
-}
-
-/// What the loop publishes.
-#[derive(Clone, Debug, Default, PartialEq)]
-pub struct Published {
-    pub apply: ApplyStatus,
-    pub system: SystemStatus,
-    pub suspended: bool,
-}
 
 /// Requests to the loop.
 #[derive(Debug)]
