@@ -1,6 +1,9 @@
 //! Wiring: loads the configuration, starts the pollers, the apply loop and the control socket,
 //! talks to systemd (READY, STATUS, WATCHDOG, STOPPING), reloads on SIGHUP or when the
 //! configuration files change, and drains on SIGTERM.
+//!
+//! Layer 8, the only place that knows every part: it hands each worker the services it needs
+//! from another (API clients, source files, the status parts). Nothing below imports it.
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -13,10 +16,12 @@ use tokio::signal::unix::{SignalKind, signal};
 use tokio::sync::{mpsc, watch};
 
 use crate::config::{self, Config};
+use crate::control;
 use crate::control::server::{self, Backend};
 use crate::metrics::Metrics;
-use crate::reconcile::{self, ApplyState, Published, Reconciler, Wiring};
+use crate::reconcile::{self, Reconciler, Wiring};
 use crate::source::{self, PollerCmd, PollerConfig, PollerHandle, StatusMap, Workspace};
+use crate::status::{self, ApplyState, Published};
 use crate::util;
 
 /// Holds `<state_dir>/lock` for as long as the daemon runs.
@@ -79,7 +84,7 @@ pub async fn run(config_path: PathBuf) -> anyhow::Result<Ending> {
 
     let metrics = Metrics::new();
     let metrics_listener = match cfg.metrics.listen {
-        Some(addr) => Some(crate::metrics::bind(addr).await?),
+        Some(addr) => Some(control::metrics::bind(addr).await?),
         None => None,
     };
     let (restart_tx, mut restart_rx) = watch::channel(None);
@@ -106,29 +111,38 @@ pub async fn run(config_path: PathBuf) -> anyhow::Result<Ending> {
     };
     sources.reconcile(&cfg);
 
-    let health = Arc::new(watch::channel(crate::health::HealthMap::new()).0);
+    let health = Arc::new(watch::channel(status::HealthMap::new()).0);
     let (kube_clients_tx, kube_clients_rx) = watch::channel(None);
-    let (kube_status_tx, kube_status_rx) = watch::channel(crate::kube::KubeStatus::default());
+    let (kube_status_tx, kube_status_rx) = watch::channel(status::KubeStatus::default());
     let (kubeadm_tx, kubeadm_rx) = watch::channel(None);
 
-    let backend = Arc::new(Backend {
+    let parts = status::Parts {
         config: config_rx.clone(),
         sources: statuses.subscribe(),
         published: published_rx.clone(),
-        reconciler: commands_tx.clone(),
-        pollers: Arc::clone(&sources.channels),
         health: health.subscribe(),
         kubernetes: kube_status_rx,
-        metrics_listen: metrics_listener.as_ref().and_then(|l| l.local_addr().ok()),
         kubeadm: kubeadm_rx,
-        workspace: Arc::clone(&sources.workspace),
+        metrics_listen: metrics_listener.as_ref().and_then(|l| l.local_addr().ok()),
         started_at: util::now(),
+    };
+    let backend = Arc::new(Backend {
+        parts: parts.clone(),
+        reconciler: commands_tx.clone(),
+        pollers: Arc::clone(&sources.channels),
+        workspace: Arc::clone(&sources.workspace),
+    });
+    let workspace = Arc::clone(&sources.workspace);
+    let read_file: crate::kubeadm::watch::ReadFile = Arc::new(move |name, revision, path| {
+        workspace
+            .read_file(name, revision, path)
+            .map_err(|e| e.to_string())
     });
     tokio::spawn(
         crate::kubeadm::watch::Watcher {
             config: config_rx.clone(),
             sources: statuses.subscribe(),
-            workspace: Arc::clone(&sources.workspace),
+            read_file,
             kube: kube_clients_rx.clone(),
             status: kubeadm_tx,
             shutdown: shutdown_rx.clone(),
@@ -146,7 +160,7 @@ pub async fn run(config_path: PathBuf) -> anyhow::Result<Ending> {
     tokio::spawn(
         crate::kube::reporter::Reporter {
             config: config_rx.clone(),
-            backend: Arc::clone(&backend),
+            parts: parts.clone(),
             clients: kube_clients_tx,
             status: kube_status_tx,
             metrics: Arc::clone(&metrics),
@@ -156,9 +170,9 @@ pub async fn run(config_path: PathBuf) -> anyhow::Result<Ending> {
     );
     if let Some(l) = metrics_listener {
         tracing::info!(listen = ?l.local_addr().ok(), "serving metrics");
-        tokio::spawn(crate::metrics::serve(
+        tokio::spawn(control::metrics::serve(
             l,
-            Arc::clone(&backend),
+            Arc::new(parts.clone()),
             Arc::clone(&metrics),
             shutdown_rx.clone(),
         ));
@@ -432,8 +446,8 @@ async fn report_status(
     notifier: Notifier,
     mut shutdown: watch::Receiver<bool>,
 ) {
-    let mut published = backend.published.clone();
-    let mut sources = backend.sources.clone();
+    let mut published = backend.parts.published.clone();
+    let mut sources = backend.parts.sources.clone();
     let mut last = String::new();
     loop {
         let line = summary(&backend.status());
@@ -450,7 +464,7 @@ async fn report_status(
 }
 
 /// One sentence for `systemctl status`: what ginx is doing or waiting for.
-pub fn summary(status: &crate::control::Status) -> String {
+pub fn summary(status: &status::Status) -> String {
     let a = &status.apply;
     let rev = a.revision.as_ref().map_or("-", |r| r.short());
     let mut line = match a.state {

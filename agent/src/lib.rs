@@ -17,7 +17,12 @@ pub mod metrics;
 pub mod reconcile;
 pub mod source;
 pub mod state;
+pub mod status;
+pub mod types;
 pub mod util;
+
+#[cfg(test)]
+mod layers;
 
 /// The version of this build, as shown by `--version` and in status.
 pub const VERSION: &str = env!("CARGO_PKG_VERSION");

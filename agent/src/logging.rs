@@ -1,5 +1,7 @@
 //! Logging: to journald (with structured fields) when its socket exists, else to stderr.
 //! `RUST_LOG` filters; the default is `info`.
+//!
+//! Layer 1: imports nothing of the crate.
 
 use std::io::IsTerminal;
 

@@ -1,4 +1,6 @@
 //! Small helpers shared by the daemon's parts: backoff, jitter, human ages.
+//!
+//! Layer 1: imports nothing of the crate.
 
 use std::time::Duration;
 

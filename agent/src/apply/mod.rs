@@ -7,7 +7,8 @@
 //! ginx ([`isolation`]). [`system`] reads what NixOS leaves behind: generations, the booted and
 //! the current system.
 //!
-//! Not here: when to apply, retries and what is recorded where (see `reconcile`).
+//! A worker (layer 5): imports `types`, `config`, `state`, `util`, never another worker. Not
+//! here: when to apply, retries and what is recorded where (see `reconcile`).
 
 pub mod isolation;
 pub mod process;

@@ -3,16 +3,7 @@
 
 use std::path::{Path, PathBuf};
 
-use serde::{Deserialize, Serialize};
-
-/// A generation of the system profile.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-pub struct Generation {
-    /// N of `<profile>-N-link`.
-    pub number: Option<u64>,
-    /// The system it points to (a store path).
-    pub path: PathBuf,
-}
+use crate::types::Generation;
 
 /// The generation `profile` points at now.
 pub fn generation(profile: &Path) -> Option<Generation> {

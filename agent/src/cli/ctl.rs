@@ -10,8 +10,9 @@ use super::render;
 use crate::config::{self, DEFAULT_CONFIG_PATH, Duration};
 use crate::control::client::{Client, ClientError};
 use crate::control::protocol::{
-    AcceptReport, Command, HistoryReport, RollbackReport, Status, SuspendReport, SyncReport,
+    AcceptReport, Command, HistoryReport, RollbackReport, SuspendReport, SyncReport,
 };
+use crate::status::Status;
 
 /// Talk to the ginx daemon on this node.
 #[derive(Debug, Parser)]

@@ -8,10 +8,12 @@ use std::time::{Duration, Instant};
 
 use clap::{Args, Subcommand};
 
-use crate::config::{self, Config, Role};
+use crate::config::{self, Config};
 use crate::control::client::Client;
 use crate::control::protocol::{Command, SourceFileReport};
 use crate::kubeadm::{self, facts, render};
+use crate::types::Role;
+use crate::types::api;
 
 #[derive(Debug, Subcommand)]
 pub enum KubeadmCommand {
@@ -448,10 +450,10 @@ fn switch_kube_vip(cfg: &Config, cluster: &facts::Cluster, wait: Duration) -> Re
                         match crbs.get_opt("kubeadm:cluster-admins").await {
                             Ok(Some(_)) => return Ok(()),
                             Ok(None) => last = "kubeadm:cluster-admins does not exist yet".into(),
-                            Err(e) => last = crate::kube::describe(&e),
+                            Err(e) => last = api::describe(&e),
                         }
                     }
-                    Err(e) => last = crate::kube::describe(&e),
+                    Err(e) => last = api::describe(&e),
                 },
                 Err(e) => last = e,
             }

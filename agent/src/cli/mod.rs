@@ -1,5 +1,7 @@
 //! Command-line front ends of the two binaries: argument definitions (also used to generate
 //! completions and man pages) and what each command does.
+//!
+//! Layer 8: may import anything; nothing but the binaries imports it.
 
 mod ctl;
 mod kubeadm;
@@ -11,7 +13,7 @@ use std::process::ExitCode;
 use clap::{Parser, Subcommand};
 
 use crate::config::{self, DEFAULT_CONFIG_PATH};
-use crate::source::RemoteUrl;
+use crate::types::RemoteUrl;
 
 pub use ctl::{CtlArgs, CtlCommand};
 

@@ -4,9 +4,10 @@ use std::fmt::Write;
 
 use jiff::Timestamp;
 
-use crate::apply::system::Generation;
-use crate::control::protocol::{AcceptReport, HistoryReport, Status, SyncReport};
+use crate::control::protocol::{AcceptReport, HistoryReport, SyncReport};
 use crate::state::{AttemptKind, Stream};
+use crate::status::{KubeState, Status};
+use crate::types::Generation;
 use crate::util::age;
 
 pub fn status(s: &Status) -> String {
@@ -141,8 +142,8 @@ pub fn status(s: &Status) -> String {
     }
     let k = &s.kubernetes;
     let kline = match (k.state, &k.error) {
-        (crate::kube::KubeState::NotConfigured, None) => "not configured".to_owned(),
-        (crate::kube::KubeState::Connected, _) => format!(
+        (KubeState::NotConfigured, None) => "not configured".to_owned(),
+        (KubeState::Connected, _) => format!(
             "connected, heartbeat {}{}",
             k.last_heartbeat
                 .map_or_else(|| "never".to_owned(), |t| age(t, now)),

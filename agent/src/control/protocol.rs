@@ -7,17 +7,11 @@
 //! ← {"version":1,"ok":false,"error":{"kind":"forbidden","message":"..."}}
 //! ```
 
-use std::collections::BTreeMap;
-
-use jiff::Timestamp;
 use serde::{Deserialize, Serialize};
 
-use crate::config::Role;
-use crate::health::{HealthMap, HealthStatus};
-use crate::kube::KubeStatus;
-use crate::reconcile::{ApplyStatus, SystemStatus};
-use crate::source::{Revision, SourceStatus, SyncOutcome};
+use crate::source::SyncOutcome;
 use crate::state::Attempt;
+use crate::types::Revision;
 
 pub const PROTOCOL_VERSION: u32 = 1;
 /// Longest request line accepted; longer ones get an error and the connection is closed.
@@ -148,31 +142,6 @@ impl Response {
             }),
         }
     }
-}
-
-/// What `ginxctl status --json` prints. Fields are added, never renamed.
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
-pub struct Status {
-    pub node: String,
-    pub role: Role,
-    pub version: String,
-    pub suspended: bool,
-    pub sources: BTreeMap<String, SourceStatus>,
-    pub apply: ApplyStatus,
-    /// What the machine runs: generation, reboot required, drift.
-    pub system: SystemStatus,
-    /// Probe → `{status, message, since}`.
-    pub health: HealthMap,
-    /// The overall health: the worst probe.
-    pub health_overall: HealthStatus,
-    pub kubernetes: KubeStatus,
-    /// Rendering of the kubeadm files and drift from the cluster's kubeadm-config; `null` when
-    /// `[kubeadm]` says nothing.
-    pub kubeadm: Option<crate::kubeadm::watch::KubeadmStatus>,
-    /// Where metrics are served (`[metrics] listen`, with the port actually bound).
-    pub metrics_listen: Option<std::net::SocketAddr>,
-    pub started_at: Timestamp,
-    pub now: Timestamp,
 }
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]

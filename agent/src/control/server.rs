@@ -11,20 +11,17 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use jiff::Timestamp;
 use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
 use tokio::net::{UnixListener, UnixStream};
 use tokio::sync::{Semaphore, mpsc, oneshot, watch};
 
 use super::protocol::{
     AcceptReport, Command, ErrorKind, HistoryReport, MAX_REQUEST, PROTOCOL_VERSION, Request,
-    Response, RollbackReport, SourceFileReport, Status, SuspendReport, SyncReport,
+    Response, RollbackReport, SourceFileReport, SuspendReport, SyncReport,
 };
-use crate::config::Config;
-use crate::health::HealthMap;
-use crate::kube::KubeStatus;
-use crate::reconcile::{self, Published};
-use crate::source::{PollerCmd, SourceStatus};
+use crate::reconcile;
+use crate::source::PollerCmd;
+use crate::status::{Parts, Status};
 
 /// Connections served at once; more wait in the kernel's backlog.
 const MAX_CONNECTIONS: usize = 64;
@@ -35,42 +32,17 @@ const FIRST_REQUEST_TIMEOUT: Duration = Duration::from_secs(30);
 
 /// Everything the socket can ask of the daemon.
 pub struct Backend {
-    pub config: watch::Receiver<Arc<Config>>,
-    pub sources: watch::Receiver<BTreeMap<String, SourceStatus>>,
-    pub published: watch::Receiver<Published>,
+    /// What status is assembled from.
+    pub parts: Parts,
     pub reconciler: mpsc::Sender<reconcile::Command>,
     /// Sync request channels of the running pollers, by source name.
     pub pollers: Arc<Mutex<BTreeMap<String, mpsc::Sender<PollerCmd>>>>,
-    pub health: watch::Receiver<HealthMap>,
-    pub kubernetes: watch::Receiver<KubeStatus>,
-    pub metrics_listen: Option<std::net::SocketAddr>,
-    pub kubeadm: watch::Receiver<Option<crate::kubeadm::watch::KubeadmStatus>>,
     pub workspace: Arc<crate::source::Workspace>,
-    pub started_at: Timestamp,
 }
 
 impl Backend {
-    /// The one status value; the socket, STATUS= and (later) the cluster report read it.
     pub fn status(&self) -> Status {
-        let cfg = self.config.borrow();
-        let published = self.published.borrow();
-        let health = self.health.borrow().clone();
-        Status {
-            node: cfg.node_name().to_owned(),
-            role: cfg.node.role,
-            version: crate::VERSION.to_owned(),
-            suspended: published.suspended,
-            sources: self.sources.borrow().clone(),
-            apply: published.apply.clone(),
-            system: published.system.clone(),
-            health: health.clone(),
-            health_overall: crate::health::overall(&health).status,
-            kubernetes: self.kubernetes.borrow().clone(),
-            kubeadm: self.kubeadm.borrow().clone(),
-            metrics_listen: self.metrics_listen,
-            started_at: self.started_at,
-            now: crate::util::now(),
-        }
+        self.parts.status()
     }
 
     async fn sync(&self, source: Option<String>) -> Result<SyncReport, (ErrorKind, String)> {
@@ -131,6 +103,7 @@ impl Backend {
         path: String,
     ) -> Result<SourceFileReport, (ErrorKind, String)> {
         let revision = self
+            .parts
             .sources
             .borrow()
             .get(&source)
@@ -501,7 +474,7 @@ async fn respond(line: &[u8], peer: Option<&Peer>, backend: &Backend) -> Respons
         }
     };
     if request.command.mutates() {
-        let group = backend.config.borrow().control.group.clone();
+        let group = backend.parts.config.borrow().control.group.clone();
         let allowed = peer.is_some_and(|p| p.may_change(&group));
         if !allowed {
             let who = peer.map_or_else(

@@ -5,9 +5,12 @@ use std::time::Duration;
 use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::Node;
 
+use super::Context;
 use super::http::{Target, get, parse_http_url};
-use super::{Context, HealthStatus};
-use crate::config::{Config, Role};
+use crate::config::Config;
+use crate::status::HealthStatus;
+use crate::types::Role;
+use crate::types::api::describe;
 use crate::util;
 
 type Verdict = (HealthStatus, String);
@@ -119,7 +122,7 @@ async fn readyz(client: &kube::Client) -> Result<(), String> {
                 format!("readyz {}: {}", s.code, failing.join(", "))
             })
         }
-        Err(e) => Err(format!("unreachable: {}", crate::kube::describe(&e))),
+        Err(e) => Err(format!("unreachable: {}", describe(&e))),
     }
 }
 
@@ -173,7 +176,7 @@ async fn kube_vip(cfg: &Config, ctx: &Context) -> Verdict {
                     .and_then(|l| l.spec)
                     .and_then(|s| s.holder_identity)
                     .filter(|h| !h.is_empty())),
-                Err(e) => Err(crate::kube::describe(&e)),
+                Err(e) => Err(describe(&e)),
             }
         }
     };
@@ -353,7 +356,7 @@ async fn node_ready(cfg: &Config, ctx: &Context) -> Verdict {
         Err(e) => {
             return (
                 HealthStatus::Unknown,
-                format!("cannot read the node: {}", crate::kube::describe(&e)),
+                format!("cannot read the node: {}", describe(&e)),
             );
         }
     };

@@ -8,6 +8,8 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::{MicroTime, ObjectMeta};
 use kube::Api;
 use kube::api::PostParams;
 
+use crate::types::api::code;
+
 /// Renewal attempts per tick when the Lease keeps changing under us.
 pub const MAX_CONFLICT_RETRIES: usize = 5;
 
@@ -72,7 +74,7 @@ impl Heartbeat {
                                 return Ok(());
                             }
                             // Created by someone else meanwhile: read it and renew that.
-                            Err(e) if super::code(&e) == Some(409) => continue,
+                            Err(e) if code(&e) == Some(409) => continue,
                             Err(e) => return Err(RenewError::Api(e)),
                         }
                     }
@@ -95,7 +97,7 @@ impl Heartbeat {
                     return Ok(());
                 }
                 // Stale resourceVersion, or deleted meanwhile: read again and retry.
-                Err(e) if matches!(super::code(&e), Some(409 | 404)) => {}
+                Err(e) if matches!(code(&e), Some(409 | 404)) => {}
                 Err(e) => return Err(RenewError::Api(e)),
             }
         }

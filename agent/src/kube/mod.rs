@@ -3,6 +3,10 @@
 //!
 //! Nothing here blocks pulling or applying: without a kubeconfig, or with the API away, ginx runs
 //! on and retries with backoff, and status says `not-configured` or `unreachable since …`.
+//!
+//! A worker (layer 5): imports `types`, `config`, `status`, `metrics`, `util`, never another
+//! worker. The reporter reads the status it writes to the cluster from `status::Parts`, handed
+//! in by the daemon; the clients it builds go out through a watch as `types::api::KubeClients`.
 
 pub mod heartbeat;
 pub mod report;
@@ -11,102 +15,12 @@ pub mod reporter;
 use std::path::Path;
 use std::sync::Arc;
 
-use jiff::Timestamp;
 use kube::client::ClientBuilder;
 use kube::config::{KubeConfigOptions, Kubeconfig};
-use serde::{Deserialize, Serialize};
 
 use crate::config::Config;
 use crate::metrics::Metrics;
-
-/// Clients for the API, shared with the probes.
-#[derive(Clone)]
-pub struct KubeClients {
-    /// The kubeconfig's server (normally the control-plane endpoint, the VIP).
-    pub main: kube::Client,
-    /// The same credentials against `health.apiserver.local_url`.
-    pub local: Option<kube::Client>,
-    /// The same credentials against `health.apiserver.vip_url` (default: the kubeconfig's
-    /// server).
-    pub vip: kube::Client,
-}
-
-/// `kubernetes.state` in status.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "kebab-case")]
-pub enum KubeState {
-    /// No `kubernetes.kubeconfig`, or the file does not exist yet.
-    #[default]
-    NotConfigured,
-    Connecting,
-    Connected,
-    /// The API cannot be reached, or answers with server errors.
-    Unreachable,
-    /// The API refuses ginx's credentials (401) or permissions (403, missing namespace).
-    Refused,
-}
-
-impl KubeState {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            KubeState::NotConfigured => "not-configured",
-            KubeState::Connecting => "connecting",
-            KubeState::Connected => "connected",
-            KubeState::Unreachable => "unreachable",
-            KubeState::Refused => "refused",
-        }
-    }
-}
-
-/// `kubernetes` in `ginxctl status --json`.
-#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
-pub struct KubeStatus {
-    pub state: KubeState,
-    /// When `state` last changed.
-    pub since: Option<Timestamp>,
-    pub error: Option<String>,
-    /// `namespace/name` of the heartbeat Lease.
-    pub lease: Option<String>,
-    pub last_heartbeat: Option<Timestamp>,
-    /// Annotations and condition written for the current state.
-    pub reported: bool,
-}
-
-/// A short description of a client error: the HTTP status and reason for API errors, the root
-/// cause for transport errors. Never contains credentials.
-pub fn describe(e: &kube::Error) -> String {
-    match e {
-        kube::Error::Api(s) => {
-            let msg = s.message.lines().next().unwrap_or("").trim();
-            if s.reason.is_empty() || s.reason == "Failed to parse error data" {
-                format!("HTTP {}: {msg}", s.code)
-            } else {
-                format!("HTTP {} {}: {msg}", s.code, s.reason)
-            }
-        }
-        other => {
-            let mut cause: &dyn std::error::Error = other;
-            while let Some(next) = cause.source() {
-                cause = next;
-            }
-            let root = cause.to_string();
-            let top = other.to_string();
-            if root == top {
-                top
-            } else {
-                format!("{top}: {root}")
-            }
-        }
-    }
-}
-
-/// The HTTP status of an API error.
-pub fn code(e: &kube::Error) -> Option<u16> {
-    match e {
-        kube::Error::Api(s) if s.code != 0 => Some(s.code),
-        _ => None,
-    }
-}
+use crate::types::api::{KubeClients, describe};
 
 /// Installs ring as rustls's crypto provider (once; later calls do nothing).
 pub fn install_crypto() {

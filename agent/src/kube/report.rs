@@ -14,8 +14,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use kube::Api;
 use kube::api::{Patch, PatchParams};
 
-use crate::control::Status;
-use crate::health::{self, HealthStatus};
+use crate::status::{self, HealthStatus, Status};
 
 /// The annotations that describe `status`, keyed with `prefix` (e.g. `ginx.io/`).
 pub fn annotations(status: &Status, prefix: &str) -> BTreeMap<String, String> {
@@ -35,7 +34,7 @@ pub fn annotations(status: &Status, prefix: &str) -> BTreeMap<String, String> {
     put("suspended", status.suspended.to_string());
     put(
         "health",
-        health::overall(&status.health).status.as_str().to_owned(),
+        status::overall(&status.health).status.as_str().to_owned(),
     );
     for (name, s) in &status.sources {
         if let Some(r) = &s.revision {
@@ -66,8 +65,8 @@ pub fn annotation_patch(
 }
 
 /// `(status, reason, message)` of the condition for the probes' results.
-pub fn condition(health_map: &health::HealthMap) -> (String, String, String) {
-    let o = health::overall(health_map);
+pub fn condition(health_map: &status::HealthMap) -> (String, String, String) {
+    let o = status::overall(health_map);
     let list = |filter: HealthStatus| {
         o.failing
             .iter()
@@ -224,7 +223,7 @@ impl NodeReport {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::health::{HealthMap, ProbeStatus};
+    use crate::status::{HealthMap, ProbeStatus};
 
     fn map(entries: &[(&str, HealthStatus, &str)]) -> HealthMap {
         entries

@@ -16,10 +16,10 @@ use tokio::sync::watch;
 
 use super::heartbeat::{Heartbeat, RenewError};
 use super::report::{self, NodeReport, Written};
-use super::{KubeClients, KubeState, KubeStatus, code, describe};
 use crate::config::Config;
-use crate::control::server::Backend;
 use crate::metrics::Metrics;
+use crate::status::{KubeState, KubeStatus, Parts};
+use crate::types::api::{KubeClients, code, describe};
 use crate::util;
 
 /// First wait after a failed renewal; doubles up to the renew interval.
@@ -29,7 +29,8 @@ const DEBOUNCE: Duration = Duration::from_millis(300);
 
 pub struct Reporter {
     pub config: watch::Receiver<Arc<Config>>,
-    pub backend: Arc<Backend>,
+    /// What the node report is written from.
+    pub parts: Parts,
     pub clients: watch::Sender<Option<KubeClients>>,
     pub status: watch::Sender<KubeStatus>,
     pub metrics: Arc<Metrics>,
@@ -53,9 +54,9 @@ struct Session {
 impl Reporter {
     pub async fn run(mut self) {
         let mut session = Session::default();
-        let mut published = self.backend.published.clone();
-        let mut sources = self.backend.sources.clone();
-        let mut health = self.backend.health.clone();
+        let mut published = self.parts.published.clone();
+        let mut sources = self.parts.sources.clone();
+        let mut health = self.parts.health.clone();
         let mut next = Instant::now();
         loop {
             tokio::select! {
@@ -274,7 +275,7 @@ impl Reporter {
         let Some(node) = session.node.as_ref() else {
             return;
         };
-        let status = self.backend.status();
+        let status = self.parts.status();
         let desired = report::annotations(&status, &cfg.kubernetes.annotation_prefix);
         let condition = report::condition(&status.health);
         if resync || session.annotations.is_none() {

@@ -1,196 +1,16 @@
 //! Cluster facts, checked and completed with defaults: what the kubeadm documents and the
 //! kube-vip manifest are rendered from. Pure.
 
-use std::fmt;
 use std::net::IpAddr;
 use std::path::PathBuf;
 
-use crate::config::{ClusterFacts, Role};
+use crate::config::ClusterFacts;
+use crate::config::kubeadm::{Endpoint, check_partial, cidrs};
+use crate::types::Role;
 
 /// The kube-vip release the manifest uses unless told otherwise.
 pub const KUBE_VIP_IMAGE: &str = "ghcr.io/kube-vip/kube-vip:v1.2.3";
 pub const KUBE_VIP_MANIFEST: &str = "/etc/kubernetes/manifests/kube-vip.yaml";
-
-/// An IP network: address and prefix length.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct Cidr {
-    pub addr: IpAddr,
-    pub prefix: u8,
-}
-
-impl Cidr {
-    pub fn parse(s: &str) -> Result<Self, String> {
-        let (a, p) = s
-            .split_once('/')
-            .ok_or_else(|| format!("{s:?} is not a CIDR like 10.244.0.0/16"))?;
-        let addr: IpAddr = a
-            .parse()
-            .map_err(|_| format!("{s:?}: {a:?} is not an IP address"))?;
-        let max = if addr.is_ipv4() { 32 } else { 128 };
-        let prefix: u8 = p
-            .parse()
-            .ok()
-            .filter(|p| *p <= max)
-            .ok_or_else(|| format!("{s:?}: the prefix length must be 0..={max}"))?;
-        let c = Cidr { addr, prefix };
-        if c.network() != addr {
-            return Err(format!(
-                "{s:?} has host bits set; the network is {}/{prefix}",
-                c.network()
-            ));
-        }
-        Ok(c)
-    }
-
-    fn bits(addr: IpAddr) -> (u128, u8) {
-        match addr {
-            IpAddr::V4(a) => (u128::from(u32::from(a)), 32),
-            IpAddr::V6(a) => (u128::from(a), 128),
-        }
-    }
-
-    fn mask(&self) -> u128 {
-        let (_, width) = Self::bits(self.addr);
-        if self.prefix == 0 {
-            0
-        } else {
-            (u128::MAX << (width - self.prefix)) & (u128::MAX >> (128 - u32::from(width)))
-        }
-    }
-
-    fn network(&self) -> IpAddr {
-        let (b, _) = Self::bits(self.addr);
-        let n = b & self.mask();
-        match self.addr {
-            IpAddr::V4(_) => IpAddr::V4(std::net::Ipv4Addr::from(n as u32)),
-            IpAddr::V6(_) => IpAddr::V6(std::net::Ipv6Addr::from(n)),
-        }
-    }
-
-    pub fn contains(&self, ip: IpAddr) -> bool {
-        if ip.is_ipv4() != self.addr.is_ipv4() {
-            return false;
-        }
-        let (b, _) = Self::bits(ip);
-        let (n, _) = Self::bits(self.addr);
-        b & self.mask() == n & self.mask()
-    }
-
-    pub fn overlaps(&self, other: &Cidr) -> bool {
-        self.contains(other.addr) || other.contains(self.addr)
-    }
-}
-
-impl fmt::Display for Cidr {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "{}/{}", self.addr, self.prefix)
-    }
-}
-
-/// One CIDR or a dual-stack pair `a,b`.
-fn cidrs(s: &str) -> Result<Vec<Cidr>, String> {
-    s.split(',').map(|c| Cidr::parse(c.trim())).collect()
-}
-
-/// `host:port` of the control-plane endpoint.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct Endpoint {
-    pub host: String,
-    pub port: u16,
-}
-
-impl Endpoint {
-    pub fn parse(s: &str) -> Result<Self, String> {
-        let (host, port) = s
-            .rsplit_once(':')
-            .ok_or_else(|| format!("{s:?} must be VIP:PORT, like 10.0.0.100:6443"))?;
-        let host = host.trim_start_matches('[').trim_end_matches(']');
-        let port: u16 = port
-            .parse()
-            .ok()
-            .filter(|p| *p != 0)
-            .ok_or_else(|| format!("{s:?}: {port:?} is not a valid port (1-65535)"))?;
-        if host.is_empty() {
-            return Err(format!("{s:?} has no host"));
-        }
-        Ok(Self {
-            host: host.to_owned(),
-            port,
-        })
-    }
-
-    pub fn ip(&self) -> Option<IpAddr> {
-        self.host.parse().ok()
-    }
-}
-
-impl fmt::Display for Endpoint {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self.ip() {
-            Some(IpAddr::V6(_)) => write!(f, "[{}]:{}", self.host, self.port),
-            _ => write!(f, "{}:{}", self.host, self.port),
-        }
-    }
-}
-
-fn version(s: &str) -> Result<(), String> {
-    let ok = s
-        .strip_prefix('v')
-        .map(|r| r.split('.').collect::<Vec<_>>())
-        .is_some_and(|p| {
-            p.len() == 3
-                && p.iter()
-                    .all(|n| !n.is_empty() && n.bytes().all(|b| b.is_ascii_digit()))
-        });
-    if ok {
-        Ok(())
-    } else {
-        Err(format!("{s:?} is not a version like v1.33.4 (vX.Y.Z)"))
-    }
-}
-
-/// Checks each fact that is present, on its own. `Err((key, message))`.
-pub fn check_partial(f: &ClusterFacts) -> Result<(), (&'static str, String)> {
-    if let Some(v) = &f.kubernetes_version {
-        version(v).map_err(|m| ("kubernetes_version", m))?;
-    }
-    if let Some(e) = &f.control_plane_endpoint {
-        Endpoint::parse(e).map_err(|m| ("control_plane_endpoint", m))?;
-    }
-    if let Some(s) = &f.pod_subnet {
-        cidrs(s).map_err(|m| ("pod_subnet", m))?;
-    }
-    if let Some(s) = &f.service_subnet {
-        cidrs(s).map_err(|m| ("service_subnet", m))?;
-    }
-    if let Some(s) = &f.cri_socket
-        && !s.starts_with("unix://")
-    {
-        return Err(("cri_socket", format!("{s:?} must be a unix:// URL")));
-    }
-    if let Some(n) = &f.cluster_name
-        && n.trim().is_empty()
-    {
-        return Err(("cluster_name", "must not be empty".into()));
-    }
-    if let Some(d) = &f.dns_domain
-        && d.trim().is_empty()
-    {
-        return Err(("dns_domain", "must not be empty".into()));
-    }
-    let kv = &f.kube_vip;
-    if let (Some(d), Some(r), Some(p)) = (kv.lease_duration, kv.renew_deadline, kv.retry_period)
-        && !(d > r && r > p && p > 0)
-    {
-        return Err((
-            "kube_vip.lease_duration",
-            format!(
-                "kube-vip needs lease_duration > renew_deadline > retry_period > 0 (got {d}, {r}, {p})"
-            ),
-        ));
-    }
-    Ok(())
-}
 
 /// Everything the renderer needs, complete and checked.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -340,6 +160,7 @@ pub fn resolve(f: &ClusterFacts) -> Result<Cluster, String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::config::kubeadm::Cidr;
 
     fn facts() -> ClusterFacts {
         ClusterFacts {

@@ -4,6 +4,10 @@
 //!
 //! The renderer ([`render`]) and the facts ([`facts`]) are pure. Running kubeadm is
 //! `ginxctl kubeadm` (cli); the daemon only re-renders files and reports drift ([`watch`]).
+//!
+//! A worker (layer 5): imports `types`, `config`, `status`, `util`, never another worker. The
+//! single-fact checks are config's (`config::kubeadm`); the watcher gets the API clients and a
+//! reader of source files from the daemon.
 
 pub mod facts;
 pub mod render;

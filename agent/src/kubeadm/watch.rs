@@ -5,46 +5,32 @@
 //! `kube-system/kubeadm-config`.
 
 use std::collections::BTreeMap;
-use std::path::PathBuf;
+use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
 
-use jiff::Timestamp;
 use k8s_openapi::api::core::v1::ConfigMap;
-use serde::{Deserialize, Serialize};
 use serde_json::Value;
 use tokio::sync::watch;
 
 use super::{facts, render};
 use crate::config::Config;
-use crate::kube::KubeClients;
-use crate::source::{Revision, SourceStatus, Workspace};
+use crate::status::{KubeadmStatus, SourceStatus};
+use crate::types::Revision;
+use crate::types::api::{self, KubeClients};
 use crate::util;
 
 /// How often the cluster's kubeadm-config is compared again when nothing changed here.
 const DRIFT_INTERVAL: Duration = Duration::from_secs(600);
 
-/// `kubeadm` in `ginxctl status --json`.
-#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
-pub struct KubeadmStatus {
-    /// Where the cluster facts came from besides the configuration (`argus:<file>@<revision>`).
-    pub facts_from: Option<String>,
-    pub rendered: Vec<PathBuf>,
-    pub rendered_at: Option<Timestamp>,
-    /// Why the facts cannot be rendered.
-    pub error: Option<String>,
-    pub warnings: Vec<String>,
-    /// Differences between the rendered ClusterConfiguration and the cluster's.
-    pub drift: Vec<String>,
-    pub drift_checked_at: Option<Timestamp>,
-    /// Why the cluster's configuration could not be compared.
-    pub drift_error: Option<String>,
-}
+/// Reads `path` of source `name` at `revision`, blocking; the error says why, without the path.
+pub type ReadFile = Arc<dyn Fn(&str, &Revision, &Path) -> Result<Vec<u8>, String> + Send + Sync>;
 
 pub struct Watcher {
     pub config: watch::Receiver<Arc<Config>>,
     pub sources: watch::Receiver<BTreeMap<String, SourceStatus>>,
-    pub workspace: Arc<Workspace>,
+    /// Reads a file of a source at a revision; the daemon hands in the sources' workspace.
+    pub read_file: ReadFile,
     pub kube: watch::Receiver<Option<KubeClients>>,
     pub status: watch::Sender<Option<KubeadmStatus>>,
     pub shutdown: watch::Receiver<bool>,
@@ -198,9 +184,9 @@ impl Watcher {
             .facts_revision(cfg)
             .ok_or_else(|| format!("waiting for the first fetch of {source} (kubeadm.source)"))?;
         let origin = format!("{source}:{}@{}", file.display(), revision.short());
-        let workspace = Arc::clone(&self.workspace);
+        let read_file = Arc::clone(&self.read_file);
         let (s, f, r) = (source.clone(), file.clone(), revision.clone());
-        let bytes = tokio::task::spawn_blocking(move || workspace.read_file(&s, &r, &f))
+        let bytes = tokio::task::spawn_blocking(move || read_file(&s, &r, &f))
             .await
             .map_err(|e| e.to_string())?
             .map_err(|e| format!("{origin}: {e}"))?;
@@ -227,7 +213,7 @@ impl Watcher {
             ),
             Err(e) => Err(format!(
                 "cannot read kube-system/kubeadm-config: {} (see packaging/kubernetes/rbac.yaml)",
-                crate::kube::describe(&e)
+                api::describe(&e)
             )),
         };
         let now = util::now();

@@ -1,15 +1,15 @@
-//! Prometheus metrics (prometheus-client), served on `[metrics] listen` when set.
+//! Prometheus metric families (prometheus-client): a handle any worker may count on.
 //!
 //! Counters are counted where things happen (fetches, applies, API requests, heartbeats);
-//! gauges describing the current state are set from the one `Status` value at scrape time.
+//! gauges describing the current state are set at scrape time from [`Gauges`], which the
+//! exposition in `control::metrics` reads from the one `Status` value.
+//!
+//! Owns: the families, their names and labels. Imports nothing of the crate but the version;
+//! it must not import `status`, a worker, `reconcile` or `control` (serving is `control`'s).
 
-use std::net::SocketAddr;
 use std::sync::Arc;
 use std::sync::atomic::AtomicU64;
-use std::time::Instant;
 
-use http_body_util::Full;
-use hyper::body::Bytes;
 use jiff::Timestamp;
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
@@ -18,12 +18,6 @@ use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
 use prometheus_client::metrics::info::Info;
 use prometheus_client::registry::Registry;
-use tokio::sync::watch;
-
-use crate::control::Status;
-use crate::control::server::Backend;
-use crate::health::HealthStatus;
-use crate::reconcile::ApplyState;
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct SourceLabels {
@@ -85,23 +79,20 @@ pub struct Metrics {
     rendering: std::sync::Mutex<()>,
 }
 
-const APPLY_STATES: [ApplyState; 8] = [
-    ApplyState::Idle,
-    ApplyState::Pending,
-    ApplyState::Waiting,
-    ApplyState::Applying,
-    ApplyState::Verifying,
-    ApplyState::Succeeded,
-    ApplyState::Failed,
-    ApplyState::RolledBack,
-];
-
-const HEALTH: [HealthStatus; 4] = [
-    HealthStatus::Ok,
-    HealthStatus::Unknown,
-    HealthStatus::Degraded,
-    HealthStatus::Failed,
-];
+/// The state gauges' values at one scrape.
+pub struct Gauges<'a> {
+    /// Each source that offers a revision: source, revision, branch.
+    pub revisions: Vec<RevisionLabels>,
+    /// Every apply state's name (each gets a series), and the current one.
+    pub apply_states: &'a [&'static str],
+    pub apply_state: &'static str,
+    pub suspended: bool,
+    pub reboot_required: bool,
+    /// Every probe status's name (each probe gets a series per status)...
+    pub health_statuses: &'a [&'static str],
+    /// ...and each probe's current status.
+    pub probes: Vec<(&'a str, &'static str)>,
+}
 
 fn seconds(t: Timestamp) -> f64 {
     t.as_millisecond() as f64 / 1000.0
@@ -218,46 +209,34 @@ impl Metrics {
             .inc();
     }
 
-    /// The exposition, with the state gauges set from `status`.
-    pub fn render(&self, status: &Status) -> String {
+    /// The exposition, with the state gauges set from `gauges`.
+    pub fn render(&self, gauges: &Gauges<'_>) -> String {
         let _rendering = self
             .rendering
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner);
         self.revision.clear();
-        for (name, s) in &status.sources {
-            if let Some(r) = &s.revision {
-                self.revision
-                    .get_or_create(&RevisionLabels {
-                        source: name.clone(),
-                        revision: r.to_string(),
-                        branch: s
-                            .revision_branch
-                            .clone()
-                            .unwrap_or_else(|| s.branch.clone()),
-                    })
-                    .set(1);
-            }
+        for labels in &gauges.revisions {
+            self.revision.get_or_create(labels).set(1);
         }
-        for st in APPLY_STATES {
+        for st in gauges.apply_states {
             self.apply_state
                 .get_or_create(&StateLabels {
-                    state: st.as_str().to_owned(),
+                    state: (*st).to_owned(),
                 })
-                .set(i64::from(st == status.apply.state));
+                .set(i64::from(*st == gauges.apply_state));
         }
-        self.suspended.set(i64::from(status.suspended));
-        self.reboot_required
-            .set(i64::from(status.system.reboot_required));
+        self.suspended.set(i64::from(gauges.suspended));
+        self.reboot_required.set(i64::from(gauges.reboot_required));
         self.probes.clear();
-        for (probe, p) in &status.health {
-            for h in HEALTH {
+        for (probe, current) in &gauges.probes {
+            for h in gauges.health_statuses {
                 self.probes
                     .get_or_create(&ProbeLabels {
-                        probe: probe.clone(),
-                        status: h.as_str().to_owned(),
+                        probe: (*probe).to_owned(),
+                        status: (*h).to_owned(),
                     })
-                    .set(i64::from(h == p.status));
+                    .set(i64::from(h == current));
             }
         }
         let mut out = String::new();
@@ -323,63 +302,4 @@ where
             res
         })
     }
-}
-
-/// Serves `GET /metrics` on `listener` until `shutdown`.
-pub async fn serve(
-    listener: tokio::net::TcpListener,
-    backend: Arc<Backend>,
-    metrics: Arc<Metrics>,
-    mut shutdown: watch::Receiver<bool>,
-) {
-    loop {
-        let stream = tokio::select! {
-            a = listener.accept() => match a {
-                Ok((s, _)) => s,
-                Err(e) => {
-                    tracing::warn!(error = %e, "accept on the metrics listener failed");
-                    continue;
-                }
-            },
-            _ = shutdown.changed() => return,
-        };
-        let (backend, metrics) = (Arc::clone(&backend), Arc::clone(&metrics));
-        tokio::spawn(async move {
-            let svc =
-                hyper::service::service_fn(move |req: http::Request<hyper::body::Incoming>| {
-                    let (backend, metrics) = (Arc::clone(&backend), Arc::clone(&metrics));
-                    async move {
-                        let started = Instant::now();
-                        let response = if req.uri().path() == "/metrics" {
-                            let body = metrics.render(&backend.status());
-                            http::Response::builder()
-                                .header(
-                                    http::header::CONTENT_TYPE,
-                                    "application/openmetrics-text; version=1.0.0; charset=utf-8",
-                                )
-                                .body(Full::new(Bytes::from(body)))
-                        } else {
-                            http::Response::builder()
-                                .status(404)
-                                .body(Full::new(Bytes::from_static(b"metrics are at /metrics\n")))
-                        };
-                        tracing::trace!(elapsed = ?started.elapsed(), "metrics scraped");
-                        response
-                    }
-                });
-            let _ = tokio::time::timeout(
-                std::time::Duration::from_secs(30),
-                hyper::server::conn::http1::Builder::new()
-                    .serve_connection(hyper_util::rt::TokioIo::new(stream), svc),
-            )
-            .await;
-        });
-    }
-}
-
-/// Binds the metrics listener; the error names the address.
-pub async fn bind(addr: SocketAddr) -> anyhow::Result<tokio::net::TcpListener> {
-    tokio::net::TcpListener::bind(addr)
-        .await
-        .map_err(|e| anyhow::anyhow!("cannot listen for metrics on {addr} ([metrics] listen): {e}"))
 }

@@ -6,50 +6,11 @@
 use std::time::Duration;
 
 use jiff::Timestamp;
-use serde::{Deserialize, Serialize};
 
-use crate::config::Goal;
-use crate::source::Revision;
 use crate::state::{Applied, AttemptKind, Failure, InFlight, Interrupted, Outcome, State};
+use crate::status::ApplyState;
+use crate::types::{Goal, Revision};
 use crate::util;
-
-/// `apply.state` in `ginxctl status --json`.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "kebab-case")]
-pub enum ApplyState {
-    /// Nothing to apply yet (no revision fetched).
-    #[default]
-    Idle,
-    /// A new revision is about to be applied.
-    Pending,
-    /// A revision is wanted but a gate holds it back (suspended).
-    Waiting,
-    Applying,
-    /// After activation, while health is being verified (later).
-    Verifying,
-    /// The wanted revision is applied.
-    Succeeded,
-    /// The wanted revision failed; see `next_retry_at` (absent once given up).
-    Failed,
-    /// `ginxctl rollback` switched to the previous generation; the revision is not applied
-    /// again until a new one arrives or `ginxctl retry`.
-    RolledBack,
-}
-
-impl ApplyState {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            ApplyState::Idle => "idle",
-            ApplyState::Pending => "pending",
-            ApplyState::Waiting => "waiting",
-            ApplyState::Applying => "applying",
-            ApplyState::Verifying => "verifying",
-            ApplyState::Succeeded => "succeeded",
-            ApplyState::Failed => "failed",
-            ApplyState::RolledBack => "rolled-back",
-        }
-    }
-}
 
 /// The revision the source offers and the goal it is to be applied with (the testing branch
 /// asks for its own goal).

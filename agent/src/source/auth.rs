@@ -12,8 +12,8 @@ use hmac::{Hmac, Mac};
 use ssh_key::known_hosts::{HostPatterns, KnownHosts, Marker};
 use ssh_key::{HashAlg, PublicKey};
 
-use super::RemoteUrl;
 use crate::config::SourceConfig;
+use crate::types::RemoteUrl;
 
 #[derive(Debug, thiserror::Error, Clone, PartialEq, Eq)]
 pub enum AuthError {

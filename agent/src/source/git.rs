@@ -14,8 +14,9 @@ use git2::{AutotagOption, ErrorClass, FetchOptions, Repository, RepositoryInitOp
 use serde::{Deserialize, Serialize};
 
 use super::auth::Auth;
-use super::verify::{Policy, Signed};
-use super::{RemoteUrl, Revision};
+use super::verify::Policy;
+use crate::status::Signed;
+use crate::types::{RemoteUrl, Revision};
 
 /// Where ginx keeps the last deployed (or accepted) commit of the tracked branch. New heads
 /// must descend from it.

@@ -8,11 +8,12 @@
 //! its tree is complete on disk. A fetch that outlives `fetch_timeout` is abandoned: the poller
 //! moves on and nothing else waits for it.
 //!
-//! Not here: deciding what to apply (see `reconcile`).
+//! A worker (layer 5): imports `types`, `config`, `status`, `metrics`, `state`, `util`, never
+//! another worker. Who else needs a source's files gets them from the daemon. Not here:
+//! deciding what to apply (see `reconcile`).
 
 pub mod auth;
 pub mod git;
-mod remote;
 pub mod trees;
 pub mod verify;
 
@@ -22,77 +23,17 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use jiff::Timestamp;
 use serde::{Deserialize, Serialize};
 use tokio::sync::{mpsc, oneshot, watch};
 
 use crate::config::SourceConfig;
 use crate::state::{self, Anchors};
+use crate::status::{Refused, RemoteStatus, SourceStatus};
+use crate::types::Revision;
 use crate::util;
 
 pub use git::{GitError, RemoteResult};
-pub use remote::{RemoteUrl, Revision, Transport};
 pub use trees::{Pin, Trees};
-pub use verify::Signed;
-
-/// What `ginxctl status` shows for a source.
-#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
-pub struct SourceStatus {
-    /// The remote that served the last fetch (else the first configured), without credentials.
-    pub url: String,
-    /// The configured branch.
-    pub branch: String,
-    /// The accepted revision, whose tree is checked out.
-    pub revision: Option<Revision>,
-    /// The branch `revision` came from: `branch`, or the testing branch.
-    pub revision_branch: Option<String>,
-    /// `revision` comes from the node's testing branch.
-    pub testing: bool,
-    /// When a fetch last succeeded.
-    pub fetched_at: Option<Timestamp>,
-    /// Why the last fetch failed or its head was refused; `None` when all is well.
-    pub error: Option<String>,
-    /// When the current run of failures or refusals began.
-    pub failing_since: Option<Timestamp>,
-    /// When the next scheduled fetch is due.
-    pub next_fetch_at: Option<Timestamp>,
-    /// The checked-out tree of `revision`.
-    pub tree: Option<PathBuf>,
-    /// Every configured remote and how it fared in the last fetch.
-    pub remotes: Vec<RemoteStatus>,
-    /// A head that was fetched but not accepted, and why.
-    pub refused: Option<Refused>,
-    /// The commit new heads must descend from (last deployed or accepted).
-    pub deployed: Option<Revision>,
-    /// The accepted signature of `revision`, when a policy is configured.
-    pub signature: Option<Signed>,
-}
-
-#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
-pub struct RemoteStatus {
-    pub url: String,
-    /// `Some(true)` served the last fetch, `Some(false)` failed, `None` not tried.
-    pub ok: Option<bool>,
-    pub error: Option<String>,
-}
-
-impl RemoteStatus {
-    /// The status of the remote shown as `url` after a fetch that tried `results`.
-    fn after(url: String, results: &[RemoteResult]) -> Self {
-        let tried = results.iter().find(|r| r.url == url);
-        Self {
-            ok: tried.map(|r| r.error.is_none()),
-            error: tried.and_then(|r| r.error.clone()),
-            url,
-        }
-    }
-}
-
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-pub struct Refused {
-    pub revision: Revision,
-    pub reason: String,
-}
 
 /// The answer to a sync request, per source.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -102,6 +43,16 @@ pub struct SyncOutcome {
     /// The fetch moved the accepted revision.
     pub changed: bool,
     pub error: Option<String>,
+}
+
+/// The status of the remote shown as `url` after a fetch that tried `results`.
+fn remote_after(url: String, results: &[RemoteResult]) -> RemoteStatus {
+    let tried = results.iter().find(|r| r.url == url);
+    RemoteStatus {
+        ok: tried.map(|r| r.error.is_none()),
+        error: tried.and_then(|r| r.error.clone()),
+        url,
+    }
 }
 
 /// Statuses of all sources, by name; every poller writes its own entry.
@@ -477,7 +428,7 @@ impl Poller {
         let configured = cfg.source.remotes();
         let remotes: Vec<RemoteStatus> = configured
             .iter()
-            .map(|u| RemoteStatus::after(u.to_string(), &round.fetched.remotes))
+            .map(|u| remote_after(u.to_string(), &round.fetched.remotes))
             .collect();
         let mut changed = false;
         if let Some((candidate, pin)) = round.published {
@@ -566,7 +517,7 @@ impl Poller {
             match per_remote {
                 Some(results) => {
                     for r in &mut s.remotes {
-                        *r = RemoteStatus::after(std::mem::take(&mut r.url), &results);
+                        *r = remote_after(std::mem::take(&mut r.url), &results);
                     }
                 }
                 None if s.remotes.len() == 1 => {

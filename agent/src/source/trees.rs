@@ -12,8 +12,8 @@ use std::sync::{Arc, Mutex};
 
 use git2::build::CheckoutBuilder;
 
-use super::Revision;
 use super::git::{Clone, GitError, classify};
+use crate::types::Revision;
 
 /// The trees of one source.
 #[derive(Debug)]

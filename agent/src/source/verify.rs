@@ -10,22 +10,12 @@ use git2::{Oid, Repository};
 use jiff::Timestamp;
 use pgp::composed::{Deserializable, DetachedSignature, SignedPublicKey};
 use pgp::types::KeyDetails;
-use serde::{Deserialize, Serialize};
 use ssh_key::{HashAlg, PublicKey, SshSig};
+
+use crate::status::Signed;
 
 /// The namespace git signs commits in.
 const GIT_NAMESPACE: &str = "git";
-
-/// A signature that was accepted.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-pub struct Signed {
-    /// `ssh` or `openpgp`.
-    pub format: String,
-    /// `SHA256:…` for SSH keys, the hex fingerprint for OpenPGP keys.
-    pub key: String,
-    /// The allowed-signers principal, or the key's first user id.
-    pub signer: String,
-}
 
 /// Why a commit's signature was not accepted.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]

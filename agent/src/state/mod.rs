@@ -6,7 +6,9 @@
 //! with a warning and ginx starts from an empty value: it never crashes on it and never deletes
 //! it.
 //!
-//! Not here: what the fields mean for the apply loop (see `reconcile`).
+//! Layer 4: imports `types` and `util` only; never a worker (the values it stores, such as
+//! `Revision` and `Generation`, live in `types`). Not here: what the fields mean for the apply
+//! loop (see `reconcile`).
 
 use std::fs;
 use std::io;
@@ -16,9 +18,7 @@ use jiff::Timestamp;
 use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
 
-use crate::apply::system::Generation;
-use crate::config::Goal;
-use crate::source::Revision;
+use crate::types::{Generation, Goal, Revision};
 
 /// Bumped when a change is not backwards compatible; readers refuse newer versions.
 pub const STATE_VERSION: u32 = 1;

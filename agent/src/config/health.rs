@@ -1,0 +1,295 @@
+//! `[health]`: the probes, each with `enabled` and its own interval and timeout.
+
+use std::path::PathBuf;
+
+use serde::{Deserialize, Serialize};
+
+use super::{ConfigError, Ctx, Duration};
+
+/// Health probes. Each has `enabled`, and may override `interval` and `timeout`.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct HealthConfig {
+    pub interval: Duration,
+    pub timeout: Duration,
+    pub kubelet: KubeletProbe,
+    pub apiserver: ApiserverProbe,
+    pub kube_vip: KubeVipProbe,
+    pub cilium: CiliumProbe,
+    pub systemd: SystemdProbe,
+    pub node_ready: NodeReadyProbe,
+}
+
+impl Default for HealthConfig {
+    fn default() -> Self {
+        Self {
+            interval: Duration::from_secs(30),
+            timeout: Duration::from_secs(5),
+            kubelet: KubeletProbe::default(),
+            apiserver: ApiserverProbe::default(),
+            kube_vip: KubeVipProbe::default(),
+            cilium: CiliumProbe::default(),
+            systemd: SystemdProbe::default(),
+            node_ready: NodeReadyProbe::default(),
+        }
+    }
+}
+
+fn yes() -> bool {
+    true
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct KubeletProbe {
+    #[serde(default = "yes")]
+    pub enabled: bool,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub interval: Option<Duration>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub timeout: Option<Duration>,
+    #[serde(default = "default_kubelet_url")]
+    pub url: String,
+}
+
+fn default_kubelet_url() -> String {
+    "http://127.0.0.1:10248/healthz".to_owned()
+}
+
+impl Default for KubeletProbe {
+    fn default() -> Self {
+        Self {
+            enabled: true,
+            interval: None,
+            timeout: None,
+            url: default_kubelet_url(),
+        }
+    }
+}
+
+/// `/readyz` on this node's API server (control-plane nodes) and through the VIP, verified
+/// against the cluster CA of the kubeconfig.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ApiserverProbe {
+    #[serde(default = "yes")]
+    pub enabled: bool,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub interval: Option<Duration>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub timeout: Option<Duration>,
+    #[serde(default = "default_local_apiserver")]
+    pub local_url: String,
+    /// Default: the server of the kubeconfig (the control-plane endpoint).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub vip_url: Option<String>,
+    /// The name the API server's certificate is checked against (kubeadm certificates do not
+    /// list 127.0.0.1, but do list `kubernetes`).
+    #[serde(
+        default = "default_tls_server_name",
+        skip_serializing_if = "Option::is_none"
+    )]
+    pub tls_server_name: Option<String>,
+    /// Skip certificate verification. Only when you mean it.
+    #[serde(default)]
+    pub insecure_skip_tls_verify: bool,
+}
+
+fn default_local_apiserver() -> String {
+    "https://127.0.0.1:6443".to_owned()
+}
+
+fn default_tls_server_name() -> Option<String> {
+    Some("kubernetes".to_owned())
+}
+
+impl Default for ApiserverProbe {
+    fn default() -> Self {
+        Self {
+            enabled: true,
+            interval: None,
+            timeout: None,
+            local_url: default_local_apiserver(),
+            vip_url: None,
+            tls_server_name: default_tls_server_name(),
+            insecure_skip_tls_verify: false,
+        }
+    }
+}
+
+/// Whether the VIP is on a local interface, who holds kube-vip's lease, and whether the two
+/// agree. Runs only when `address` is set.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct KubeVipProbe {
+    #[serde(default = "yes")]
+    pub enabled: bool,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub interval: Option<Duration>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub timeout: Option<Duration>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub address: Option<std::net::IpAddr>,
+    #[serde(default = "default_kube_system")]
+    pub lease_namespace: String,
+    #[serde(default = "default_kube_vip_lease")]
+    pub lease_name: String,
+}
+
+fn default_kube_system() -> String {
+    "kube-system".to_owned()
+}
+
+fn default_kube_vip_lease() -> String {
+    "plndr-cp-lock".to_owned()
+}
+
+impl Default for KubeVipProbe {
+    fn default() -> Self {
+        Self {
+            enabled: true,
+            interval: None,
+            timeout: None,
+            address: None,
+            lease_namespace: default_kube_system(),
+            lease_name: default_kube_vip_lease(),
+        }
+    }
+}
+
+/// The Cilium agent's API (`GET /v1/healthz` on its unix socket), else its health port.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct CiliumProbe {
+    #[serde(default = "yes")]
+    pub enabled: bool,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub interval: Option<Duration>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub timeout: Option<Duration>,
+    #[serde(default = "default_cilium_socket")]
+    pub socket: PathBuf,
+    #[serde(default = "default_cilium_fallback")]
+    pub fallback_url: String,
+}
+
+fn default_cilium_socket() -> PathBuf {
+    PathBuf::from("/var/run/cilium/cilium.sock")
+}
+
+fn default_cilium_fallback() -> String {
+    "http://127.0.0.1:9879/healthz".to_owned()
+}
+
+impl Default for CiliumProbe {
+    fn default() -> Self {
+        Self {
+            enabled: true,
+            interval: None,
+            timeout: None,
+            socket: default_cilium_socket(),
+            fallback_url: default_cilium_fallback(),
+        }
+    }
+}
+
+/// `systemctl is-system-running` and the failed units.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SystemdProbe {
+    #[serde(default = "yes")]
+    pub enabled: bool,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub interval: Option<Duration>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub timeout: Option<Duration>,
+    #[serde(default = "default_systemctl")]
+    pub systemctl: PathBuf,
+}
+
+fn default_systemctl() -> PathBuf {
+    PathBuf::from("systemctl")
+}
+
+impl Default for SystemdProbe {
+    fn default() -> Self {
+        Self {
+            enabled: true,
+            interval: None,
+            timeout: None,
+            systemctl: default_systemctl(),
+        }
+    }
+}
+
+/// The node's own `Ready` condition, read from the API.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct NodeReadyProbe {
+    #[serde(default = "yes")]
+    pub enabled: bool,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub interval: Option<Duration>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub timeout: Option<Duration>,
+}
+
+impl Default for NodeReadyProbe {
+    fn default() -> Self {
+        Self {
+            enabled: true,
+            interval: None,
+            timeout: None,
+        }
+    }
+}
+
+impl HealthConfig {
+    /// Checks the timings of all probes and the URLs they call.
+    pub(super) fn validate(&self, ctx: &Ctx<'_>) -> Result<(), ConfigError> {
+        let h = self;
+        for (key, d) in [
+            ("health.interval", h.interval),
+            ("health.timeout", h.timeout),
+        ] {
+            if d.is_zero() {
+                return Err(ctx.error(key, "must be longer than 0s"));
+            }
+        }
+        for (probe, interval, timeout) in [
+            ("kubelet", h.kubelet.interval, h.kubelet.timeout),
+            ("apiserver", h.apiserver.interval, h.apiserver.timeout),
+            ("kube_vip", h.kube_vip.interval, h.kube_vip.timeout),
+            ("cilium", h.cilium.interval, h.cilium.timeout),
+            ("systemd", h.systemd.interval, h.systemd.timeout),
+            ("node_ready", h.node_ready.interval, h.node_ready.timeout),
+        ] {
+            for (what, d) in [("interval", interval), ("timeout", timeout)] {
+                if d.is_some_and(|d| d.is_zero()) {
+                    return Err(
+                        ctx.error(&format!("health.{probe}.{what}"), "must be longer than 0s")
+                    );
+                }
+            }
+        }
+        for (key, url) in [
+            ("health.kubelet.url", &h.kubelet.url),
+            ("health.cilium.fallback_url", &h.cilium.fallback_url),
+        ] {
+            if !url.starts_with("http://") || url::Url::parse(url).is_err() {
+                return Err(ctx.error(key, format!("{url:?} must be an http:// URL")));
+            }
+        }
+        for (key, url) in [
+            ("health.apiserver.local_url", Some(&h.apiserver.local_url)),
+            ("health.apiserver.vip_url", h.apiserver.vip_url.as_ref()),
+        ] {
+            if let Some(url) = url
+                && (!url.starts_with("https://") || url.parse::<http::Uri>().is_err())
+            {
+                return Err(ctx.error(key, format!("{url:?} must be an https:// URL")));
+            }
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,109 @@
+//! `[kubernetes]`: ginx's kubeconfig and what it writes to the cluster (Lease, annotations,
+//! condition).
+
+use std::path::PathBuf;
+
+use serde::{Deserialize, Serialize};
+
+use super::{ConfigError, Ctx, Duration, is_dns_subdomain};
+
+/// How ginx reports to the cluster. Without `kubeconfig` nothing is reported (and nothing
+/// waits for it).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct KubernetesConfig {
+    /// ginx's own credentials (client certificate or token); see packaging/kubernetes.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub kubeconfig: Option<PathBuf>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub context: Option<String>,
+    /// Where the heartbeat Lease lives.
+    pub namespace: String,
+    /// `{node}` is replaced by the node name.
+    pub lease_name: String,
+    pub lease_duration: Duration,
+    pub renew_interval: Duration,
+    /// Annotations are compared with the node's and the condition's heartbeat refreshed this
+    /// often, even when nothing changed.
+    pub resync_interval: Duration,
+    pub condition_type: String,
+    /// Prefix of the node annotations ginx owns.
+    pub annotation_prefix: String,
+    /// One API request (connect, read or write) taking longer fails.
+    pub request_timeout: Duration,
+}
+
+impl Default for KubernetesConfig {
+    fn default() -> Self {
+        Self {
+            kubeconfig: None,
+            context: None,
+            namespace: "ginx-system".to_owned(),
+            lease_name: "ginx-{node}".to_owned(),
+            lease_duration: Duration::from_secs(40),
+            renew_interval: Duration::from_secs(10),
+            resync_interval: Duration::from_secs(600),
+            condition_type: "GinxHealthy".to_owned(),
+            annotation_prefix: "ginx.io/".to_owned(),
+            request_timeout: Duration::from_secs(10),
+        }
+    }
+}
+
+impl KubernetesConfig {
+    pub fn lease_name_for(&self, node: &str) -> String {
+        self.lease_name.replace("{node}", node)
+    }
+}
+
+impl KubernetesConfig {
+    /// Checks timings, the kubeconfig path and the names written to the cluster (the Lease's
+    /// name, built from the node's, is checked by the caller).
+    pub(super) fn validate(&self, ctx: &Ctx<'_>) -> Result<(), ConfigError> {
+        let k = self;
+        for (key, d) in [
+            ("kubernetes.lease_duration", k.lease_duration),
+            ("kubernetes.renew_interval", k.renew_interval),
+            ("kubernetes.resync_interval", k.resync_interval),
+            ("kubernetes.request_timeout", k.request_timeout),
+        ] {
+            if d.is_zero() {
+                return Err(ctx.error(key, "must be longer than 0s"));
+            }
+        }
+        if k.renew_interval >= k.lease_duration {
+            return Err(ctx.error(
+                "kubernetes.renew_interval",
+                format!(
+                    "must be shorter than kubernetes.lease_duration ({}), or the lease expires between renewals",
+                    k.lease_duration
+                ),
+            ));
+        }
+        if let Some(p) = &k.kubeconfig
+            && !p.is_absolute()
+        {
+            return Err(ctx.error(
+                "kubernetes.kubeconfig",
+                format!("{} must be an absolute path", p.display()),
+            ));
+        }
+        let prefix_ok = k.annotation_prefix.ends_with('/')
+            && is_dns_subdomain(k.annotation_prefix.trim_end_matches('/'));
+        if !prefix_ok {
+            return Err(ctx.error(
+                "kubernetes.annotation_prefix",
+                "must be a DNS subdomain followed by '/', like \"ginx.io/\"",
+            ));
+        }
+        if k.condition_type.is_empty()
+            || !k.condition_type.chars().all(|c| c.is_ascii_alphanumeric())
+        {
+            return Err(ctx.error(
+                "kubernetes.condition_type",
+                "must be a CamelCase word, like \"GinxHealthy\"",
+            ));
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,171 @@
+//! Finishing an attempt: its outcome recorded and persisted, the core told, the system looked at
+//! again after an activation, and a deployment of the tracked branch made the new anchor.
+
+use std::sync::Arc;
+
+use super::core::Ending;
+use super::{COLMENA_CONFIG_ERROR, Reconciler, SelfRestart};
+use crate::apply::system::{self, SelfImage};
+use crate::apply::{self, Exit, Finished};
+use crate::config::Config;
+use crate::state::{Attempt, AttemptKind, Outcome, RebootRequired};
+use crate::types::{Goal, Revision};
+use crate::util;
+
+impl Reconciler {
+    pub(super) async fn finish(&mut self, id: u64, finished: Finished) {
+        let now = util::now();
+        let cfg = Arc::clone(&self.config.borrow());
+        let kind = self.core.running().map(|r| r.kind).unwrap_or_default();
+        let (outcome, exit_code, error, give_up) = match &finished.exit {
+            Exit::Code(0) => (Outcome::Succeeded, Some(0), None, false),
+            Exit::Code(COLMENA_CONFIG_ERROR) if kind == AttemptKind::Apply => (
+                Outcome::Failed,
+                Some(COLMENA_CONFIG_ERROR),
+                Some(format!(
+                    "apply command exited with code 2: colmena says node {:?} is not in the \
+                     hive, or the hive does not allow local deployment \
+                     (deployment.allowLocalDeployment = true); fix the hive — not retried until \
+                     a new revision or `ginxctl retry`",
+                    cfg.node_name()
+                )),
+                true,
+            ),
+            Exit::Code(c) => (
+                Outcome::Failed,
+                Some(*c),
+                Some(format!("command exited with code {c}")),
+                false,
+            ),
+            Exit::Signal(s) => (
+                Outcome::Failed,
+                None,
+                Some(format!("command killed by signal {s}")),
+                false,
+            ),
+            Exit::TimedOut => (
+                Outcome::TimedOut,
+                None,
+                Some(format!(
+                    "command timed out after {} (apply.timeout)",
+                    cfg.apply.timeout
+                )),
+                false,
+            ),
+            Exit::Stopped => (
+                Outcome::Interrupted,
+                None,
+                Some("stopped: ginx or the machine went down during the attempt".into()),
+                false,
+            ),
+            Exit::SpawnFailed(m) => (Outcome::Failed, None, Some(m.clone()), false),
+        };
+        let ending = Ending {
+            outcome,
+            error: error.clone(),
+            give_up,
+        };
+        let policy = self.policy();
+        let done = match self.core.complete(id, ending, now, policy) {
+            Ok(d) => d,
+            Err(e) => {
+                tracing::error!(error = %e, "cannot record the end of an attempt");
+                return;
+            }
+        };
+        let generation_after = system::generation(&cfg.system.profile);
+        if outcome == Outcome::Succeeded {
+            self.after_activation(&cfg, done.goal, done.kind);
+        }
+        match outcome {
+            Outcome::Succeeded => tracing::info!(attempt = id, kind = ?done.kind,
+                revision = %done.revision.short(), generation = ?generation_after.as_ref().and_then(|g| g.number),
+                "attempt succeeded"),
+            _ => tracing::warn!(attempt = id, kind = ?done.kind, revision = %done.revision.short(),
+                outcome = outcome.as_str(), error = error.as_deref().unwrap_or(""), "attempt failed"),
+        }
+        if let Some(dir) = &done.dir {
+            let _ = std::fs::remove_dir_all(dir);
+        }
+        let attempt = Attempt {
+            id,
+            kind: done.kind,
+            source: done.source.clone(),
+            revision: done.revision.clone(),
+            goal: done.goal,
+            started_at: done.started_at,
+            finished_at: now,
+            outcome,
+            exit_code,
+            error: error.clone(),
+            output: finished.output,
+            generation_before: done.generation_before.clone(),
+            generation_after,
+            isolation: done.isolation.clone(),
+        };
+        let took = attempt.finished_at.duration_since(attempt.started_at);
+        self.metrics
+            .applied(outcome.as_str(), took.as_secs_f64().max(0.0));
+        self.run_hook(&cfg, &attempt);
+        self.record(attempt);
+        if outcome == Outcome::Succeeded && done.kind == AttemptKind::Apply {
+            if !done.testing {
+                self.record_deployed(&done.source, done.revision.clone())
+                    .await;
+            }
+            let now_image = SelfImage::read(&cfg.system.ginx_binary, &cfg.system.ginx_unit);
+            if let Some(why) = self.self_image.changed(&now_image) {
+                tracing::info!(reason = %why, "a new version of ginx was activated; restarting into it");
+                let _ = self.restart.send(Some(SelfRestart {
+                    reason: why,
+                    binary: now_image.binary,
+                }));
+            }
+        }
+    }
+
+    /// After a successful activation: remember the system it produced (drift is measured
+    /// against it) and whether a reboot is needed.
+    fn after_activation(&mut self, cfg: &Config, goal: Goal, kind: AttemptKind) {
+        self.core.state.expected_system = system::resolve(&cfg.system.current_system);
+        self.drift = None;
+        let mut reasons =
+            system::reboot_reasons(&cfg.system.booted_system, &cfg.system.current_system);
+        if goal == Goal::Boot && kind == AttemptKind::Apply {
+            reasons.extend(
+                system::reboot_reasons(&cfg.system.booted_system, &cfg.system.profile)
+                    .into_iter()
+                    .filter(|r| !reasons.contains(r))
+                    .collect::<Vec<_>>(),
+            );
+            reasons.push(
+                "goal boot: the new configuration becomes active at the next boot".to_owned(),
+            );
+        }
+        let since = self
+            .core
+            .state
+            .reboot
+            .as_ref()
+            .map_or_else(util::now, |r| r.since);
+        self.core.state.reboot = (!reasons.is_empty()).then(|| RebootRequired {
+            reasons,
+            since,
+            boot_id: apply::boot_id(),
+        });
+        if let Some(r) = &self.core.state.reboot {
+            tracing::info!(reasons = ?r.reasons, "a reboot is required");
+        }
+    }
+
+    /// Records a deployment of the tracked branch as the commit new heads must descend from.
+    async fn record_deployed(&self, source: &str, revision: Revision) {
+        let source = source.to_owned();
+        let workspace = Arc::clone(&self.workspace);
+        let result =
+            tokio::task::spawn_blocking(move || workspace.advance_anchor(&source, &revision)).await;
+        if let Ok(Err(e)) = result {
+            tracing::warn!(error = %e, "cannot record the deployed commit in the clone");
+        }
+    }
+}

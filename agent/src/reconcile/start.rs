@@ -1,0 +1,223 @@
+//! Starting an attempt: the tree pinned, the attempt recorded as in flight, the runner launched
+//! and followed; a revision that no longer descends from what was deployed is not started.
+
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use tokio::sync::oneshot;
+use tracing::Instrument;
+
+use super::core::Desired;
+use super::{Attempting, Reconciler};
+use crate::apply::isolation::{self, Isolation, Launch};
+use crate::apply::system;
+use crate::apply::{self, Exit, Finished};
+use crate::source::Pin;
+use crate::state::{AttemptKind, InFlight};
+use crate::types::Revision;
+use crate::util;
+
+impl Reconciler {
+    /// The tree of `revision`, checked out (or already there) and kept while the pin lives.
+    pub(super) async fn pin_tree(&self, source: &str, revision: &Revision) -> Result<Pin, String> {
+        let trees = self.workspace.trees(source);
+        let clone = self.workspace.clone_of(source);
+        let rev = revision.clone();
+        tokio::task::spawn_blocking(move || trees.checkout(&clone, &rev))
+            .await
+            .map_err(|e| e.to_string())?
+            .map_err(|e| e.to_string())
+    }
+
+    /// Starts following `handle` on a task of its own.
+    pub(super) fn follow(
+        &self,
+        id: u64,
+        revision: &Revision,
+        handle: isolation::Handle,
+        tree: Option<Pin>,
+    ) -> Attempting {
+        let node = self.config.borrow().node_name().to_owned();
+        let span =
+            tracing::info_span!("apply", revision = %revision.short(), node = %node, attempt = id);
+        let (stop_tx, stop_rx) = oneshot::channel::<()>();
+        let task = tokio::spawn(
+            handle
+                .wait(
+                    async move {
+                        let _ = stop_rx.await;
+                    },
+                    |line| {
+                        tracing::info!(target: "ginx::apply::output", stream = ?line.stream, "{}", line.line);
+                    },
+                )
+                .instrument(span),
+        );
+        Attempting {
+            id,
+            task,
+            stop: Some(stop_tx),
+            _tree: tree,
+        }
+    }
+
+    pub(super) fn attempt_dir(&self, id: u64) -> PathBuf {
+        self.attempts_dir.join(id.to_string())
+    }
+
+    /// Begins an attempt; returns its id, or records the failure to begin.
+    pub(super) fn begin(&mut self, attempt: InFlight) -> Option<u64> {
+        match self.core.begin(attempt) {
+            Ok(id) => {
+                let dir = self.attempt_dir(id);
+                let _ = self.core.update_running(|r| r.dir = Some(dir));
+                self.last = Some((util::now(), None));
+                self.save_state();
+                self.publish();
+                Some(id)
+            }
+            Err(e) => {
+                tracing::error!(error = %e, "cannot start an attempt");
+                None
+            }
+        }
+    }
+
+    /// Whether `revision` descends from what was deployed since the source offered it.
+    async fn descends_from_deployed(&self, source: &str, revision: &Revision) -> bool {
+        let workspace = Arc::clone(&self.workspace);
+        let (source, revision) = (source.to_owned(), revision.clone());
+        tokio::task::spawn_blocking(move || match workspace.anchor(&source) {
+            Some(anchor) => workspace
+                .clone_of(&source)
+                .descends(&revision, &anchor)
+                .unwrap_or(false),
+            None => true,
+        })
+        .await
+        .unwrap_or(true)
+    }
+
+    pub(super) async fn start_apply(
+        &mut self,
+        desired: Desired,
+        testing: bool,
+    ) -> Option<Attempting> {
+        let cfg = Arc::clone(&self.config.borrow());
+        let source = cfg.apply.source.clone();
+        let Desired { revision, goal } = desired;
+        if !testing && !self.descends_from_deployed(&source, &revision).await {
+            tracing::warn!(revision = %revision.short(),
+                "not applying: it does not descend from the revision deployed since it was offered");
+            self.blocked = Some(revision);
+            return None;
+        }
+        self.blocked = None;
+        let node = cfg.node_name().to_owned();
+        let unit = format!("ginx-apply-{}", revision.short());
+        let id = self.begin(InFlight {
+            id: 0,
+            kind: AttemptKind::Apply,
+            source: source.clone(),
+            revision: revision.clone(),
+            goal,
+            started_at: util::now(),
+            testing,
+            isolation: self.isolation.name().to_owned(),
+            unit: matches!(self.isolation, Isolation::SystemdRun { .. }).then(|| unit.clone()),
+            dir: None,
+            generation_before: system::generation(&cfg.system.profile),
+            pgid: None,
+            boot_id: None,
+            start_time: None,
+        })?;
+        tracing::info!(source = %source, revision = %revision.short(), node = %node, attempt = id,
+            goal = %goal, isolation = self.isolation.name(), "applying");
+
+        let tree = match self.pin_tree(&source, &revision).await {
+            Ok(tree) => tree,
+            Err(e) => {
+                self.fail_to_start(id, format!("cannot check out the revision: {e}"))
+                    .await;
+                return None;
+            }
+        };
+        let subdir = cfg.sources.get(&source).and_then(|s| s.path.clone());
+        let cwd = match &subdir {
+            Some(p) => tree.path().join(p),
+            None => tree.path().to_owned(),
+        };
+        if !cwd.is_dir() {
+            let p = subdir.unwrap_or_default();
+            self.fail_to_start(
+                id,
+                format!(
+                    "directory {} (sources.{source}.path) does not exist in revision {revision}",
+                    p.display()
+                ),
+            )
+            .await;
+            return None;
+        }
+        let mut argv: Vec<String> = cfg
+            .apply
+            .command
+            .iter()
+            .map(|a| a.replace("{node}", &node))
+            .collect();
+        argv.push(goal.as_str().to_owned());
+        let launch = Launch {
+            dir: self.attempt_dir(id),
+            unit,
+            cwd,
+            argv,
+            env: vec![
+                ("GINX_NODE".into(), node.clone()),
+                ("GINX_SOURCE".into(), source.clone()),
+                ("GINX_REVISION".into(), revision.to_string()),
+                ("GINX_GOAL".into(), goal.as_str().into()),
+            ],
+            timeout: cfg.apply.timeout.get(),
+            kill_grace: cfg.apply.kill_grace.get(),
+            description: format!("ginx: apply {source} {revision} ({goal})"),
+        };
+        self.launch(id, &revision, &launch, Some(tree)).await
+    }
+
+    pub(super) async fn launch(
+        &mut self,
+        id: u64,
+        revision: &Revision,
+        launch: &Launch,
+        tree: Option<Pin>,
+    ) -> Option<Attempting> {
+        let handle = match isolation::launch(&self.isolation, launch).await {
+            Ok(h) => h,
+            Err(e) => {
+                self.fail_to_start(id, e).await;
+                return None;
+            }
+        };
+        if let Some(pid) = handle.pid() {
+            let (boot, started) = (apply::boot_id(), apply::start_time(pid));
+            let _ = self.core.update_running(|r| {
+                r.pgid = Some(pid);
+                r.boot_id = boot;
+                r.start_time = started;
+            });
+            self.save_state();
+        }
+        Some(self.follow(id, revision, handle, tree))
+    }
+
+    async fn fail_to_start(&mut self, id: u64, message: String) {
+        self.finish(
+            id,
+            Finished {
+                exit: Exit::SpawnFailed(message),
+                output: Vec::new(),
+            },
+        )
+        .await;
+    }
+}

@@ -1,0 +1,103 @@
+//! The reconciler's part of status: the apply state machine's state, the latest attempt, and
+//! what the machine runs (generation, reboot, drift). The reconciler fills it in.
+
+use std::path::PathBuf;
+
+use jiff::Timestamp;
+use serde::{Deserialize, Serialize};
+
+use crate::types::{Generation, Goal, Revision};
+
+/// `apply.state` in `ginxctl status --json`.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum ApplyState {
+    /// Nothing to apply yet (no revision fetched).
+    #[default]
+    Idle,
+    /// A new revision is about to be applied.
+    Pending,
+    /// A revision is wanted but a gate holds it back (suspended).
+    Waiting,
+    Applying,
+    /// After activation, while health is being verified (later).
+    Verifying,
+    /// The wanted revision is applied.
+    Succeeded,
+    /// The wanted revision failed; see `next_retry_at` (absent once given up).
+    Failed,
+    /// `ginxctl rollback` switched to the previous generation; the revision is not applied
+    /// again until a new one arrives or `ginxctl retry`.
+    RolledBack,
+}
+
+impl ApplyState {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ApplyState::Idle => "idle",
+            ApplyState::Pending => "pending",
+            ApplyState::Waiting => "waiting",
+            ApplyState::Applying => "applying",
+            ApplyState::Verifying => "verifying",
+            ApplyState::Succeeded => "succeeded",
+            ApplyState::Failed => "failed",
+            ApplyState::RolledBack => "rolled-back",
+        }
+    }
+}
+
+/// `apply` in `ginxctl status --json`.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct ApplyStatus {
+    pub state: ApplyState,
+    /// The source whose revisions are applied.
+    pub source: String,
+    /// The revision `state` is about: being applied, failed, waiting, or applied.
+    pub revision: Option<Revision>,
+    pub goal: Goal,
+    /// Start and end of the latest attempt.
+    pub started_at: Option<Timestamp>,
+    pub finished_at: Option<Timestamp>,
+    /// Failed attempts of `revision` so far.
+    pub attempts: u32,
+    pub error: Option<String>,
+    /// The last revision applied successfully.
+    pub applied_revision: Option<Revision>,
+    pub applied_at: Option<Timestamp>,
+    /// When a failed revision is tried again; absent when given up.
+    pub next_retry_at: Option<Timestamp>,
+    /// The failed revision is given up until a new revision or `ginxctl retry`.
+    pub given_up: bool,
+    /// Why nothing happens, in words.
+    pub reason: Option<String>,
+    /// `process` or `systemd-run`.
+    pub isolation: String,
+}
+
+/// `system` in `ginxctl status --json`: what the machine runs.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct SystemStatus {
+    /// The system profile's current generation.
+    pub generation: Option<Generation>,
+    pub current_system: Option<PathBuf>,
+    pub booted_system: Option<PathBuf>,
+    pub reboot_required: bool,
+    pub reboot_reasons: Vec<String>,
+    /// The running system is not the one ginx produced last.
+    pub drift: Option<Drift>,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Drift {
+    pub expected: PathBuf,
+    pub current: PathBuf,
+    pub since: Timestamp,
+}
+
+/// What the loop publishes.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Published {
+    pub apply: ApplyStatus,
+    pub system: SystemStatus,
+    pub suspended: bool,
+}

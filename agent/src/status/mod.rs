@@ -1,0 +1,95 @@
+//! The one [`Status`] value (what `ginxctl status --json` prints) and every part's status type.
+//! Producers fill in their part through a watch: the pollers [`SourceStatus`], the reconciler
+//! [`Published`] ([`ApplyStatus`], [`SystemStatus`]), the probes [`HealthMap`], the reporter
+//! [`KubeStatus`], the kubeadm watcher [`KubeadmStatus`]. [`Parts`] assembles them; the socket,
+//! metrics, sd-notify STATUS and the cluster report only read the result.
+//!
+//! Owns: the status types and their JSON shape (fields are added, never renamed). Imports only
+//! `types`, `util` and `config`; it must not import a worker, `reconcile` or `control`.
+
+mod apply;
+mod health;
+mod kubeadm;
+mod kubernetes;
+mod source;
+
+use std::collections::BTreeMap;
+use std::net::SocketAddr;
+use std::sync::Arc;
+
+use jiff::Timestamp;
+use serde::{Deserialize, Serialize};
+use tokio::sync::watch;
+
+pub use apply::{ApplyState, ApplyStatus, Drift, Published, SystemStatus};
+pub use health::{HealthMap, HealthStatus, Overall, ProbeStatus, overall};
+pub use kubeadm::KubeadmStatus;
+pub use kubernetes::{KubeState, KubeStatus};
+pub use source::{Refused, RemoteStatus, Signed, SourceStatus};
+
+use crate::config::Config;
+use crate::types::Role;
+
+/// What `ginxctl status --json` prints. Fields are added, never renamed.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Status {
+    pub node: String,
+    pub role: Role,
+    pub version: String,
+    pub suspended: bool,
+    pub sources: BTreeMap<String, SourceStatus>,
+    pub apply: ApplyStatus,
+    /// What the machine runs: generation, reboot required, drift.
+    pub system: SystemStatus,
+    /// Probe → `{status, message, since}`.
+    pub health: HealthMap,
+    /// The overall health: the worst probe.
+    pub health_overall: HealthStatus,
+    pub kubernetes: KubeStatus,
+    /// Rendering of the kubeadm files and drift from the cluster's kubeadm-config; `null` when
+    /// `[kubeadm]` says nothing.
+    pub kubeadm: Option<KubeadmStatus>,
+    /// Where metrics are served (`[metrics] listen`, with the port actually bound).
+    pub metrics_listen: Option<SocketAddr>,
+    pub started_at: Timestamp,
+    pub now: Timestamp,
+}
+
+/// The watches [`Status`] is assembled from, one per producer. Every reader holds a clone and
+/// calls [`Parts::status`] when it needs the whole value.
+#[derive(Clone)]
+pub struct Parts {
+    pub config: watch::Receiver<Arc<Config>>,
+    pub sources: watch::Receiver<BTreeMap<String, SourceStatus>>,
+    pub published: watch::Receiver<Published>,
+    pub health: watch::Receiver<HealthMap>,
+    pub kubernetes: watch::Receiver<KubeStatus>,
+    pub kubeadm: watch::Receiver<Option<KubeadmStatus>>,
+    pub metrics_listen: Option<SocketAddr>,
+    pub started_at: Timestamp,
+}
+
+impl Parts {
+    /// The one status value; the socket, STATUS=, metrics and the cluster report read it.
+    pub fn status(&self) -> Status {
+        let cfg = self.config.borrow();
+        let published = self.published.borrow();
+        let health = self.health.borrow().clone();
+        Status {
+            node: cfg.node_name().to_owned(),
+            role: cfg.node.role,
+            version: crate::VERSION.to_owned(),
+            suspended: published.suspended,
+            sources: self.sources.borrow().clone(),
+            apply: published.apply.clone(),
+            system: published.system.clone(),
+            health: health.clone(),
+            health_overall: overall(&health).status,
+            kubernetes: self.kubernetes.borrow().clone(),
+            kubeadm: self.kubeadm.borrow().clone(),
+            metrics_listen: self.metrics_listen,
+            started_at: self.started_at,
+            now: crate::util::now(),
+        }
+    }
+}

@@ -1,0 +1,53 @@
+//! The Kubernetes API as workers receive it: the daemon builds [`KubeClients`] (in `kube`) and
+//! hands them to the probes and the kubeadm watcher through a watch, so no worker reaches into
+//! another for a client. With them, how a client error is described and its HTTP status.
+//!
+//! Must not import anything else of the crate.
+
+/// Clients for the API, shared with the probes.
+#[derive(Clone)]
+pub struct KubeClients {
+    /// The kubeconfig's server (normally the control-plane endpoint, the VIP).
+    pub main: kube::Client,
+    /// The same credentials against `health.apiserver.local_url`.
+    pub local: Option<kube::Client>,
+    /// The same credentials against `health.apiserver.vip_url` (default: the kubeconfig's
+    /// server).
+    pub vip: kube::Client,
+}
+
+/// A short description of a client error: the HTTP status and reason for API errors, the root
+/// cause for transport errors. Never contains credentials.
+pub fn describe(e: &kube::Error) -> String {
+    match e {
+        kube::Error::Api(s) => {
+            let msg = s.message.lines().next().unwrap_or("").trim();
+            if s.reason.is_empty() || s.reason == "Failed to parse error data" {
+                format!("HTTP {}: {msg}", s.code)
+            } else {
+                format!("HTTP {} {}: {msg}", s.code, s.reason)
+            }
+        }
+        other => {
+            let mut cause: &dyn std::error::Error = other;
+            while let Some(next) = cause.source() {
+                cause = next;
+            }
+            let root = cause.to_string();
+            let top = other.to_string();
+            if root == top {
+                top
+            } else {
+                format!("{top}: {root}")
+            }
+        }
+    }
+}
+
+/// The HTTP status of an API error.
+pub fn code(e: &kube::Error) -> Option<u16> {
+    match e {
+        kube::Error::Api(s) if s.code != 0 => Some(s.code),
+        _ => None,
+    }
+}

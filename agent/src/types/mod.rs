@@ -1,0 +1,74 @@
+//! Value types that several layers share, below everything else in the crate: commit ids
+//! ([`Revision`]), Git remotes ([`RemoteUrl`], [`Transport`]), the apply goal ([`Goal`]), the
+//! node's [`Role`], a system [`Generation`], and the Kubernetes API clients handed to workers
+//! ([`api`]).
+//!
+//! Owns: their parsing, validation and how they print. Must not import anything else of the
+//! crate; `config`, `status`, `state` and the workers take these from here.
+
+pub mod api;
+mod remote;
+
+use std::fmt;
+use std::path::PathBuf;
+
+use serde::{Deserialize, Serialize};
+
+pub use remote::{RemoteUrl, Revision, Transport};
+
+/// The node's role in the cluster (`node.role`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Role {
+    #[default]
+    ControlPlane,
+    Worker,
+}
+
+impl fmt::Display for Role {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            Role::ControlPlane => "control-plane",
+            Role::Worker => "worker",
+        })
+    }
+}
+
+/// The `colmena apply-local` goal, appended to `apply.command`.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Goal {
+    #[default]
+    Switch,
+    Boot,
+    Test,
+    DryActivate,
+    Build,
+}
+
+impl Goal {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Goal::Switch => "switch",
+            Goal::Boot => "boot",
+            Goal::Test => "test",
+            Goal::DryActivate => "dry-activate",
+            Goal::Build => "build",
+        }
+    }
+}
+
+impl fmt::Display for Goal {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// A generation of the system profile.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Generation {
+    /// N of `<profile>-N-link`.
+    pub number: Option<u64>,
+    /// The system it points to (a store path).
+    pub path: PathBuf,
+}
