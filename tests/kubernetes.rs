@@ -485,6 +485,79 @@ fn a_missing_role_binding_is_a_403_naming_rbac_yaml() {
 }
 
 #[test]
+fn a_removed_cluster_role_binding_is_a_403_naming_rbac_yaml() {
+    let Some(cp) = control_plane::shared() else {
+        return;
+    };
+    let node = "no-node-report";
+    let mut rbac = RbacGuard::new(cp);
+    rbac.watch(node);
+    rbac.expect_forbidden(node);
+    // This node's group has the heartbeat Role of rbac.yaml, but not its ClusterRoleBinding
+    // `ginx-node-report`: as if that binding had been removed.
+    cp.apply(&format!(
+        "apiVersion: rbac.authorization.k8s.io/v1\nkind: RoleBinding\n\
+         metadata: {{name: ginx-test-{node}, namespace: ginx-system}}\n\
+         roleRef: {{apiGroup: rbac.authorization.k8s.io, kind: Role, name: ginx-heartbeat}}\n\
+         subjects: [{{apiGroup: rbac.authorization.k8s.io, kind: Group, name: 'ginx:{node}-group'}}]\n"
+    ));
+    let _kubelet = Kubelet::start(cp, node, "worker");
+    let env = Env::new();
+    use_cluster(&env, cp, node, "");
+    cp.kubeconfig_for(
+        &env.root.join("kubeconfig"),
+        &format!("ginx:{node}"),
+        &[&format!("ginx:{node}-group")],
+    );
+    let d = env.start();
+    let s = d.wait_status("the node report refused", |s| {
+        s["kubernetes"]["report_error"].is_string()
+    });
+    // The heartbeat works; the node report does not, and says why.
+    assert_eq!(s["kubernetes"]["state"], "connected");
+    assert_eq!(s["kubernetes"]["reported"], false);
+    let e = s["kubernetes"]["report_error"].as_str().unwrap();
+    assert!(
+        e.contains("403")
+            && e.contains("packaging/kubernetes/rbac.yaml")
+            && e.contains("nodes")
+            && e.contains("ginx:no-node-report"),
+        "{e}"
+    );
+    assert!(
+        d.ctl_ok(&["status"])
+            .contains("node report: cannot read the node"),
+        "{}",
+        d.ctl_ok(&["status"])
+    );
+    let refused = rbac
+        .requests()
+        .iter()
+        .filter(|r| r.resource == "nodes" && r.code == 403)
+        .count();
+    assert!(refused >= 1);
+    // Logged once, not once per retry: wait for more refusals, then count.
+    let next = env.repo.commit("x.nix", "{ }\n", "a change to report");
+    d.ctl_ok(&["sync"]);
+    d.wait_applied(&next);
+    wait_for("another refused node read", || {
+        (rbac
+            .requests()
+            .iter()
+            .filter(|r| r.resource == "nodes" && r.code == 403)
+            .count()
+            > refused)
+            .then_some(())
+    });
+    assert_eq!(
+        d.log().matches("cannot report to the node").count(),
+        1,
+        "{}",
+        d.log()
+    );
+}
+
+#[test]
 fn a_missing_namespace_is_named() {
     let Some(cp) = control_plane::shared() else {
         return;

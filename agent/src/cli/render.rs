@@ -164,6 +164,9 @@ pub fn status(s: &Status) -> String {
         (state, None) => state.as_str().to_owned(),
     };
     let _ = writeln!(o, "kubernetes {kline}");
+    if let Some(e) = &k.report_error {
+        let _ = writeln!(o, "  node report: {}", printable(e));
+    }
     if !s.health.is_empty() {
         let _ = writeln!(o, "health     {}", s.health_overall.as_str());
         for (probe, p) in &s.health {

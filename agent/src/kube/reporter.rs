@@ -291,7 +291,7 @@ impl Reporter {
                     return;
                 }
                 Err(e) => {
-                    tracing::debug!(error = %describe(&e), "cannot read the node");
+                    self.report_failed("cannot read the node", "get on nodes", &e);
                     return;
                 }
             }
@@ -305,7 +305,7 @@ impl Reporter {
                 Err(e) => {
                     ok = false;
                     session.annotations = None;
-                    tracing::warn!(error = %describe(&e), "cannot annotate the node (needs patch on nodes)");
+                    self.report_failed("cannot annotate the node", "patch on nodes", &e);
                 }
             }
         }
@@ -330,10 +330,47 @@ impl Reporter {
                 Err(e) => {
                     ok = false;
                     session.condition = None;
-                    tracing::warn!(error = %describe(&e), "cannot write the node condition (needs patch on nodes/status)");
+                    self.report_failed(
+                        "cannot write the node condition",
+                        "patch on nodes/status",
+                        &e,
+                    );
                 }
             }
         }
-        self.status.send_modify(|s| s.reported = ok);
+        if ok {
+            let mut recovered = false;
+            self.status.send_modify(|s| {
+                s.reported = true;
+                recovered = s.report_error.take().is_some();
+            });
+            if recovered {
+                tracing::info!("node report written again");
+            }
+        }
+    }
+
+    /// Records why the node report could not be written: in status (`report_error`), and in
+    /// the log once per distinct reason, not once per retry. A 403 says which permission of
+    /// rbac.yaml is missing.
+    fn report_failed(&self, what: &str, needs: &str, e: &kube::Error) {
+        let msg = match code(e) {
+            Some(403) => format!(
+                "{what}: {}; ginx needs {needs} — apply packaging/kubernetes/rbac.yaml",
+                describe(e)
+            ),
+            _ => format!("{what}: {}", describe(e)),
+        };
+        let mut changed = false;
+        self.status.send_modify(|s| {
+            s.reported = false;
+            if s.report_error.as_deref() != Some(msg.as_str()) {
+                changed = true;
+                s.report_error = Some(msg.clone());
+            }
+        });
+        if changed {
+            tracing::warn!(error = %msg, "cannot report to the node");
+        }
     }
 }

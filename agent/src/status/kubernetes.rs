@@ -43,4 +43,6 @@ pub struct KubeStatus {
     pub last_heartbeat: Option<Timestamp>,
     /// Annotations and condition written for the current state.
     pub reported: bool,
+    /// Why the node report (annotations, condition) cannot be written, while it cannot.
+    pub report_error: Option<String>,
 }
