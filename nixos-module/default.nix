@@ -42,6 +42,15 @@ let
       filterAttrs (_: v: v != null && v != { }) (mapAttrs (_: prune) value)
     else
       value;
+  # SIGTERM with a `process` apply running takes at most shutdown_grace + kill_grace (plus a
+  # margin): computed from the settings, ginx's defaults where they are not set. Drop-ins in
+  # /etc/ginx/config.d are not seen here.
+  timeoutStopSec = import ./stop-timeout.nix (
+    filterAttrs (_: v: v != null) {
+      shutdown_grace = cfg.settings.apply.shutdown_grace or null;
+      kill_grace = cfg.settings.apply.kill_grace or null;
+    }
+  );
   settingsFile = settingsFormat.generate "ginx-config.toml" (prune cfg.settings);
 
   # Checked at build time with the ginx that will read it (drop-ins are not seen here).
@@ -279,7 +288,7 @@ in
           RestartSec = "5s";
           WatchdogSec = "60s";
           KillMode = "mixed";
-          TimeoutStopSec = "120s";
+          TimeoutStopSec = timeoutStopSec;
           StateDirectory = "ginx";
           StateDirectoryMode = "0700";
           RuntimeDirectory = "ginx";

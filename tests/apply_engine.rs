@@ -522,3 +522,76 @@ fn crash_consistency_with_process_isolation() {
 fn crash_consistency_with_systemd_run_isolation() {
     crash_cycles(Env::new(), 25, seed(), true);
 }
+
+/// Issue 11.1: a `result.json` left in an attempt's folder (a crash between the runner finishing
+/// and ginx recording it) must not be taken for the result of a later attempt, even when a lost
+/// `state.json` would have ids start again at 0.
+fn leftover_result_case(systemd: bool) {
+    let mut env = Env::new();
+    if systemd {
+        env.use_systemd_run();
+    }
+    let first = env.repo.head();
+    let d = env.start();
+    d.wait_applied(&first);
+    assert!(d.stop().success());
+
+    // A finished runner's files in the folder of attempt 0, as a crash would leave them.
+    let stale = env.state_dir.join("attempts/0");
+    std::fs::create_dir_all(&stale).unwrap();
+    let out = std::process::Command::new(crate::support::ginx_bin())
+        .arg("run-attempt")
+        .arg("--dir")
+        .arg(&stale)
+        .args(["--cwd", "/", "--timeout", "10s", "--kill-grace", "1s", "--"])
+        .args(["/bin/echo", "STALE"])
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{out:?}");
+    assert!(stale.join("result.json").exists());
+    std::fs::remove_file(env.state_dir.join("state.json")).unwrap();
+
+    // The next revision's command fails, but only once the test lets it go on.
+    let second = env.repo.commit("b.nix", "{ }\n", "second");
+    let go = env.root.join("go");
+    env.stub("wait_for", &go.display().to_string());
+    env.stub("exit_code", "1");
+    let d = env.start();
+    d.ctl_ok(&["sync"]);
+    wait_for("the new revision's command to run", || {
+        env.calls()
+            .into_iter()
+            .find(|c| c.env["GINX_REVISION"] == second)
+    });
+    let s = d.status();
+    assert_eq!(
+        s["apply"]["state"], "applying",
+        "the command still runs: {s:#}"
+    );
+    std::fs::write(&go, "").unwrap();
+    let s = d.wait_status("the attempt to end", |s| {
+        s["apply"]["state"] == "failed" || s["apply"]["state"] == "succeeded"
+    });
+    assert_eq!(s["apply"]["state"], "failed", "{s:#}");
+    assert_eq!(s["apply"]["applied_revision"], Value::Null);
+
+    let attempts = history(&d);
+    let ids: Vec<u64> = attempts.iter().map(|a| a["id"].as_u64().unwrap()).collect();
+    assert_eq!(ids, [1, 0], "ids never repeat: {attempts:#?}");
+    assert_eq!(attempts[0]["revision"], second.as_str());
+    assert_eq!(attempts[0]["outcome"], "failed");
+    assert!(
+        !attempts[0]["output"].to_string().contains("STALE"),
+        "{attempts:#?}"
+    );
+}
+
+#[test]
+fn a_leftover_result_is_not_taken_for_a_new_attempt() {
+    leftover_result_case(false);
+}
+
+#[test]
+fn a_leftover_result_is_not_taken_for_a_new_attempt_under_systemd_run() {
+    leftover_result_case(true);
+}

@@ -555,3 +555,128 @@ fn sigterm_waits_for_a_running_apply_within_the_grace_period() {
     assert_eq!(history["attempts"][0]["outcome"], "succeeded");
     assert_eq!(history["attempts"][0]["revision"], head.as_str());
 }
+
+/// Issue 11.2: the suspension that guards a downgrade (a state file from a newer ginx) is
+/// persisted at once, so it holds across every later restart, not just the first.
+#[test]
+fn the_downgrade_guard_lasts_beyond_one_restart() {
+    let env = Env::new();
+    std::fs::create_dir_all(&env.state_dir).unwrap();
+    std::fs::write(env.state_dir.join("state.json"), b"{\"version\": 99}").unwrap();
+    for start in 0..2 {
+        let d = env.start();
+        let s = d.wait_status("the revision to be wanted", |s| {
+            s["sources"]["hephaestus"]["revision"].is_string() && s["apply"]["state"] != "idle"
+        });
+        assert_eq!(s["suspended"], true, "start {start}: {s:#}");
+        assert_eq!(s["apply"]["state"], "waiting", "start {start}: {s:#}");
+        assert!(d.stop().success());
+    }
+    assert!(env.calls().is_empty(), "nothing was applied");
+}
+
+/// Makes every write of `<state_dir>/<name>` fail, for root too: a non-empty directory where
+/// the file is makes the atomic rename fail. Returns the way back.
+fn break_writes(env: &Env, name: &str) -> impl Fn() {
+    let path = env.state_dir.join(name);
+    let kept = env.state_dir.join(format!("{name}.kept"));
+    std::fs::rename(&path, &kept).unwrap();
+    std::fs::create_dir_all(path.join("in-the-way")).unwrap();
+    move || {
+        std::fs::remove_dir_all(&path).unwrap();
+        std::fs::rename(&kept, &path).unwrap();
+    }
+}
+
+/// Issue 11.3: a command whose effect cannot be persisted fails (exit 1, the reason), instead
+/// of saying it worked.
+#[test]
+fn a_suspend_that_cannot_be_persisted_fails() {
+    let env = Env::new();
+    let d = env.start();
+    d.wait_applied(&env.repo.head());
+    let repair = break_writes(&env, "state.json");
+    let out = d.ctl(&["suspend"]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    assert!(
+        stderr.contains("state.json") && stderr.contains("not suspended"),
+        "{stderr}"
+    );
+    assert_eq!(
+        d.status()["suspended"],
+        false,
+        "what status says is what is on disk"
+    );
+    repair();
+    assert!(d.ctl_ok(&["suspend"]).contains("suspended"));
+    let on_disk: Value =
+        serde_json::from_slice(&std::fs::read(env.state_dir.join("state.json")).unwrap()).unwrap();
+    assert_eq!(on_disk["suspended"], true);
+}
+
+/// Issue 11.3: an apply whose outcome cannot be persisted shows that in status and health,
+/// and nothing more is applied until the state can be written again; then ginx recovers by
+/// itself and nothing is lost.
+#[test]
+fn an_apply_outcome_that_cannot_be_persisted_stops_applies_until_it_can() {
+    let env = Env::new();
+    let first = env.repo.head();
+    let d = env.start();
+    d.wait_applied(&first);
+    let go = env.root.join("go");
+    env.stub("wait_for", &go.display().to_string());
+    let second = env.repo.commit("b.nix", "{ }\n", "second");
+    d.ctl_ok(&["sync"]);
+    d.wait_status("the second apply to run", |s| {
+        s["apply"]["state"] == "applying"
+    });
+    let repair = break_writes(&env, "state.json");
+    std::fs::write(&go, "").unwrap();
+    let s = d.wait_status("the failed write to show", |s| {
+        s["health"]["state"]["status"] == "failed"
+    });
+    let message = s["health"]["state"]["message"].as_str().unwrap();
+    assert!(message.contains("state.json"), "{s:#}");
+    let health = d.ctl_ok(&["health"]);
+    assert!(health.contains("state"), "{health}");
+
+    // A newer revision waits while the state cannot be written.
+    let third = env.repo.commit("c.nix", "{ }\n", "third");
+    d.ctl_ok(&["sync"]);
+    let s = d.wait_status("the third revision to be held", |s| {
+        s["sources"]["hephaestus"]["revision"] == third.as_str() && s["apply"]["state"] == "waiting"
+    });
+    assert!(
+        s["apply"]["reason"]
+            .as_str()
+            .unwrap()
+            .contains("state.json"),
+        "{s:#}"
+    );
+    assert_eq!(
+        env.calls().len(),
+        2,
+        "no apply while the state cannot be written"
+    );
+
+    repair();
+    let s = d.wait_applied(&third);
+    assert!(
+        s["health"].get("state").is_none_or(|p| p["status"] == "ok"),
+        "{s:#}"
+    );
+    let history: Value = serde_json::from_str(&d.ctl_ok(&["history", "--json"])).unwrap();
+    let revisions: Vec<&str> = history["attempts"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|a| a["revision"].as_str().unwrap())
+        .collect();
+    assert_eq!(revisions, [third.as_str(), second.as_str(), first.as_str()]);
+    assert!(d.stop().success());
+    // After a restart the second revision is not applied again: its outcome was persisted.
+    let d = env.start();
+    d.wait_applied(&third);
+    assert_eq!(env.calls().len(), 3);
+}

@@ -327,7 +327,7 @@ fn the_systemd_unit_verifies_and_matches_the_module() {
     let directives = service_directives(&unit);
     // Everything but the commands (store paths in the module) is the same, value for value.
     for (key, value) in &directives {
-        if key.starts_with("Exec") {
+        if key.starts_with("Exec") || key == "TimeoutStopSec" {
             continue;
         }
         assert!(
@@ -461,4 +461,73 @@ fn completions_and_man_pages_are_generated() {
     );
     let join = std::fs::read_to_string(man.join("ginxctl-kubeadm-join.1")).unwrap();
     assert!(join.contains("ca\\-cert\\-hash"), "{join}");
+}
+
+/// `ginx --print-default-config`'s `[apply]` durations.
+fn default_stop_graces() -> (String, String) {
+    let out = succeed(Command::new(support::ginx_bin()).arg("--print-default-config"));
+    let doc: toml::Table = toml::from_str(&String::from_utf8_lossy(&out.stdout)).unwrap();
+    let apply = doc["apply"].as_table().unwrap();
+    (
+        apply["shutdown_grace"].as_str().unwrap().to_owned(),
+        apply["kill_grace"].as_str().unwrap().to_owned(),
+    )
+}
+
+/// Issue 11.8: `TimeoutStopSec` is derived from `shutdown_grace` and `kill_grace` (a SIGTERM
+/// with an apply running takes at most their sum plus a margin), not a fixed 120 s that a
+/// longer grace outgrows: the unit carries the value for ginx's defaults, and the module
+/// computes it from the settings with ginx's defaults.
+#[test]
+fn timeout_stop_sec_is_derived_from_the_graces() {
+    let unit = read("packaging/systemd/ginx.service");
+    let module = read("nixos-module/default.nix");
+    let directives = service_directives(&unit);
+    let value = &directives
+        .iter()
+        .find(|(k, _)| k == "TimeoutStopSec")
+        .expect("TimeoutStopSec in the unit")
+        .1;
+    assert!(module.contains("TimeoutStopSec = timeoutStopSec;"));
+    assert!(module.contains("import ./stop-timeout.nix"));
+    let nix = read("nixos-module/stop-timeout.nix");
+    let (shutdown, kill) = default_stop_graces();
+    assert!(
+        nix.contains(&format!("shutdown_grace ? \"{shutdown}\""))
+            && nix.contains(&format!("kill_grace ? \"{kill}\"")),
+        "stop-timeout.nix's defaults differ from ginx --print-default-config ({shutdown}, {kill})"
+    );
+    // ginx's own computation for the defaults: 1m + 10s + 30s.
+    assert_eq!(value, "100s");
+    if !support::require("nix-instantiate") {
+        return;
+    }
+    let eval = |args: &str| {
+        let out = Command::new("nix-instantiate")
+            .args(["--eval", "-E"])
+            .arg(format!(
+                "(import {}/nixos-module/stop-timeout.nix) {args}",
+                repo().display()
+            ))
+            .output()
+            .unwrap();
+        (
+            String::from_utf8_lossy(&out.stdout)
+                .trim()
+                .trim_matches('"')
+                .to_owned(),
+            String::from_utf8_lossy(&out.stderr).into_owned(),
+        )
+    };
+    assert_eq!(eval("{ }").0, *value);
+    assert_eq!(
+        eval("{ shutdown_grace = \"5m\"; kill_grace = \"1m 30s\"; }").0,
+        "420s"
+    );
+    assert_eq!(eval("{ kill_grace = \"1500ms\"; }").0, "92s");
+    let (out, err) = eval("{ shutdown_grace = \"5 minutes\"; }");
+    assert!(
+        out.is_empty() && err.contains("cannot compute TimeoutStopSec"),
+        "{err}"
+    );
 }

@@ -7,7 +7,9 @@
 //!   signal: if ginx dies, the runner stops the command's whole tree.
 //!
 //! Either way ginx follows the attempt through files the runner writes (`output.jsonl`,
-//! `result.json`) in the attempt's directory.
+//! `result.json`) in the attempt's directory. That directory is created afresh for each attempt
+//! (never reused), and a result counts only when it carries the token this attempt's runner was
+//! given.
 
 use std::collections::VecDeque;
 use std::io::Read;
@@ -84,6 +86,8 @@ pub struct Launch {
     pub timeout: Duration,
     pub kill_grace: Duration,
     pub description: String,
+    /// Given to the runner, which writes it into `result.json`.
+    pub token: String,
 }
 
 impl Launch {
@@ -98,6 +102,8 @@ impl Launch {
             format!("{}ms", self.timeout.as_millis()),
             "--kill-grace".to_owned(),
             format!("{}ms", self.kill_grace.as_millis()),
+            "--token".to_owned(),
+            self.token.clone(),
             "--".to_owned(),
         ];
         a.extend(self.argv.iter().cloned());
@@ -110,18 +116,33 @@ pub enum Handle {
     Process {
         child: tokio::process::Child,
         dir: PathBuf,
+        token: Option<String>,
     },
     Unit {
         unit: String,
         systemctl: PathBuf,
         dir: PathBuf,
+        token: Option<String>,
     },
 }
 
 /// Starts the runner.
 pub async fn launch(iso: &Isolation, l: &Launch) -> Result<Handle, String> {
-    std::fs::create_dir_all(&l.dir)
-        .map_err(|e| format!("cannot create {}: {e}", l.dir.display()))?;
+    // The attempt's own folder: created here, empty, or the attempt does not start.
+    if let Some(parent) = l.dir.parent() {
+        std::fs::create_dir_all(parent)
+            .map_err(|e| format!("cannot create {}: {e}", parent.display()))?;
+    }
+    std::fs::create_dir(&l.dir).map_err(|e| {
+        if e.kind() == std::io::ErrorKind::AlreadyExists {
+            format!(
+                "attempt folder {} exists already (left by an earlier run); not reusing it",
+                l.dir.display()
+            )
+        } else {
+            format!("cannot create {}: {e}", l.dir.display())
+        }
+    })?;
     let runner = std::env::current_exe()
         .map_err(|e| format!("cannot find ginx's own binary to run the attempt: {e}"))?;
     match iso {
@@ -155,6 +176,7 @@ pub async fn launch(iso: &Isolation, l: &Launch) -> Result<Handle, String> {
             Ok(Handle::Process {
                 child,
                 dir: l.dir.clone(),
+                token: Some(l.token.clone()),
             })
         }
         Isolation::SystemdRun {
@@ -204,6 +226,7 @@ pub async fn launch(iso: &Isolation, l: &Launch) -> Result<Handle, String> {
                 unit: l.unit.clone(),
                 systemctl: systemctl.clone(),
                 dir: l.dir.clone(),
+                token: Some(l.token.clone()),
             })
         }
     }
@@ -230,14 +253,21 @@ fn running_state(s: &str) -> bool {
     )
 }
 
-/// Re-attaches to an attempt a previous ginx started, if its unit still runs.
-pub async fn attach(iso: &Isolation, dir: &Path, unit: &str) -> Option<Handle> {
+/// Re-attaches to an attempt a previous ginx started, if its unit still runs. `token` is the
+/// one its runner was given (none for a runner started by a ginx that gave none).
+pub async fn attach(
+    iso: &Isolation,
+    dir: &Path,
+    unit: &str,
+    token: Option<&str>,
+) -> Option<Handle> {
     match iso {
         Isolation::SystemdRun { systemctl, .. } => {
             running_state(&unit_state(systemctl, unit).await).then(|| Handle::Unit {
                 unit: unit.to_owned(),
                 systemctl: systemctl.clone(),
                 dir: dir.to_owned(),
+                token: token.map(str::to_owned),
             })
         }
         Isolation::Process => None,
@@ -259,6 +289,12 @@ impl Handle {
         }
     }
 
+    fn token(&self) -> Option<String> {
+        match self {
+            Handle::Process { token, .. } | Handle::Unit { token, .. } => token.clone(),
+        }
+    }
+
     /// Follows the attempt to its end, handing each output line to `on_line`; when `stop`
     /// resolves, asks the runner to stop (it then stops the command's tree and records that).
     pub async fn wait(
@@ -267,6 +303,7 @@ impl Handle {
         mut on_line: impl FnMut(&OutputLine),
     ) -> Finished {
         let dir = self.dir().to_owned();
+        let token = self.token();
         let mut tail = Tail::new(dir.join(OUTPUT_FILE));
         let mut tick = tokio::time::interval(Duration::from_millis(100));
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
@@ -283,7 +320,7 @@ impl Handle {
             }
             ticks += 1;
             tail.read(&mut on_line);
-            if let Some(result) = read_result(&dir) {
+            if let Some(result) = read_result(&dir, token.as_deref()) {
                 tail.read(&mut on_line);
                 return Finished {
                     exit: result.exit,
@@ -311,7 +348,8 @@ impl Handle {
             if let Some(why) = gone {
                 // The result may have landed between the two checks.
                 tail.read(&mut on_line);
-                let exit = read_result(&dir).map_or(Exit::SpawnFailed(why), |r| r.exit);
+                let exit =
+                    read_result(&dir, token.as_deref()).map_or(Exit::SpawnFailed(why), |r| r.exit);
                 return Finished {
                     exit,
                     output: tail.lines.into(),
@@ -345,9 +383,9 @@ impl Handle {
 }
 
 /// The outcome of an attempt whose runner finished (while no ginx was watching), read from
-/// its files; `None` while it has not finished.
-pub fn collect(dir: &Path) -> Option<Finished> {
-    let result = read_result(dir)?;
+/// its files; `None` while it has not finished (or the result there is not its runner's).
+pub fn collect(dir: &Path, token: Option<&str>) -> Option<Finished> {
+    let result = read_result(dir, token)?;
     let mut tail = Tail::new(dir.join(OUTPUT_FILE));
     tail.read(&mut |_| {});
     Some(Finished {

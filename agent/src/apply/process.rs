@@ -15,12 +15,8 @@ use tokio::sync::mpsc;
 
 use crate::state::{OutputLine, Stream};
 
-/// Lines of output kept per attempt...
-pub const OUTPUT_TAIL: usize = 200;
-/// ...and bytes.
-pub const OUTPUT_TAIL_BYTES: usize = 64 * 1024;
-/// A longer line is cut, so a runaway command cannot exhaust memory.
-const MAX_LINE: usize = 4 * 1024;
+use crate::state::MAX_LINE;
+pub use crate::state::{OUTPUT_TAIL, OUTPUT_TAIL_BYTES, keep};
 
 /// Variables systemd sets for ginx's own service; a command ginx runs must not inherit them
 /// (it would talk sd_notify to ginx's unit, or be taken for ginx).
@@ -47,6 +43,31 @@ pub struct Spec {
     pub timeout: Duration,
     /// Between SIGTERM and SIGKILL.
     pub kill_grace: Duration,
+    /// The caller is the subreaper of the command's tree (the runner): stopping signals every
+    /// descendant, also those that left the process group, within the same grace period.
+    pub whole_tree: bool,
+}
+
+/// After SIGKILL, how long output is still collected from pipes (everything holding them is
+/// dead by then; this only bounds the wait).
+pub const DRAIN_AFTER_KILL: Duration = Duration::from_secs(1);
+
+/// When each step of stopping a command happens, counted from the stop request: SIGTERM to the
+/// whole tree at once, SIGKILL to what is left after `kill_grace`, done once the last output is
+/// collected. One grace period in all, not one per step.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct StopSchedule {
+    pub sigkill_after: Duration,
+    pub done_within: Duration,
+}
+
+impl StopSchedule {
+    pub fn new(kill_grace: Duration) -> Self {
+        Self {
+            sigkill_after: kill_grace,
+            done_within: kill_grace + DRAIN_AFTER_KILL,
+        }
+    }
 }
 
 /// How the command ended.
@@ -193,21 +214,30 @@ impl Running {
         };
         // Whatever the command left behind in its group goes with it.
         let _ = killpg(self.pgid, Signal::SIGKILL);
-        self.drain(&mut tail, &mut on_line).await;
+        // After a stop everything is dead: the pipes close at once. After a normal exit a
+        // process that escaped the group may still write for a while.
+        let drain = if matches!(exit, Exit::Stopped | Exit::TimedOut) {
+            DRAIN_AFTER_KILL
+        } else {
+            self.spec.kill_grace
+        };
+        self.drain(drain, &mut tail, &mut on_line).await;
         Finished {
             exit,
             output: tail.into(),
         }
     }
 
-    /// SIGTERM to the group, then SIGKILL after the grace period.
+    /// SIGTERM to the group (and, with `whole_tree`, every descendant), then SIGKILL to all
+    /// of it after the grace period ([`StopSchedule`]).
     async fn terminate(
         &mut self,
         tail: &mut VecDeque<OutputLine>,
         on_line: &mut impl FnMut(&OutputLine),
     ) {
-        let _ = killpg(self.pgid, Signal::SIGTERM);
-        let grace = tokio::time::sleep(self.spec.kill_grace);
+        let schedule = StopSchedule::new(self.spec.kill_grace);
+        self.signal_tree(Signal::SIGTERM);
+        let grace = tokio::time::sleep(schedule.sigkill_after);
         tokio::pin!(grace);
         // Closed pipes end the output, not the grace period: wait for the exit or the end of
         // the grace, whichever comes first.
@@ -225,18 +255,28 @@ impl Running {
                 () = &mut grace => break,
             }
         }
-        let _ = killpg(self.pgid, Signal::SIGKILL);
+        self.signal_tree(Signal::SIGKILL);
         let _ = self.child.wait().await;
+    }
+
+    fn signal_tree(&self, signal: Signal) {
+        let _ = killpg(self.pgid, signal);
+        if self.spec.whole_tree {
+            for p in descendants(std::process::id() as i32) {
+                let _ = nix::sys::signal::kill(Pid::from_raw(p), signal);
+            }
+        }
     }
 
     /// Collects the last lines; a process that escaped the group and still holds the pipes
     /// cannot keep us waiting past the grace period.
     async fn drain(
         &mut self,
+        limit: Duration,
         tail: &mut VecDeque<OutputLine>,
         on_line: &mut impl FnMut(&OutputLine),
     ) {
-        let limit = tokio::time::sleep(self.spec.kill_grace);
+        let limit = tokio::time::sleep(limit);
         tokio::pin!(limit);
         loop {
             tokio::select! {
@@ -255,18 +295,6 @@ impl Running {
         }
         for r in self.readers.drain(..) {
             r.abort();
-        }
-    }
-}
-
-/// Adds `line` to the kept tail: the last [`OUTPUT_TAIL`] lines, at most [`OUTPUT_TAIL_BYTES`]
-/// in all (so the history of 50 attempts stays small).
-pub fn keep(tail: &mut VecDeque<OutputLine>, line: OutputLine) {
-    tail.push_back(line);
-    let mut bytes: usize = tail.iter().map(|l| l.line.len()).sum();
-    while tail.len() > OUTPUT_TAIL || (bytes > OUTPUT_TAIL_BYTES && tail.len() > 1) {
-        if let Some(dropped) = tail.pop_front() {
-            bytes -= dropped.line.len();
         }
     }
 }
@@ -422,6 +450,7 @@ mod tests {
             env: vec![("GINX_TEST".into(), "yes".into())],
             timeout,
             kill_grace: Duration::from_millis(200),
+            whole_tree: false,
         }
     }
 
@@ -512,6 +541,17 @@ mod tests {
             std::thread::sleep(Duration::from_millis(50));
         }
         assert!(!running(), "grandchild {pid} survived the timeout");
+    }
+
+    /// Issue 11.8: stopping took one grace period per step (SIGTERM → SIGKILL, waiting for the
+    /// pipes, then stopping what had left the group): three in all. Now the whole tree gets
+    /// SIGTERM at once and SIGKILL after one grace period.
+    #[test]
+    fn a_stop_takes_one_kill_grace_not_one_per_step() {
+        let s = StopSchedule::new(Duration::from_secs(20));
+        assert_eq!(s.sigkill_after, Duration::from_secs(20));
+        assert_eq!(s.done_within, Duration::from_secs(20) + DRAIN_AFTER_KILL);
+        assert!(DRAIN_AFTER_KILL < Duration::from_secs(20));
     }
 
     #[tokio::test]

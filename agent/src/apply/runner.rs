@@ -7,6 +7,9 @@
 //! SIGHUP, which is also what it gets when ginx dies (parent-death signal) — stops every
 //! process left below it, even ones that left the group, then writes `<dir>/result.json`
 //! atomically. A result file therefore means the attempt is over and nothing of it runs.
+//!
+//! The result carries the token ginx gave the runner (`--token`), so a result left in a folder
+//! by some other run is never taken for this attempt's.
 
 use std::io::Write;
 use std::path::{Path, PathBuf};
@@ -27,12 +30,25 @@ pub const RESULT_FILE: &str = "result.json";
 pub struct RunResult {
     pub exit: Exit,
     pub finished_at: Timestamp,
+    /// The `--token` the runner was started with.
+    #[serde(default)]
+    pub token: Option<String>,
 }
 
-/// Reads `<dir>/result.json`, if the attempt is over.
-pub fn read_result(dir: &Path) -> Option<RunResult> {
+/// Reads `<dir>/result.json`, if the attempt is over. With `token`, only a result written by
+/// the runner started with that token counts; another one is ignored.
+pub fn read_result(dir: &Path, token: Option<&str>) -> Option<RunResult> {
     let bytes = std::fs::read(dir.join(RESULT_FILE)).ok()?;
-    serde_json::from_slice(&bytes).ok()
+    let result: RunResult = serde_json::from_slice(&bytes).ok()?;
+    match token {
+        Some(t) if result.token.as_deref() != Some(t) => None,
+        _ => Some(result),
+    }
+}
+
+/// A fresh random token for one attempt's runner.
+pub fn new_token() -> String {
+    format!("{:016x}{:016x}", fastrand::u64(..), fastrand::u64(..))
 }
 
 #[derive(Clone, Debug)]
@@ -41,6 +57,8 @@ pub struct RunArgs {
     pub cwd: PathBuf,
     pub timeout: Duration,
     pub kill_grace: Duration,
+    /// Written into the result, so ginx knows it is this runner's.
+    pub token: Option<String>,
     pub argv: Vec<String>,
 }
 
@@ -79,6 +97,7 @@ pub fn run(args: RunArgs) -> ExitCode {
         env: Vec::new(),
         timeout: args.timeout,
         kill_grace: args.kill_grace,
+        whole_tree: true,
     };
     let finished = runtime.block_on(async {
         let stop = async {
@@ -109,7 +128,13 @@ pub fn run(args: RunArgs) -> ExitCode {
     });
     drop(runtime);
     // Whatever escaped the process group is still below us: stop it before declaring the end.
-    process::kill_descendants(args.kill_grace);
+    // After a stop it got SIGKILL already with the group (one grace period in all); after a
+    // normal exit it gets its own grace.
+    let grace = match finished.exit {
+        Exit::Stopped | Exit::TimedOut => std::time::Duration::ZERO,
+        _ => args.kill_grace,
+    };
+    process::kill_descendants(grace);
     if let Exit::SpawnFailed(m) = &finished.exit {
         record_line(
             output.as_mut(),
@@ -122,6 +147,7 @@ pub fn run(args: RunArgs) -> ExitCode {
     let result = RunResult {
         exit: finished.exit.clone(),
         finished_at: crate::util::now(),
+        token: args.token.clone(),
     };
     let written = serde_json::to_vec(&result)
         .map_err(std::io::Error::other)

@@ -48,6 +48,9 @@ pub enum GinxCommand {
         timeout: config::Duration,
         #[arg(long)]
         kill_grace: config::Duration,
+        /// Written into result.json, so ginx takes only this runner's result.
+        #[arg(long)]
+        token: Option<String>,
         #[arg(last = true, required = true)]
         argv: Vec<String>,
     },
@@ -73,12 +76,14 @@ pub fn ginx_main() -> ExitCode {
             cwd,
             timeout,
             kill_grace,
+            token,
             argv,
         } => crate::apply::runner::run(crate::apply::runner::RunArgs {
             dir,
             cwd,
             timeout: timeout.get(),
             kill_grace: kill_grace.get(),
+            token,
             argv,
         }),
         GinxCommand::Run => run_daemon(args.config),

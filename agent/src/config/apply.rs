@@ -90,7 +90,20 @@ impl Default for ApplyConfig {
     }
 }
 
+/// Added to `shutdown_grace + kill_grace` for systemd's `TimeoutStopSec`: collecting the
+/// attempt's end (at most a second) and ginx's own exit, with room to spare.
+pub const STOP_MARGIN: std::time::Duration = std::time::Duration::from_secs(30);
+
 impl ApplyConfig {
+    /// The most a SIGTERM to ginx takes with a `process` attempt running: `shutdown_grace` for
+    /// the attempt to finish, then one `kill_grace` to stop its whole tree (SIGTERM, SIGKILL),
+    /// and [`STOP_MARGIN`]. What `TimeoutStopSec` of ginx.service must be at least, in whole
+    /// seconds (nixos-module/stop-timeout.nix computes the same).
+    pub fn stop_timeout_secs(&self) -> u64 {
+        let d = self.shutdown_grace.get() + self.kill_grace.get();
+        d.as_millis().div_ceil(1000) as u64 + STOP_MARGIN.as_secs()
+    }
+
     /// Checks the command, timings, retries and hooks (`source` naming a source is checked by
     /// the caller, which knows the sources).
     pub(super) fn validate(&self, ctx: &Ctx<'_>) -> Result<(), ConfigError> {
@@ -130,5 +143,21 @@ impl ApplyConfig {
             }
         }
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Issue 11.8: the stop bound is one kill_grace after shutdown_grace (plus a margin), the
+    /// figure README, the unit and the module use.
+    #[test]
+    fn the_stop_timeout_is_shutdown_grace_plus_one_kill_grace_plus_margin() {
+        let mut a = ApplyConfig::default();
+        assert_eq!(a.stop_timeout_secs(), 60 + 10 + 30);
+        a.shutdown_grace = Duration::from_millis(1500);
+        a.kill_grace = Duration::from_secs(20);
+        assert_eq!(a.stop_timeout_secs(), 22 + 30);
     }
 }

@@ -195,21 +195,23 @@ impl Backend {
         let result = match command {
             Command::Status => return Response::ok(self.status()),
             Command::Sync { source } => self.sync(source).await.map(Response::ok),
-            Command::Suspend => self.ask(reconcile::Command::Suspend).await.map(|changed| {
-                Response::ok(SuspendReport {
-                    suspended: true,
-                    changed,
+            Command::Suspend => {
+                persisted(self.ask(reconcile::Command::Suspend).await).map(|changed| {
+                    Response::ok(SuspendReport {
+                        suspended: true,
+                        changed,
+                    })
                 })
-            }),
-            Command::Resume => self.ask(reconcile::Command::Resume).await.map(|changed| {
-                Response::ok(SuspendReport {
-                    suspended: false,
-                    changed,
+            }
+            Command::Resume => {
+                persisted(self.ask(reconcile::Command::Resume).await).map(|changed| {
+                    Response::ok(SuspendReport {
+                        suspended: false,
+                        changed,
+                    })
                 })
-            }),
-            Command::Retry => self
-                .ask(reconcile::Command::ForceRetry)
-                .await
+            }
+            Command::Retry => persisted(self.ask(reconcile::Command::ForceRetry).await)
                 .map(|()| Response::ok(serde_json::json!({"retrying": true}))),
             Command::Rollback => match self.ask(reconcile::Command::Rollback).await {
                 Ok(Ok(attempt)) => Ok(Response::ok(RollbackReport { attempt })),
@@ -232,6 +234,14 @@ impl Backend {
         };
         result.unwrap_or_else(|(kind, message)| Response::error(kind, message))
     }
+}
+
+/// The answer of a command whose effect must be persisted: a failure to persist is an error
+/// of the daemon (ginxctl exits 1 with the reason).
+fn persisted<T>(
+    answer: Result<Result<T, String>, (ErrorKind, String)>,
+) -> Result<T, (ErrorKind, String)> {
+    answer?.map_err(|e| (ErrorKind::Internal, e))
 }
 
 /// Binds the control socket at `path`: parent directory created, a stale socket replaced (a

@@ -150,6 +150,15 @@ impl Core {
         Ok(id)
     }
 
+    /// Makes sure the next attempt's id is above every id already `used` (in the history, or
+    /// as a folder under `attempts/`), so that ids never repeat even when the state file was
+    /// lost while the history survived.
+    pub fn skip_used_ids(&mut self, used: impl IntoIterator<Item = u64>) {
+        if let Some(highest) = used.into_iter().max() {
+            self.state.next_attempt_id = self.state.next_attempt_id.max(highest.saturating_add(1));
+        }
+    }
+
     /// Records facts about the running attempt learnt after it began (its process group, its
     /// unit).
     pub fn update_running(&mut self, f: impl FnOnce(&mut InFlight)) -> Result<(), TransitionError> {
@@ -345,6 +354,7 @@ mod tests {
             isolation: "process".into(),
             unit: None,
             dir: None,
+            token: None,
             generation_before: None,
             pgid: None,
             boot_id: None,
@@ -401,6 +411,19 @@ mod tests {
         // After a restart the persisted state says the same.
         let again = Core::new(c.state.clone());
         assert_eq!(again.decide(Some(&want('a')), t(100)), Decision::Idle);
+    }
+
+    #[test]
+    fn attempt_ids_continue_after_every_id_in_use() {
+        let mut c = core();
+        c.skip_used_ids([]);
+        assert_eq!(c.state.next_attempt_id, 0);
+        c.skip_used_ids([3, 7, 1]);
+        assert_eq!(c.state.next_attempt_id, 8);
+        // A state that is ahead already stays ahead.
+        c.state.next_attempt_id = 20;
+        c.skip_used_ids([7]);
+        assert_eq!(c.begin(attempt('a', Goal::Switch, 0)).unwrap(), 20);
     }
 
     #[test]

@@ -35,6 +35,7 @@ impl Reconciler {
             ],
             timeout: cfg.apply.hook_timeout.get(),
             kill_grace: cfg.apply.kill_grace.get(),
+            whole_tree: false,
         };
         let attempt = a.id;
         tokio::spawn(async move {

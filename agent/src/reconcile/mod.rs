@@ -36,7 +36,7 @@ use crate::apply::{Exit, Finished};
 use crate::config::Config;
 use crate::source::{Pin, Workspace};
 use crate::state::{self, Attempt, History, State};
-use crate::status::{Drift, Published, SourceStatus};
+use crate::status::{Drift, Published, SourceStatus, StateWriteError};
 use crate::types::Revision;
 use crate::util;
 
@@ -48,13 +48,14 @@ const COLMENA_CONFIG_ERROR: i32 = 2;
 /// Requests to the loop.
 #[derive(Debug)]
 pub enum Command {
-    /// Answers whether anything changed; persisted before answering.
-    Suspend(oneshot::Sender<bool>),
-    Resume(oneshot::Sender<bool>),
+    /// Answers whether anything changed; persisted before answering, or answered with why it
+    /// could not be (and then nothing changed).
+    Suspend(oneshot::Sender<Result<bool, String>>),
+    Resume(oneshot::Sender<Result<bool, String>>),
     /// Retry a failed revision now (after `ginxctl sync`), and look at the system again.
     Retry,
     /// `ginxctl retry`: forget failures, give-ups and a rollback; apply again now.
-    ForceRetry(oneshot::Sender<()>),
+    ForceRetry(oneshot::Sender<Result<(), String>>),
     /// `ginxctl rollback`: answered with the attempt id, or why not.
     Rollback(oneshot::Sender<Result<u64, String>>),
     /// Answered when the loop is responsive (for the watchdog).
@@ -95,7 +96,15 @@ pub struct Reconciler {
     /// A revision offered before another was deployed that it does not descend from (a
     /// force-push racing an apply): not applied; the source refuses it on its next fetch.
     blocked: Option<Revision>,
+    /// The history has changes not yet written to `history.json`.
+    history_dirty: bool,
+    /// The last write of the state or the history failed: nothing is applied until one
+    /// succeeds (retried every [`PERSIST_RETRY`]); status and health show it.
+    unsaved: Option<StateWriteError>,
 }
+
+/// How often a failed write of the state is tried again.
+const PERSIST_RETRY: std::time::Duration = std::time::Duration::from_secs(2);
 
 /// Everything the loop is wired to.
 pub struct Wiring {
@@ -123,8 +132,10 @@ impl Reconciler {
         let state_path = cfg.state_dir.join("state.json");
         let history_path = cfg.state_dir.join("history.json");
         let (mut st, aside) = state::load::<State>(&state_path)?;
+        let mut guard_downgrade = false;
         if let Some(a) = aside {
             if a.newer {
+                guard_downgrade = true;
                 // Written by a newer ginx: we cannot tell what it had applied or held back.
                 // Applying blindly could undo an operator's suspend; wait for one instead.
                 st.suspended = true;
@@ -140,21 +151,34 @@ impl Reconciler {
             tracing::warn!(file = %history_path.display(), moved_to = %a.to.display(), reason = %a.reason,
                 "history file unusable; moved aside, starting with an empty history");
         }
+        if history.dropped_on_load > 0 {
+            tracing::warn!(file = %history_path.display(), dropped = history.dropped_on_load, kept = history.attempts.len(),
+                "history file held more attempts than are kept; the oldest are left out (the file is rewritten at the next attempt)");
+        }
         let last = history
             .attempts
             .last()
             .map(|a| (a.started_at, Some(a.finished_at)));
+        let attempts_dir = cfg.state_dir.join("attempts");
+        let mut core = Core::new(st);
+        core.skip_used_ids(
+            history
+                .attempts
+                .iter()
+                .map(|a| a.id)
+                .chain(attempt_dirs(&attempts_dir)),
+        );
         let isolation = Isolation::resolve(&cfg.apply);
         tracing::info!(
             isolation = isolation.name(),
             "applies are isolated from ginx"
         );
-        Ok(Self {
-            core: Core::new(st),
+        let mut r = Self {
+            core,
             history,
             state_path,
             history_path,
-            attempts_dir: cfg.state_dir.join("attempts"),
+            attempts_dir,
             self_image: SelfImage::read(&cfg.system.ginx_binary, &cfg.system.ginx_unit),
             config: w.config,
             sources: w.sources,
@@ -168,7 +192,15 @@ impl Reconciler {
             last,
             drift: None,
             blocked: None,
-        })
+            history_dirty: false,
+            unsaved: None,
+        };
+        if guard_downgrade {
+            // At once: the guard must hold across every restart until an operator resumes,
+            // not only this one (a failure shows in status and holds applies back too).
+            let _ = r.save_state();
+        }
+        Ok(r)
     }
 
     fn policy(&self) -> RetryPolicy {
@@ -198,19 +230,63 @@ impl Reconciler {
         ))
     }
 
-    fn save_state(&self) {
-        if let Err(e) = state::save(&self.state_path, &self.core.state) {
-            tracing::error!(file = %self.state_path.display(), error = %e, "cannot write the state file");
+    /// Writes the state (and the history, when it changed). A failure is kept in `unsaved`,
+    /// shown in status and health, and holds applies back until a later write succeeds.
+    fn save_state(&mut self) -> Result<(), String> {
+        let result = state::save(&self.state_path, &self.core.state)
+            .map_err(|e| {
+                format!(
+                    "cannot write the state file {}: {e}",
+                    self.state_path.display()
+                )
+            })
+            .and_then(|()| {
+                if !self.history_dirty {
+                    return Ok(());
+                }
+                state::save(&self.history_path, &self.history).map_err(|e| {
+                    format!(
+                        "cannot write the history file {}: {e}",
+                        self.history_path.display()
+                    )
+                })
+            });
+        match &result {
+            Ok(()) => {
+                self.history_dirty = false;
+                if self.unsaved.take().is_some() {
+                    tracing::info!(file = %self.state_path.display(), "the state is written again; applies continue");
+                }
+            }
+            Err(e) => {
+                tracing::error!(error = %e, "cannot persist the state; nothing is applied until it can be written");
+                let since = self.unsaved.as_ref().map_or_else(util::now, |u| u.since);
+                self.unsaved = Some(StateWriteError {
+                    error: e.clone(),
+                    since,
+                });
+            }
         }
+        result
+    }
+
+    /// Applies `change` to the core and persists it; if it cannot be persisted, the change is
+    /// undone (what status says is what is on disk) and the reason returned.
+    fn change_persisted<T>(&mut self, change: impl FnOnce(&mut Core) -> T) -> Result<T, String> {
+        let before = self.core.clone();
+        let out = change(&mut self.core);
+        if let Err(e) = self.save_state() {
+            self.core = before;
+            return Err(e);
+        }
+        Ok(out)
     }
 
     fn record(&mut self, attempt: Attempt) {
         self.last = Some((attempt.started_at, Some(attempt.finished_at)));
         self.history.push(attempt);
-        self.save_state();
-        if let Err(e) = state::save(&self.history_path, &self.history) {
-            tracing::error!(file = %self.history_path.display(), error = %e, "cannot write the history file");
-        }
+        self.history_dirty = true;
+        let _ = self.save_state();
     }
 
     pub async fn run(mut self) {
@@ -225,6 +301,9 @@ impl Reconciler {
             let now = util::now();
             let decision = if attempting.is_some() {
                 Decision::Busy
+            } else if self.unsaved.is_some() {
+                // Another attempt would pile an outcome on one that is not on disk.
+                Decision::Idle
             } else {
                 let desired = self.desired();
                 self.core.decide(desired.as_ref().map(|(d, _)| d), now)
@@ -250,8 +329,18 @@ impl Reconciler {
                     None => std::future::pending().await,
                 }
             };
+            let persist_again = async {
+                if self.unsaved.is_some() {
+                    tokio::time::sleep(PERSIST_RETRY).await;
+                } else {
+                    std::future::pending::<()>().await;
+                }
+            };
             tokio::select! {
                 () = retry => {}
+                () = persist_again => {
+                    let _ = self.save_state();
+                }
                 finished = finishing => {
                     if let Some(a) = attempting.take() {
                         let finished = finished.unwrap_or_else(|e| Finished {
@@ -288,20 +377,22 @@ impl Reconciler {
     async fn handle(&mut self, cmd: Command, busy: bool) -> Option<Attempting> {
         match cmd {
             Command::Suspend(reply) => {
-                let changed = self.core.set_suspended(true);
-                if changed {
-                    self.save_state();
+                let result = self
+                    .change_persisted(|c| c.set_suspended(true))
+                    .map_err(|e| format!("{e}; not suspended"));
+                if result == Ok(true) {
                     tracing::info!("suspended: sources keep fetching, nothing is applied");
                 }
-                let _ = reply.send(changed);
+                let _ = reply.send(result);
             }
             Command::Resume(reply) => {
-                let changed = self.core.set_suspended(false);
-                if changed {
-                    self.save_state();
+                let result = self
+                    .change_persisted(|c| c.set_suspended(false))
+                    .map_err(|e| format!("{e}; not resumed"));
+                if result == Ok(true) {
                     tracing::info!("resumed");
                 }
-                let _ = reply.send(changed);
+                let _ = reply.send(result);
             }
             Command::Retry => {
                 self.core.request_retry();
@@ -310,10 +401,13 @@ impl Reconciler {
                 }
             }
             Command::ForceRetry(reply) => {
-                self.core.force_retry();
-                self.save_state();
-                tracing::info!("retry requested: failures, give-ups and rollbacks forgotten");
-                let _ = reply.send(());
+                let result = self
+                    .change_persisted(Core::force_retry)
+                    .map_err(|e| format!("{e}; nothing was retried"));
+                if result.is_ok() {
+                    tracing::info!("retry requested: failures, give-ups and rollbacks forgotten");
+                }
+                let _ = reply.send(result);
             }
             Command::Rollback(reply) => {
                 if busy {
@@ -342,4 +436,16 @@ impl Reconciler {
         }
         None
     }
+}
+
+/// The ids of the attempt folders under `dir` (`attempts/<id>`).
+fn attempt_dirs(dir: &std::path::Path) -> Vec<u64> {
+    std::fs::read_dir(dir)
+        .map(|entries| {
+            entries
+                .flatten()
+                .filter_map(|e| e.file_name().to_str()?.parse().ok())
+                .collect()
+        })
+        .unwrap_or_default()
 }

@@ -22,7 +22,13 @@ impl Reconciler {
         let desired = self.desired().map(|(d, _)| d);
         let cfg = self.config.borrow();
         let st = &self.core.state;
-        let state = self.core.apply_state(desired.as_ref());
+        let mut state = self.core.apply_state(desired.as_ref());
+        let held = self.unsaved.is_some()
+            && st.in_flight.is_none()
+            && matches!(state, ApplyState::Pending | ApplyState::Failed);
+        if held {
+            state = ApplyState::Waiting;
+        }
         let failure = st
             .failure
             .as_ref()
@@ -44,6 +50,13 @@ impl Reconciler {
                     None => format!("waiting for the first fetch of {}", cfg.apply.source),
                 },
             ),
+            ApplyState::Waiting if held => self.unsaved.as_ref().map(|u| {
+                format!(
+                    "{}: nothing is applied until the state can be written (tried again every {}s)",
+                    u.error,
+                    super::PERSIST_RETRY.as_secs()
+                )
+            }),
             ApplyState::Waiting => Some("suspended: run `ginxctl resume` to apply".to_owned()),
             ApplyState::Failed => failure.map(|f| {
                 if f.exhausted {
@@ -86,6 +99,7 @@ impl Reconciler {
             apply,
             system: self.system_status(),
             suspended: st.suspended,
+            state_write: self.unsaved.clone(),
         };
         self.published.send_if_modified(|p| {
             let changed = *p != next;

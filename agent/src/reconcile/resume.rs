@@ -28,7 +28,7 @@ impl Reconciler {
             since: util::now(),
             boot_id: apply::boot_id(),
         });
-        self.save_state();
+        let _ = self.save_state();
     }
 
     /// A state written before anchors existed: its applied revision becomes the anchor.
@@ -62,7 +62,8 @@ impl Reconciler {
     /// whatever is left and record it as interrupted.
     pub(super) async fn resume_in_flight(&mut self) -> Option<Attempting> {
         let r = self.core.running().cloned()?;
-        if let Some(finished) = r.dir.as_deref().and_then(isolation::collect) {
+        let token = r.token.as_deref();
+        if let Some(finished) = r.dir.as_deref().and_then(|d| isolation::collect(d, token)) {
             tracing::info!(attempt = r.id, revision = %r.revision.short(),
                 "an attempt finished while ginx was away; recording its result");
             self.finish(r.id, finished).await;
@@ -70,7 +71,7 @@ impl Reconciler {
         }
         if r.isolation == "systemd-run"
             && let (Some(dir), Some(unit)) = (&r.dir, &r.unit)
-            && let Some(handle) = isolation::attach(&self.isolation, dir, unit).await
+            && let Some(handle) = isolation::attach(&self.isolation, dir, unit, token).await
         {
             tracing::info!(attempt = r.id, unit = %unit, revision = %r.revision.short(),
                 "an attempt started by a previous ginx is still running; following it");

@@ -54,12 +54,13 @@ impl Reconciler {
                 isolation: self.isolation.name().to_owned(),
                 unit: matches!(self.isolation, Isolation::SystemdRun { .. }).then(|| unit.clone()),
                 dir: None,
+                token: None,
                 generation_before: Some(generation.clone()),
                 pgid: None,
                 boot_id: None,
                 start_time: None,
             })
-            .ok_or_else(|| "cannot start the rollback (see the log)".to_owned())?;
+            .map_err(|e| format!("cannot start the rollback: {e}"))?;
         tracing::warn!(attempt = id, from_generation = ?generation.number, "rolling back to the previous generation");
         let launch = Launch {
             dir: self.attempt_dir(id),
@@ -74,6 +75,7 @@ impl Reconciler {
             timeout: cfg.apply.timeout.get(),
             kill_grace: cfg.apply.kill_grace.get(),
             description: "ginx: roll back to the previous generation".into(),
+            token: self.running_token(),
         };
         let a = self.launch(id, &revision, &launch, None).await;
         Ok((id, a))

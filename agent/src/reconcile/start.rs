@@ -65,20 +65,38 @@ impl Reconciler {
         self.attempts_dir.join(id.to_string())
     }
 
-    /// Begins an attempt; returns its id, or records the failure to begin.
-    pub(super) fn begin(&mut self, attempt: InFlight) -> Option<u64> {
-        match self.core.begin(attempt) {
+    /// The token the running attempt's runner is given.
+    pub(super) fn running_token(&self) -> String {
+        self.core
+            .running()
+            .and_then(|r| r.token.clone())
+            .unwrap_or_default()
+    }
+
+    /// Begins an attempt; returns its id, or why it could not begin. An attempt whose start
+    /// cannot be persisted does not begin: a restart would not know it ran.
+    pub(super) fn begin(&mut self, attempt: InFlight) -> Result<u64, String> {
+        let attempts_dir = self.attempts_dir.clone();
+        let token = crate::apply::runner::new_token();
+        let id = self
+            .change_persisted(|core| {
+                let id = core.begin(attempt)?;
+                let _ = core.update_running(|r| {
+                    r.dir = Some(attempts_dir.join(id.to_string()));
+                    r.token = Some(token);
+                });
+                Ok::<_, super::core::TransitionError>(id)
+            })
+            .and_then(|r| r.map_err(|e| e.to_string()));
+        match id {
             Ok(id) => {
-                let dir = self.attempt_dir(id);
-                let _ = self.core.update_running(|r| r.dir = Some(dir));
                 self.last = Some((util::now(), None));
-                self.save_state();
                 self.publish();
-                Some(id)
+                Ok(id)
             }
             Err(e) => {
                 tracing::error!(error = %e, "cannot start an attempt");
-                None
+                Err(e)
             }
         }
     }
@@ -115,22 +133,25 @@ impl Reconciler {
         self.blocked = None;
         let node = cfg.node_name().to_owned();
         let unit = format!("ginx-apply-{}", revision.short());
-        let id = self.begin(InFlight {
-            id: 0,
-            kind: AttemptKind::Apply,
-            source: source.clone(),
-            revision: revision.clone(),
-            goal,
-            started_at: util::now(),
-            testing,
-            isolation: self.isolation.name().to_owned(),
-            unit: matches!(self.isolation, Isolation::SystemdRun { .. }).then(|| unit.clone()),
-            dir: None,
-            generation_before: system::generation(&cfg.system.profile),
-            pgid: None,
-            boot_id: None,
-            start_time: None,
-        })?;
+        let id = self
+            .begin(InFlight {
+                id: 0,
+                kind: AttemptKind::Apply,
+                source: source.clone(),
+                revision: revision.clone(),
+                goal,
+                started_at: util::now(),
+                testing,
+                isolation: self.isolation.name().to_owned(),
+                unit: matches!(self.isolation, Isolation::SystemdRun { .. }).then(|| unit.clone()),
+                dir: None,
+                token: None,
+                generation_before: system::generation(&cfg.system.profile),
+                pgid: None,
+                boot_id: None,
+                start_time: None,
+            })
+            .ok()?;
         tracing::info!(source = %source, revision = %revision.short(), node = %node, attempt = id,
             goal = %goal, isolation = self.isolation.name(), "applying");
 
@@ -180,6 +201,7 @@ impl Reconciler {
             timeout: cfg.apply.timeout.get(),
             kill_grace: cfg.apply.kill_grace.get(),
             description: format!("ginx: apply {source} {revision} ({goal})"),
+            token: self.running_token(),
         };
         self.launch(id, &revision, &launch, Some(tree)).await
     }
@@ -205,7 +227,7 @@ impl Reconciler {
                 r.boot_id = boot;
                 r.start_time = started;
             });
-            self.save_state();
+            let _ = self.save_state();
         }
         Some(self.follow(id, revision, handle, tree))
     }

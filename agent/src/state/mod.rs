@@ -10,6 +10,7 @@
 //! `Revision` and `Generation`, live in `types`). Not here: what the fields mean for the apply
 //! loop (see `reconcile`).
 
+use std::collections::VecDeque;
 use std::fs;
 use std::io;
 use std::path::{Path, PathBuf};
@@ -25,6 +26,31 @@ pub const STATE_VERSION: u32 = 1;
 pub const HISTORY_VERSION: u32 = 1;
 /// Attempts kept in `history.json`.
 pub const HISTORY_LIMIT: usize = 50;
+/// Lines of output kept per attempt...
+pub const OUTPUT_TAIL: usize = 200;
+/// ...and bytes.
+pub const OUTPUT_TAIL_BYTES: usize = 64 * 1024;
+/// A longer output line is cut, so a runaway command cannot exhaust memory.
+pub const MAX_LINE: usize = 4 * 1024;
+
+/// Adds `line` to the kept tail: the last [`OUTPUT_TAIL`] lines, at most [`OUTPUT_TAIL_BYTES`]
+/// in all (so the history of 50 attempts stays small).
+pub fn keep(tail: &mut VecDeque<OutputLine>, mut line: OutputLine) {
+    if line.line.len() > MAX_LINE {
+        let mut end = MAX_LINE;
+        while !line.line.is_char_boundary(end) {
+            end -= 1;
+        }
+        line.line.truncate(end);
+    }
+    tail.push_back(line);
+    let mut bytes: usize = tail.iter().map(|l| l.line.len()).sum();
+    while tail.len() > OUTPUT_TAIL || (bytes > OUTPUT_TAIL_BYTES && tail.len() > 1) {
+        if let Some(dropped) = tail.pop_front() {
+            bytes -= dropped.line.len();
+        }
+    }
+}
 
 /// What must survive a restart. Fields added later carry `#[serde(default)]`, so older files
 /// still load.
@@ -122,6 +148,10 @@ pub struct InFlight {
     /// Where the runner writes output and result.
     #[serde(default)]
     pub dir: Option<PathBuf>,
+    /// Given to the runner, which writes it into its result: a result without it is not this
+    /// attempt's.
+    #[serde(default)]
+    pub token: Option<String>,
     #[serde(default)]
     pub generation_before: Option<Generation>,
     /// Process group of the runner, to stop what an unclean exit left running.
@@ -185,6 +215,8 @@ pub struct Attempt {
     pub exit_code: Option<i32>,
     pub error: Option<String>,
     /// The last lines the command printed, stdout and stderr interleaved as they arrived.
+    /// Read back within the bounds of [`keep`], whatever the file holds.
+    #[serde(deserialize_with = "bounded_output")]
     pub output: Vec<OutputLine>,
     /// The system generation before and after the attempt.
     #[serde(default)]
@@ -196,11 +228,89 @@ pub struct Attempt {
 }
 
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
-#[serde(default)]
+#[serde(from = "StoredHistory")]
 pub struct History {
     pub version: u32,
-    /// Oldest first.
+    /// Oldest first. Read back as the newest [`HISTORY_LIMIT`], however many the file holds,
+    /// one attempt in memory at a time beyond them.
     pub attempts: Vec<Attempt>,
+    /// Older attempts beyond [`HISTORY_LIMIT`] left out when the file was read, to be reported.
+    #[serde(skip)]
+    pub dropped_on_load: usize,
+}
+
+/// `history.json` as read.
+#[derive(Default, Deserialize)]
+#[serde(default)]
+struct StoredHistory {
+    version: u32,
+    attempts: NewestAttempts,
+}
+
+impl From<StoredHistory> for History {
+    fn from(s: StoredHistory) -> Self {
+        Self {
+            version: s.version,
+            attempts: s.attempts.kept.into(),
+            dropped_on_load: s.attempts.dropped,
+        }
+    }
+}
+
+/// The newest [`HISTORY_LIMIT`] attempts of a sequence, streamed, and how many were older.
+#[derive(Default)]
+struct NewestAttempts {
+    kept: VecDeque<Attempt>,
+    dropped: usize,
+}
+
+impl<'de> Deserialize<'de> for NewestAttempts {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct Newest;
+        impl<'de> serde::de::Visitor<'de> for Newest {
+            type Value = NewestAttempts;
+            fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+                f.write_str("a list of attempts")
+            }
+            fn visit_seq<A: serde::de::SeqAccess<'de>>(
+                self,
+                mut seq: A,
+            ) -> Result<Self::Value, A::Error> {
+                let mut out = NewestAttempts::default();
+                while let Some(a) = seq.next_element::<Attempt>()? {
+                    out.kept.push_back(a);
+                    if out.kept.len() > HISTORY_LIMIT {
+                        out.kept.pop_front();
+                        out.dropped += 1;
+                    }
+                }
+                Ok(out)
+            }
+        }
+        d.deserialize_seq(Newest)
+    }
+}
+
+/// An attempt's output within the bounds of [`keep`], streamed.
+fn bounded_output<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Vec<OutputLine>, D::Error> {
+    struct Bounded;
+    impl<'de> serde::de::Visitor<'de> for Bounded {
+        type Value = Vec<OutputLine>;
+        fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+            f.write_str("a list of output lines")
+        }
+        fn visit_seq<A: serde::de::SeqAccess<'de>>(
+            self,
+            mut seq: A,
+        ) -> Result<Self::Value, A::Error> {
+            let mut tail = VecDeque::with_capacity(OUTPUT_TAIL + 1);
+            while let Some(line) = seq.next_element::<OutputLine>()? {
+                keep(&mut tail, line);
+            }
+            Ok(tail.into())
+        }
+    }
+    d.deserialize_seq(Bounded)
 }
 
 impl History {
@@ -266,10 +376,11 @@ pub struct MovedAside {
     pub newer: bool,
 }
 
-/// Reads `path`; a missing file is an empty document, a bad one is moved aside.
+/// Reads `path`; a missing file is an empty document, a bad one is moved aside. The file is
+/// streamed, not read whole: a document keeps to its bounds however large the file grew.
 pub fn load<T: Document>(path: &Path) -> io::Result<(T, Option<MovedAside>)> {
-    let bytes = match fs::read(path) {
-        Ok(b) => b,
+    let file = match fs::File::open(path) {
+        Ok(f) => f,
         Err(e) if e.kind() == io::ErrorKind::NotFound => {
             let mut fresh = T::default();
             fresh.set_version();
@@ -277,7 +388,7 @@ pub fn load<T: Document>(path: &Path) -> io::Result<(T, Option<MovedAside>)> {
         }
         Err(e) => return Err(e),
     };
-    let (reason, newer) = match serde_json::from_slice::<T>(&bytes) {
+    let (reason, newer) = match serde_json::from_reader::<_, T>(io::BufReader::new(file)) {
         Ok(doc) if doc.version() == T::VERSION => return Ok((doc, None)),
         Ok(doc) => (
             format!(
@@ -385,6 +496,60 @@ mod tests {
         fs::write(&p, b"{\"version\": 99}").unwrap();
         let (_, aside) = load::<State>(&p).unwrap();
         assert!(aside.unwrap().reason.contains("version 99"));
+    }
+
+    fn big_attempt(id: u64, lines: usize, line_len: usize) -> Attempt {
+        Attempt {
+            id,
+            source: "h".into(),
+            revision: rev('b'),
+            goal: Goal::Switch,
+            started_at: Timestamp::UNIX_EPOCH,
+            finished_at: Timestamp::UNIX_EPOCH,
+            outcome: Outcome::Succeeded,
+            exit_code: Some(0),
+            error: None,
+            output: (0..lines)
+                .map(|n| OutputLine {
+                    stream: Stream::Stdout,
+                    line: format!("{id}:{n}:{}", "x".repeat(line_len)),
+                })
+                .collect(),
+            kind: AttemptKind::Apply,
+            generation_before: None,
+            generation_after: None,
+            isolation: "process".into(),
+        }
+    }
+
+    /// Issue 11.10: a `history.json` far beyond the bounds (grown by hand, or by an older
+    /// ginx) is trimmed to them when it is loaded, keeping the newest attempts and lines.
+    #[test]
+    fn a_huge_history_file_is_trimmed_to_its_bounds_when_loaded() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("history.json");
+        let huge = History {
+            version: HISTORY_VERSION,
+            attempts: (0..300).map(|id| big_attempt(id, 400, 300)).collect(),
+            dropped_on_load: 0,
+        };
+        std::fs::write(&p, serde_json::to_vec(&huge).unwrap()).unwrap();
+        assert!(std::fs::metadata(&p).unwrap().len() > 30 << 20);
+        let (h, aside) = load::<History>(&p).unwrap();
+        assert!(aside.is_none());
+        assert_eq!(h.attempts.len(), HISTORY_LIMIT);
+        assert_eq!(h.dropped_on_load, 300 - HISTORY_LIMIT);
+        assert_eq!(h.attempts.first().unwrap().id, 300 - HISTORY_LIMIT as u64);
+        assert_eq!(h.attempts.last().unwrap().id, 299);
+        for a in &h.attempts {
+            assert!(a.output.len() <= OUTPUT_TAIL);
+            let bytes: usize = a.output.iter().map(|l| l.line.len()).sum();
+            assert!(bytes <= OUTPUT_TAIL_BYTES, "{bytes}");
+        }
+        let last = h.attempts.last().unwrap();
+        assert!(last.output.last().unwrap().line.starts_with("299:399:"));
+        let saved = serde_json::to_vec(&h).unwrap().len();
+        assert!(saved < (HISTORY_LIMIT + 1) * (OUTPUT_TAIL_BYTES + OUTPUT_TAIL * 64));
     }
 
     #[test]

@@ -94,10 +94,20 @@ pub struct Drift {
     pub since: Timestamp,
 }
 
+/// The state (or history) file could not be written: why, and since when. Shown as the
+/// `state` entry of `health`, failed.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct StateWriteError {
+    pub error: String,
+    pub since: Timestamp,
+}
+
 /// What the loop publishes.
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct Published {
     pub apply: ApplyStatus,
     pub system: SystemStatus,
     pub suspended: bool,
+    /// The last write of the state failed; nothing is applied until one succeeds.
+    pub state_write: Option<StateWriteError>,
 }

@@ -21,7 +21,7 @@ use jiff::Timestamp;
 use serde::{Deserialize, Serialize};
 use tokio::sync::watch;
 
-pub use apply::{ApplyState, ApplyStatus, Drift, Published, SystemStatus};
+pub use apply::{ApplyState, ApplyStatus, Drift, Published, StateWriteError, SystemStatus};
 pub use health::{HealthMap, HealthStatus, Overall, ProbeStatus, overall};
 pub use kubeadm::KubeadmStatus;
 pub use kubernetes::{KubeState, KubeStatus};
@@ -29,6 +29,9 @@ pub use source::{Refused, RemoteStatus, Signed, SourceStatus};
 
 use crate::config::Config;
 use crate::types::Role;
+
+/// The `health` entry that says the state file cannot be written.
+pub const STATE_HEALTH: &str = "state";
 
 /// What `ginxctl status --json` prints. Fields are added, never renamed.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -74,7 +77,19 @@ impl Parts {
     pub fn status(&self) -> Status {
         let cfg = self.config.borrow();
         let published = self.published.borrow();
-        let health = self.health.borrow().clone();
+        let mut health = self.health.borrow().clone();
+        // Not a probe, but as much the node's health: a state that cannot be written.
+        if let Some(w) = &published.state_write {
+            health.insert(
+                STATE_HEALTH.to_owned(),
+                ProbeStatus {
+                    status: HealthStatus::Failed,
+                    message: format!("{}; nothing is applied until it can be written", w.error),
+                    since: Some(w.since),
+                    checked_at: None,
+                },
+            );
+        }
         Status {
             node: cfg.node_name().to_owned(),
             role: cfg.node.role,
