@@ -512,3 +512,20 @@ fn fetch_one(
 pub fn tracking_ref(branch: &str) -> String {
     format!("refs/remotes/origin/{branch}")
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_missing_branch_names_the_sources_key_with_its_real_name() {
+        let e = GitError::NoBranch {
+            name: "argus".into(),
+            branch: "mian".into(),
+            url: "https://git.example.com/argus.git".into(),
+        };
+        let text = e.to_string();
+        assert!(text.contains("check sources.argus.branch"), "{text}");
+        assert!(!text.contains("<name>"), "{text}");
+    }
+}
