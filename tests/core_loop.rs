@@ -303,6 +303,88 @@ fn invalid_config_exits_1_naming_file_line_column() {
     assert!(shown.contains("retry_base = \"1h\""), "{shown}");
 }
 
+/// `ginx check-config` with the drop-ins beside `config`, failing the test if it hangs.
+fn check_config_within_patience(config: &std::path::Path) -> std::process::Output {
+    support::output_within_patience(
+        std::process::Command::new(support::ginx_bin())
+            .args(["check-config", "--config"])
+            .arg(config),
+    )
+    .expect("check-config to finish")
+}
+
+/// Regression (#11): a FIFO in config.d blocked the daemon's runtime thread on reload (the
+/// socket, fetching and applying all stopped) and hung check-config.
+#[test]
+fn a_fifo_in_config_d_hangs_neither_the_daemon_nor_check_config() {
+    let env = Env::new();
+    let d = env.start();
+    d.wait_applied(&env.repo.head());
+    let dir = env.config.parent().unwrap().join("config.d");
+    std::fs::create_dir_all(&dir).unwrap();
+    nix::unistd::mkfifo(
+        &dir.join("50-fifo.toml"),
+        nix::sys::stat::Mode::from_bits_truncate(0o644),
+    )
+    .unwrap();
+    d.signal(Signal::SIGHUP);
+    wait_for("the refused reload in the log", || {
+        d.log()
+            .contains("50-fifo.toml is a FIFO (named pipe), not a regular file")
+            .then_some(())
+    });
+    assert_eq!(d.status()["node"], "lucy");
+
+    let out = check_config_within_patience(&env.config);
+    assert_eq!(out.status.code(), Some(1));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("config.d/50-fifo.toml is a FIFO (named pipe), not a regular file"),
+        "{err}"
+    );
+}
+
+/// Regression (#11): a drop-in symlinked to /dev/zero grew check-config by about 1 GB/s.
+#[test]
+fn a_dropin_linked_to_dev_zero_is_refused_with_the_size_bound() {
+    let env = Env::new();
+    let dir = env.config.parent().unwrap().join("config.d");
+    std::fs::create_dir_all(&dir).unwrap();
+    std::os::unix::fs::symlink("/dev/zero", dir.join("60-zero.toml")).unwrap();
+    let out = check_config_within_patience(&env.config);
+    assert_eq!(out.status.code(), Some(1));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("60-zero.toml is a character device, not a regular file"),
+        "{err}"
+    );
+    assert!(err.contains("regular files of at most 1 MiB"), "{err}");
+}
+
+/// Regression (#11): every key's location was found by scanning the file from its start, so
+/// 40,000 `cert_sans` took 17 s (and a reload froze the socket meanwhile).
+#[test]
+fn forty_thousand_cert_sans_are_read_in_full() {
+    let env = Env::new();
+    let sans: Vec<String> = (0..40_000)
+        .map(|i| format!("\"10.{}.{}.1\"", i / 256, i % 256))
+        .collect();
+    env.dropin(
+        "70-sans.toml",
+        &format!("[kubeadm]\ncert_sans = [{}]\n", sans.join(", ")),
+    );
+    let out = check_config_within_patience(&env.config);
+    let shown = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(shown.contains("\"10.0.0.1\""), "the first SAN");
+    assert!(shown.contains("\"10.156.63.1\""), "the last SAN");
+}
+
 #[test]
 fn reload_with_an_invalid_config_keeps_the_old_one() {
     let env = Env::new();

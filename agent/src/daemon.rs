@@ -58,7 +58,7 @@ pub enum Ending {
 /// Runs the daemon until SIGTERM/SIGINT, or until a new version of ginx must take over.
 /// Errors are start-up failures.
 pub async fn run(config_path: PathBuf) -> anyhow::Result<Ending> {
-    let loaded = config::load(&config_path)?;
+    let loaded = load_config(&config_path).await?;
     let cfg = Arc::new(loaded.config);
     tracing::info!(
         node = cfg.node_name(),
@@ -225,7 +225,7 @@ pub async fn run(config_path: PathBuf) -> anyhow::Result<Ending> {
             }
             _ = sighup.recv() => {
                 tracing::info!("SIGHUP: reloading the configuration");
-                reloader.reload(&mut sources);
+                reloader.reload(&mut sources).await;
             }
             Some(()) = changes_rx.recv() => {
                 // Editors write in several steps; let them finish.
@@ -234,7 +234,7 @@ pub async fn run(config_path: PathBuf) -> anyhow::Result<Ending> {
                 if let Some(w) = watcher.as_mut() {
                     w.refresh();
                 }
-                reloader.reload(&mut sources);
+                reloader.reload(&mut sources).await;
             }
         }
     };
@@ -401,9 +401,24 @@ struct Reloader {
     config: watch::Sender<Arc<Config>>,
 }
 
+/// Reads the configuration on a blocking thread: a slow disk or a large file never stalls the
+/// socket, the pollers or the apply loop, which share the runtime thread.
+async fn load_config(path: &Path) -> Result<config::Loaded, config::ConfigError> {
+    let path = path.to_owned();
+    let for_error = path.clone();
+    tokio::task::spawn_blocking(move || config::load(&path))
+        .await
+        .unwrap_or_else(|e| {
+            Err(config::ConfigError::Read {
+                path: for_error,
+                error: std::io::Error::other(e.to_string()),
+            })
+        })
+}
+
 impl Reloader {
-    fn reload(&mut self, sources: &mut Sources) {
-        let mut new = match config::load(&self.path) {
+    async fn reload(&mut self, sources: &mut Sources) {
+        let mut new = match load_config(&self.path).await {
             Ok(l) => l.config,
             Err(e) => {
                 tracing::error!(error = %e, "configuration reload failed; the running configuration stays in force");

@@ -74,8 +74,8 @@ pub enum CtlCommand {
         /// Print the attempts as JSON (with their output tails).
         #[arg(long)]
         json: bool,
-        /// Show at most this many attempts.
-        #[arg(long, short = 'n')]
+        /// Show at most this many attempts (1 or more).
+        #[arg(long, short = 'n', value_parser = parse_limit)]
         limit: Option<usize>,
         /// Also print each attempt's last output lines.
         #[arg(long)]
@@ -84,11 +84,10 @@ pub enum CtlCommand {
 }
 
 pub fn main(args: CtlArgs) -> ExitCode {
-    let socket = args
-        .socket
-        .clone()
-        .or_else(|| config::peek_socket(&args.config))
-        .unwrap_or_else(|| config::Config::default().socket);
+    let socket = match args.socket.clone() {
+        Some(s) => s,
+        None => config_socket(&args.config),
+    };
     if args.timeout.is_zero() {
         eprintln!("ginxctl: --timeout must be longer than 0s");
         return ExitCode::from(2);
@@ -102,6 +101,23 @@ pub fn main(args: CtlArgs) -> ExitCode {
         Err(e) => {
             eprintln!("ginxctl: {}", render::terminal_safe(&e.to_string()));
             ExitCode::from(e.exit_code())
+        }
+    }
+}
+
+/// The socket the configuration names, else the default; a configuration that cannot be read
+/// is said, with the socket used instead (it may not be the daemon's).
+fn config_socket(config: &std::path::Path) -> PathBuf {
+    let default = config::Config::default().socket;
+    match config::peek_socket(config) {
+        Ok(s) => s.unwrap_or(default),
+        Err(e) => {
+            eprintln!(
+                "ginxctl: warning: {}; using the socket {} instead (pass --socket to choose)",
+                render::terminal_safe(&e.to_string()),
+                default.display()
+            );
+            default
         }
     }
 }
@@ -191,8 +207,35 @@ fn run(client: &Client, command: CtlCommand) -> Result<ExitCode, ClientError> {
     Ok(ExitCode::SUCCESS)
 }
 
+/// `-n 0` would ask for nothing and then say there is no history; refuse it instead.
+fn parse_limit(s: &str) -> Result<usize, String> {
+    match s.parse::<usize>() {
+        Ok(0) => Err("0 asks for no attempts; give 1 or more, or leave -n out for all".into()),
+        Ok(n) => Ok(n),
+        Err(e) => Err(format!("{e}; give a number of attempts, 1 or more")),
+    }
+}
+
 fn pretty(v: &serde_json::Value) -> String {
     let mut s = serde_json::to_string_pretty(v).unwrap_or_default();
     s.push('\n');
     s
+}
+
+#[cfg(test)]
+mod tests {
+    use clap::Parser;
+
+    use super::*;
+
+    #[test]
+    fn history_n_0_is_refused_rather_than_answered_with_no_attempts_yet() {
+        let e = CtlArgs::try_parse_from(["ginxctl", "history", "-n", "0"]).unwrap_err();
+        assert!(e.to_string().contains("0 asks for no attempts"), "{e}");
+        let ok = CtlArgs::try_parse_from(["ginxctl", "history", "-n", "3"]).unwrap();
+        assert!(matches!(
+            ok.command,
+            CtlCommand::History { limit: Some(3), .. }
+        ));
+    }
 }

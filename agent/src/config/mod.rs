@@ -89,16 +89,32 @@ impl Default for Config {
 /// A configuration that could not be read or is not valid.
 #[derive(Debug, thiserror::Error)]
 pub enum ConfigError {
-    #[error("cannot read configuration file {}: {source}", path.display())]
+    // The I/O error is part of the message, not a `source()`: a chain printer (`{:#}`) would
+    // print it twice.
+    #[error("cannot read configuration file {}: {error}", path.display())]
     Read {
         path: PathBuf,
-        source: std::io::Error,
+        error: std::io::Error,
     },
-    #[error("cannot list drop-in directory {}: {source}", path.display())]
+    #[error("cannot list drop-in directory {}: {error}", path.display())]
     ReadDir {
         path: PathBuf,
-        source: std::io::Error,
+        error: std::io::Error,
     },
+    /// A FIFO, a device, a directory: reading one could block or never end.
+    #[error(
+        "configuration file {} is {kind}, not a regular file; configuration files must be \
+         regular files of at most {} (remove it or move it out of config.d)",
+        path.display(),
+        load::MAX_FILE_SIZE_TEXT
+    )]
+    NotRegular { path: PathBuf, kind: &'static str },
+    #[error(
+        "configuration file {} is larger than {} ({size} bytes); is it the right file?",
+        path.display(),
+        load::MAX_FILE_SIZE_TEXT
+    )]
+    TooLarge { path: PathBuf, size: u64 },
     #[error("{location}: {message}")]
     Parse { location: Location, message: String },
     #[error("{place}: {key}: {message}")]
@@ -126,10 +142,19 @@ pub fn load(main: &Path) -> Result<Loaded, ConfigError> {
 
 /// The `socket` setting of the configuration at `main`, read leniently (for `ginxctl`, which
 /// must find the daemon even when the files hold an error the daemon refused).
-pub fn peek_socket(main: &Path) -> Option<PathBuf> {
-    let files = config_files(main).ok()?;
-    let (merged, _) = load::read_merged(&files).ok()?;
-    merged.get("socket")?.as_str().map(PathBuf::from)
+///
+/// `Ok(None)` when the files do not set it (or the main file does not exist); an error when
+/// they cannot be read, so that the caller can say which file is broken.
+pub fn peek_socket(main: &Path) -> Result<Option<PathBuf>, ConfigError> {
+    if !main.exists() {
+        return Ok(None);
+    }
+    let files = config_files(main)?;
+    let (merged, _) = load::read_merged(&files)?;
+    Ok(merged
+        .get("socket")
+        .and_then(|v| v.as_str())
+        .map(PathBuf::from))
 }
 
 fn load_files(files: &[PathBuf]) -> Result<Config, ConfigError> {
@@ -499,5 +524,74 @@ url = "ssh://git@git.example.com/infra/hephaestus.git"
     fn no_sources_is_an_error() {
         let e = err_text("[node]\nname = \"lucy\"\n");
         assert!(e.contains("sources: no sources configured"), "{e}");
+    }
+
+    #[test]
+    fn invalid_utf8_is_located_at_file_line_column() {
+        let dir = tempfile::tempdir().unwrap();
+        let main = dir.path().join("config.toml");
+        let mut bytes = BASE.as_bytes().to_vec();
+        bytes.extend(b"branch = \"ma\xffin\"\n");
+        std::fs::write(&main, bytes).unwrap();
+        let e = load(&main).unwrap_err().to_string();
+        let line = BASE.lines().count() + 1;
+        assert!(
+            e.contains(&format!("config.toml:{line}:13: invalid UTF-8")),
+            "{e}"
+        );
+    }
+
+    #[test]
+    fn a_duplicate_table_names_its_key() {
+        let e = err_text(&format!("{BASE}[node]\nrole = \"worker\"\n"));
+        assert!(e.contains("duplicate key `node`"), "{e}");
+        let e = err_text(&format!("{BASE}[sources.hephaestus]\nbranch = \"dev\"\n"));
+        assert!(e.contains("duplicate key `sources.hephaestus`"), "{e}");
+    }
+
+    #[test]
+    fn a_huge_integer_names_its_key() {
+        let e = err_text(&format!(
+            "{BASE}[apply]\nmax_attempts = 99999999999999999999999\n"
+        ));
+        assert!(
+            e.contains("apply.max_attempts: integer out of range"),
+            "{e}"
+        );
+    }
+
+    #[test]
+    fn a_read_error_is_printed_once_in_an_error_chain() {
+        let dir = tempfile::tempdir().unwrap();
+        let e = anyhow::Error::from(load(&dir.path().join("missing.toml")).unwrap_err());
+        let chain = format!("{e:#}");
+        assert_eq!(chain.matches("os error 2").count(), 1, "{chain}");
+    }
+
+    #[test]
+    fn a_fifo_is_refused_without_blocking() {
+        let dir = tempfile::tempdir().unwrap();
+        let main = write(dir.path(), "config.toml", BASE);
+        let fifo = dir.path().join("config.d/50-fifo.toml");
+        std::fs::create_dir_all(fifo.parent().unwrap()).unwrap();
+        nix::unistd::mkfifo(&fifo, nix::sys::stat::Mode::from_bits_truncate(0o644)).unwrap();
+        let e = load(&main).unwrap_err().to_string();
+        assert!(
+            e.contains("50-fifo.toml is a FIFO (named pipe), not a regular file"),
+            "{e}"
+        );
+    }
+
+    #[test]
+    fn a_file_over_1_mib_is_refused_naming_the_bound() {
+        let dir = tempfile::tempdir().unwrap();
+        let main = write(dir.path(), "config.toml", BASE);
+        let big = "# padding\n".repeat(110_000);
+        write(dir.path(), "config.d/50-big.toml", &big);
+        let e = load(&main).unwrap_err().to_string();
+        assert!(
+            e.contains("50-big.toml is larger than 1 MiB (1100000 bytes)"),
+            "{e}"
+        );
     }
 }

@@ -13,7 +13,7 @@ use std::time::Duration;
 
 use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
 use tokio::net::{UnixListener, UnixStream};
-use tokio::sync::{Semaphore, mpsc, oneshot, watch};
+use tokio::sync::{mpsc, oneshot, watch};
 
 use super::protocol::{
     AcceptReport, Command, ErrorKind, HistoryReport, MAX_REQUEST, PROTOCOL_VERSION, Request,
@@ -23,12 +23,21 @@ use crate::reconcile;
 use crate::source::PollerCmd;
 use crate::status::{Parts, Status};
 
-/// Connections served at once; more wait in the kernel's backlog.
-const MAX_CONNECTIONS: usize = 64;
+/// Connections served at once; more are refused with a reply that says why.
+pub const MAX_CONNECTIONS: usize = 64;
+/// Of those, the ones only root, ginx's own user and `control.group` members may take: a
+/// flood by other users never locks them out.
+pub const RESERVED_CONNECTIONS: usize = 16;
+/// Connections one peer uid may hold at once (root: any free slot), so that one user's flood
+/// leaves room for everyone else.
+pub const MAX_CONNECTIONS_PER_UID: usize = 8;
 /// A connection that sends nothing for this long is closed...
 const IDLE_TIMEOUT: Duration = Duration::from_secs(300);
 /// ...and one that does not send its first request within this.
 const FIRST_REQUEST_TIMEOUT: Duration = Duration::from_secs(30);
+/// A reply the client does not take within this closes the connection: a client that sends
+/// requests and never reads its replies does not hold a slot (and a task) for ever.
+const WRITE_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// Everything the socket can ask of the daemon.
 pub struct Backend {
@@ -304,24 +313,26 @@ pub async fn serve(
     backend: Arc<Backend>,
     mut shutdown: watch::Receiver<bool>,
 ) {
-    let slots = Arc::new(Semaphore::new(MAX_CONNECTIONS));
+    let slots = Arc::new(Mutex::new(Slots::default()));
     loop {
         tokio::select! {
             accepted = listener.accept() => match accepted {
                 Ok((stream, _)) => {
                     let backend = Arc::clone(&backend);
-                    match Arc::clone(&slots).try_acquire_owned() {
-                        Ok(permit) => {
-                            tokio::spawn(async move {
-                                handle(stream, backend).await;
-                                drop(permit);
-                            });
+                    let slots = Arc::clone(&slots);
+                    // Peer lookups (the group) may read /etc/group: not on the accept loop.
+                    tokio::spawn(async move {
+                        let peer = Peer::of(&stream);
+                        let group = backend.parts.config.borrow().control.group.clone();
+                        let privileged = peer.as_ref().is_some_and(|p| p.may_change(&group));
+                        let uid = peer.as_ref().map_or(u32::MAX, |p| p.uid);
+                        let taken = Slots::take(&slots, uid, privileged);
+                        match taken {
+                            Ok(_slot) => handle(stream, peer, backend).await,
+                            // Full: say so and move on; never stop accepting or hear shutdown late.
+                            Err(why) => refuse(stream, why).await,
                         }
-                        // Full: say so and move on; never stop accepting or hear shutdown late.
-                        Err(_) => {
-                            tokio::spawn(refuse(stream));
-                        }
-                    }
+                    });
                 }
                 Err(e) => {
                     tracing::warn!(error = %e, "accept on the control socket failed");
@@ -333,6 +344,81 @@ pub async fn serve(
     }
     drop(listener);
     let _ = std::fs::remove_file(&path);
+}
+
+/// Connections held, in total, by unprivileged peers, and by each uid.
+#[derive(Debug, Default)]
+struct Slots {
+    total: usize,
+    unprivileged: usize,
+    by_uid: BTreeMap<u32, usize>,
+}
+
+/// A connection's place in [`Slots`], given back when dropped.
+struct Slot {
+    slots: Arc<Mutex<Slots>>,
+    uid: u32,
+    privileged: bool,
+}
+
+impl Slots {
+    /// Whether a new connection of `uid` may be served, and if not, why (for the peer).
+    fn admit(&self, uid: u32, privileged: bool) -> Result<(), String> {
+        let held = self.by_uid.get(&uid).copied().unwrap_or(0);
+        if self.total >= MAX_CONNECTIONS {
+            return Err(format!(
+                "ginx refused this connection: all {MAX_CONNECTIONS} control connections are in \
+                 use; try again when some close"
+            ));
+        }
+        if uid != 0 && held >= MAX_CONNECTIONS_PER_UID {
+            return Err(format!(
+                "ginx refused this connection: uid {uid} already holds \
+                 {MAX_CONNECTIONS_PER_UID} control connections, the most one user may; close \
+                 idle ones and try again"
+            ));
+        }
+        if !privileged && self.unprivileged >= MAX_CONNECTIONS - RESERVED_CONNECTIONS {
+            return Err(format!(
+                "ginx refused this connection: the {} control connections open to users outside \
+                 control.group are in use ({RESERVED_CONNECTIONS} more are kept for root and \
+                 the group); try again when some close",
+                MAX_CONNECTIONS - RESERVED_CONNECTIONS
+            ));
+        }
+        Ok(())
+    }
+
+    fn take(this: &Arc<Mutex<Self>>, uid: u32, privileged: bool) -> Result<Slot, String> {
+        let mut s = this.lock().unwrap_or_else(|p| p.into_inner());
+        s.admit(uid, privileged)?;
+        s.total += 1;
+        if !privileged {
+            s.unprivileged += 1;
+        }
+        *s.by_uid.entry(uid).or_default() += 1;
+        Ok(Slot {
+            slots: Arc::clone(this),
+            uid,
+            privileged,
+        })
+    }
+}
+
+impl Drop for Slot {
+    fn drop(&mut self) {
+        let mut s = self.slots.lock().unwrap_or_else(|p| p.into_inner());
+        s.total -= 1;
+        if !self.privileged {
+            s.unprivileged -= 1;
+        }
+        if let Some(n) = s.by_uid.get_mut(&self.uid) {
+            *n -= 1;
+            if *n == 0 {
+                s.by_uid.remove(&self.uid);
+            }
+        }
+    }
 }
 
 /// Who is on the other end.
@@ -392,18 +478,14 @@ fn peer_groups(stream: &UnixStream) -> Option<Vec<u32>> {
     None
 }
 
-async fn refuse(mut stream: UnixStream) {
-    let response = Response::error(
-        ErrorKind::Unavailable,
-        format!("ginx is serving {MAX_CONNECTIONS} connections already; try again"),
-    );
+async fn refuse(mut stream: UnixStream, why: String) {
+    let response = Response::error(ErrorKind::Unavailable, why);
     let mut bytes = serde_json::to_vec(&response).unwrap_or_default();
     bytes.push(b'\n');
     let _ = tokio::time::timeout(Duration::from_secs(1), stream.write_all(&bytes)).await;
 }
 
-async fn handle(stream: UnixStream, backend: Arc<Backend>) {
-    let peer = Peer::of(&stream);
+async fn handle(stream: UnixStream, peer: Option<Peer>, backend: Arc<Backend>) {
     let (read, mut write) = stream.into_split();
     let mut reader = BufReader::new(read);
     let mut first = true;
@@ -449,7 +531,8 @@ async fn handle(stream: UnixStream, backend: Arc<Backend>) {
         };
         let mut bytes = serde_json::to_vec(&response).unwrap_or_default();
         bytes.push(b'\n');
-        if write.write_all(&bytes).await.is_err() || close {
+        let written = tokio::time::timeout(WRITE_TIMEOUT, write.write_all(&bytes)).await;
+        if !matches!(written, Ok(Ok(()))) || close {
             return;
         }
     }
@@ -502,4 +585,49 @@ async fn respond(line: &[u8], peer: Option<&Peer>, backend: &Backend) -> Respons
         }
     }
     backend.answer(request.command).await
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn fill(slots: &Arc<Mutex<Slots>>, uid: u32, privileged: bool) -> (Vec<Slot>, String) {
+        let mut held = Vec::new();
+        loop {
+            match Slots::take(slots, uid, privileged) {
+                Ok(s) => held.push(s),
+                Err(why) => return (held, why),
+            }
+        }
+    }
+
+    #[test]
+    fn one_users_flood_leaves_slots_for_root_and_the_group() {
+        let slots = Arc::new(Mutex::new(Slots::default()));
+        let (flood, why) = fill(&slots, 65534, false);
+        assert_eq!(flood.len(), MAX_CONNECTIONS_PER_UID);
+        assert!(why.contains("uid 65534 already holds"), "{why}");
+        // Many unprivileged users together still leave the reserve.
+        let mut others = Vec::new();
+        for uid in 1000.. {
+            let (held, why) = fill(&slots, uid, false);
+            let done = held.len() < MAX_CONNECTIONS_PER_UID;
+            others.extend(held);
+            if done {
+                assert!(why.contains("kept for root and the group"), "{why}");
+                break;
+            }
+        }
+        assert_eq!(
+            flood.len() + others.len(),
+            MAX_CONNECTIONS - RESERVED_CONNECTIONS
+        );
+        let member = Slots::take(&slots, 1, true).expect("a group member gets a reserved slot");
+        let (root, why) = fill(&slots, 0, true);
+        assert_eq!(root.len(), RESERVED_CONNECTIONS - 1);
+        assert!(why.contains("all 64"), "{why}");
+        // Slots come back when connections close.
+        drop((flood, member));
+        assert!(Slots::take(&slots, 65534, false).is_ok());
+    }
 }

@@ -28,8 +28,13 @@ pub enum GitError {
     Clone { path: PathBuf, message: String },
     #[error("fetching {url}: {message}")]
     Fetch { url: String, message: String },
-    #[error("branch {branch:?} does not exist at {url}; check sources.<name>.branch")]
-    NoBranch { branch: String, url: String },
+    #[error("branch {branch:?} does not exist at {url}; check sources.{name}.branch")]
+    NoBranch {
+        /// The source's name in the configuration.
+        name: String,
+        branch: String,
+        url: String,
+    },
     #[error("all {} remotes failed: {}", .0.len(), .0.iter().map(|r| format!("{}: {}", r.url, r.error.as_deref().unwrap_or("?"))).collect::<Vec<_>>().join("; "))]
     AllRemotes(Vec<RemoteResult>),
     #[error("fetch cancelled")]
@@ -78,6 +83,8 @@ pub struct Fetched {
 
 /// What to fetch.
 pub struct FetchSpec<'a> {
+    /// The source's name, for messages that point at its configuration.
+    pub source: &'a str,
     pub remotes: &'a [RemoteUrl],
     pub branch: &'a str,
     pub testing: Option<&'a str>,
@@ -472,6 +479,7 @@ fn fetch_one(
     let has = |b: &str| advertised.iter().any(|n| n == &format!("refs/heads/{b}"));
     if !has(spec.branch) {
         return Err(GitError::NoBranch {
+            name: spec.source.to_owned(),
             branch: spec.branch.to_owned(),
             url: url.to_string(),
         });
@@ -503,4 +511,21 @@ fn fetch_one(
 
 pub fn tracking_ref(branch: &str) -> String {
     format!("refs/remotes/origin/{branch}")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_missing_branch_names_the_sources_key_with_its_real_name() {
+        let e = GitError::NoBranch {
+            name: "argus".into(),
+            branch: "mian".into(),
+            url: "https://git.example.com/argus.git".into(),
+        };
+        let text = e.to_string();
+        assert!(text.contains("check sources.argus.branch"), "{text}");
+        assert!(!text.contains("<name>"), "{text}");
+    }
 }

@@ -570,6 +570,7 @@ fn round(
     let attempt = || -> Result<Round, GitError> {
         let started = std::time::Instant::now();
         let fetched = clone.fetch(&git::FetchSpec {
+            source: name,
             remotes: &remotes,
             branch: &cfg.source.branch,
             testing: testing.as_deref(),
