@@ -750,3 +750,36 @@ fn concurrent_syncs_share_fetches() {
     // One fetch held, one more shared by the five that waited.
     assert_eq!(fetches() - before, 2, "{:?}", server.requests());
 }
+
+/// Regression: a SIGKILL in the middle of a fetch left `refs/remotes/origin/main.lock` in the
+/// clone, and libgit2 then refused every later fetch of the source (found by the crash test).
+#[test]
+fn a_ref_lock_left_by_a_killed_fetch_does_not_stop_later_fetches() {
+    let env = Env::new();
+    let d = env.start();
+    d.wait_applied(&env.repo.head());
+    d.crash();
+    let clone = env.state_dir.join("sources/hephaestus");
+    let locks = [
+        clone.join("refs/remotes/origin/main.lock"),
+        clone.join("packed-refs.lock"),
+    ];
+    for lock in &locks {
+        std::fs::write(lock, "").unwrap();
+    }
+    let next = env
+        .repo
+        .commit("after-crash.nix", "{ }\n", "after the crash");
+    let d = env.start();
+    d.ctl_ok(&["sync"]);
+    d.wait_applied(&next);
+    for lock in &locks {
+        assert!(!lock.exists(), "{} removed", lock.display());
+    }
+    assert!(
+        d.log()
+            .contains("removed git lock files left by an interrupted fetch"),
+        "{}",
+        d.log()
+    );
+}

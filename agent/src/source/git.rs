@@ -145,6 +145,39 @@ impl Clone {
         })
     }
 
+    /// Removes the lock files a killed ginx left in the clone: `*.lock` at the top of the git
+    /// directory (`HEAD.lock`, `packed-refs.lock`, `config.lock`, `shallow.lock`, …) and under
+    /// `refs/`. libgit2 refuses to update a ref whose lock file exists, so one left by a
+    /// SIGKILL in the middle of a fetch would fail every later fetch of the source. Call it
+    /// only at start, before this process fetches, while ginx holds the state_dir lock (so no
+    /// other ginx uses the clone). Returns the files removed.
+    pub fn remove_stale_locks(&self) -> Vec<PathBuf> {
+        fn walk(dir: &Path, recurse: bool, removed: &mut Vec<PathBuf>) {
+            let Ok(entries) = std::fs::read_dir(dir) else {
+                return;
+            };
+            for entry in entries.flatten() {
+                let path = entry.path();
+                let Ok(kind) = entry.file_type() else {
+                    continue;
+                };
+                if kind.is_dir() {
+                    if recurse {
+                        walk(&path, true, removed);
+                    }
+                } else if path.extension().is_some_and(|e| e == "lock")
+                    && std::fs::remove_file(&path).is_ok()
+                {
+                    removed.push(path);
+                }
+            }
+        }
+        let mut removed = Vec::new();
+        walk(&self.dir, false, &mut removed);
+        walk(&self.dir.join("refs"), true, &mut removed);
+        removed
+    }
+
     /// Opens the clone for reading or updating refs; never creates or moves anything (only
     /// a fetch does that).
     pub fn open_existing(&self) -> Result<Repository, GitError> {

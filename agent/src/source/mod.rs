@@ -102,11 +102,33 @@ impl Workspace {
                 Anchors::default()
             }
         };
-        Arc::new(Self {
+        let workspace = Self {
             state_dir,
             trees: Mutex::new(HashMap::new()),
             anchors: Mutex::new(anchors),
-        })
+        };
+        workspace.remove_stale_locks();
+        Arc::new(workspace)
+    }
+
+    /// Removes the git lock files a killed ginx left in every clone (see
+    /// [`git::Clone::remove_stale_locks`]). Runs once, when the daemon starts.
+    fn remove_stale_locks(&self) {
+        let Ok(entries) = std::fs::read_dir(self.state_dir.join("sources")) else {
+            return;
+        };
+        for entry in entries.flatten() {
+            let name = entry.file_name().to_string_lossy().into_owned();
+            if name.contains(".broken-") || !entry.path().is_dir() {
+                continue;
+            }
+            let removed = self.clone_of(&name).remove_stale_locks();
+            if !removed.is_empty() {
+                let files: Vec<String> = removed.iter().map(|p| p.display().to_string()).collect();
+                tracing::warn!(source = %name, files = %files.join(", "),
+                    "removed git lock files left by an interrupted fetch");
+            }
+        }
     }
 
     pub fn clone_of(&self, name: &str) -> git::Clone {
