@@ -489,6 +489,34 @@ url = "ssh://git@git.example.com/infra/hephaestus.git"
     }
 
     #[test]
+    fn health_urls_are_redacted_when_printed_and_in_errors() {
+        let c = load_text(&format!(
+            "{BASE}\n[health.kubelet]\nurl = \"http://u:SECRET@127.0.0.1:10248/healthz?token=QSECRET\"\n\
+             [health.apiserver]\nvip_url = \"https://u:SECRET@10.0.0.1:6443\"\n"
+        ))
+        .unwrap();
+        let out = c.to_toml();
+        assert!(!out.contains("SECRET"), "{out}");
+        assert!(
+            out.contains("http://127.0.0.1:10248/healthz?token=***"),
+            "{out}"
+        );
+        for bad in [
+            "https://u:SECRET@127.0.0.1:10248/healthz",
+            "http:/u:SECRET@127.0.0.1:10248/healthz",
+            "http://u:SE@CRET@127.0.0.1/healthz",
+        ] {
+            let e = err_text(&format!("{BASE}\n[health.kubelet]\nurl = \"{bad}\"\n"));
+            assert!(
+                e.contains("config.toml:11:7: health.kubelet.url: ")
+                    && !e.contains("SECRET")
+                    && !e.contains("CRET"),
+                "{e}"
+            );
+        }
+    }
+
+    #[test]
     fn printed_config_loads_back_identically() {
         let c = load_text(BASE).unwrap();
         let again = load_text(&c.to_toml()).unwrap();

@@ -3,8 +3,9 @@
 //! anchor ref that keeps force-push protection across a lost state file, and reading files at a
 //! revision. Called from `spawn_blocking`.
 //!
-//! Messages never contain the configured URL as written (it may carry credentials): libgit2
-//! messages pass through [`RemoteUrl::scrub`] before they leave this module.
+//! Messages never contain the configured URL as written (it may carry credentials): they name
+//! the remote by its redacted form, and libgit2's messages pass through [`RemoteUrl::scrub`],
+//! which replaces the whole URL as written, before they leave this module.
 
 use std::cell::RefCell;
 use std::path::{Path, PathBuf};
