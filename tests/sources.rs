@@ -836,3 +836,49 @@ fn url_credentials_reach_no_output_check_config_status_health_or_log() {
         }
     }
 }
+
+/// Regression (issue 11, point 10): a source at a local path that does not exist said
+/// "unsupported URL protocol".
+#[test]
+fn a_missing_local_source_path_says_it_does_not_exist() {
+    let env = Env::new();
+    let missing = env.root.join("no-such-repo.git");
+    use_remote(&env, &missing.display().to_string(), "");
+    let d = env.start();
+    let (_, e) = wait_source_error(&d, "hephaestus", "the fetch error", |_| true);
+    assert!(
+        e.contains(&format!("{} does not exist", missing.display()))
+            && e.contains("hephaestus")
+            && !e.contains("unsupported URL protocol"),
+        "{e}"
+    );
+}
+
+/// Regression (issue 11, point 10): `ginxctl sync` said "fetch failed: history rewritten" when
+/// the fetch worked and its head was refused.
+#[test]
+fn a_refused_revision_is_not_called_a_failed_fetch() {
+    let env = Env::new();
+    let bare = env.bare();
+    use_remote(&env, &bare.display().to_string(), "");
+    let first = env.repo.head();
+    let d = env.start();
+    d.wait_applied(&first);
+    let second = env.repo.commit("a.nix", "{ }\n", "second");
+    env.push("main", false);
+    d.ctl_ok(&["sync"]);
+    d.wait_applied(&second);
+    env.repo.git(&["reset", "-q", "--hard", &first]);
+    let rewritten = env.repo.commit("b.nix", "{ }\n", "rewritten");
+    env.push("main", true);
+    let out = d.ctl(&["sync"]);
+    assert_eq!(out.status.code(), Some(1));
+    let said = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        said.contains(&format!(
+            "hephaestus: revision refused: history rewritten: {rewritten} does not descend \
+             from {second}"
+        )) && !said.contains("fetch failed"),
+        "{said}"
+    );
+}

@@ -123,6 +123,7 @@ fn main() {
     let remotes = cfg.remotes();
     let cancel = AtomicBool::new(false);
     let spec = FetchSpec {
+        source: "hephaestus",
         remotes: &remotes,
         branch: "main",
         testing: None,

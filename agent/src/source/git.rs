@@ -33,6 +33,9 @@ pub enum GitError {
     NoBranch { branch: String, url: String },
     #[error("all {} remotes failed: {}", .0.len(), .0.iter().map(|r| format!("{}: {}", r.url, r.error.as_deref().unwrap_or("?"))).collect::<Vec<_>>().join("; "))]
     AllRemotes(Vec<RemoteResult>),
+    #[error("source {name}: the local path {} does not exist; create the repository there \
+             or correct sources.{name}.url", path.display())]
+    NoPath { name: String, path: PathBuf },
     #[error("fetch cancelled")]
     Cancelled,
     #[error("reading commit {revision}: {message}")]
@@ -79,6 +82,8 @@ pub struct Fetched {
 
 /// What to fetch.
 pub struct FetchSpec<'a> {
+    /// The source's name, for messages.
+    pub source: &'a str,
     pub remotes: &'a [RemoteUrl],
     pub branch: &'a str,
     pub testing: Option<&'a str>,
@@ -443,6 +448,15 @@ fn fetch_one(
             message: url.scrub(&message),
         }
     };
+    // libgit2 takes a missing directory for an unknown protocol.
+    if let Some(path) = url.local_path()
+        && !path.exists()
+    {
+        return Err(GitError::NoPath {
+            name: spec.source.to_owned(),
+            path,
+        });
+    }
     let mut remote = repo
         .remote_anonymous(url.as_git_url())
         .map_err(|e| fetch_err(&e, &refusal))?;

@@ -43,6 +43,9 @@ pub struct SyncOutcome {
     /// The fetch moved the accepted revision.
     pub changed: bool,
     pub error: Option<String>,
+    /// `error` says why the fetched head was refused (the fetch itself worked).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub refused: bool,
 }
 
 /// The status of the remote shown as `url` after a fetch that tried `results`.
@@ -462,6 +465,7 @@ impl Poller {
         });
         let previous_error = self.status().error;
         let error = refusal.as_ref().map(|r| r.reason.clone());
+        let refused = refusal.is_some();
         if error != previous_error {
             match &error {
                 Some(why) => {
@@ -493,6 +497,7 @@ impl Poller {
             revision: self.head.as_ref().map(|p| p.revision().clone()),
             changed,
             error,
+            refused,
         }
     }
 
@@ -532,6 +537,7 @@ impl Poller {
             revision: previous,
             changed: false,
             error: Some(message),
+            refused: false,
         }
     }
 
@@ -570,6 +576,7 @@ fn round(
     let attempt = || -> Result<Round, GitError> {
         let started = std::time::Instant::now();
         let fetched = clone.fetch(&git::FetchSpec {
+            source: name,
             remotes: &remotes,
             branch: &cfg.source.branch,
             testing: testing.as_deref(),

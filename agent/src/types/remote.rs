@@ -53,6 +53,17 @@ impl RemoteUrl {
         self.transport
     }
 
+    /// The directory of a local remote (an absolute path or a `file://` URL).
+    pub fn local_path(&self) -> Option<std::path::PathBuf> {
+        if self.transport != Transport::File {
+            return None;
+        }
+        if self.raw.starts_with('/') {
+            return Some(self.raw.clone().into());
+        }
+        url::Url::parse(&self.raw).ok()?.to_file_path().ok()
+    }
+
     /// Whether the configured URL itself carries a password, token or query.
     pub fn has_inline_credentials(&self) -> bool {
         self.hides_credentials
@@ -478,6 +489,8 @@ mod tests {
         assert_eq!(p.to_string(), "/srv/git/h.git");
         let f: RemoteUrl = "file:///srv/git/h.git".parse().unwrap();
         assert_eq!(f.transport(), Transport::File);
+        assert_eq!(p.local_path(), f.local_path());
+        assert_eq!(f.local_path(), Some("/srv/git/h.git".into()));
         assert!(!f.has_inline_credentials());
     }
 
