@@ -231,7 +231,7 @@ pub(crate) fn hides_credentials(url: &url::Url, keep_user: bool) -> bool {
         || url.fragment().is_some_and(|f| !f.is_empty())
 }
 
-/// Refuses `scheme:` without `//` and an authority with more than one `@` (see
+/// Refuses `scheme:/` with one slash and an authority with more than one `@` (see
 /// [`mistyped_scheme`], [`one_at_in_authority`]); for other URL types that share the rule.
 pub(crate) fn check_unambiguous(raw: &str) -> Result<(), String> {
     match raw.split_once("://") {
