@@ -762,3 +762,34 @@ fn an_apply_outcome_that_cannot_be_persisted_stops_applies_until_it_can() {
     d.wait_applied(&third);
     assert_eq!(env.calls().len(), 3);
 }
+
+/// Regression (issue 11, point 9): check-config accepted what rendering the kubeadm documents
+/// refuses (overlapping subnets, the VIP inside a subnet or equal to the node's address) and
+/// checked neither names nor the socket path length; each is now refused at its position.
+#[test]
+fn check_config_refuses_what_render_refuses_at_its_position() {
+    let env = Env::new();
+    for (dropin, expected) in [
+        (
+            "[kubeadm]\npod_subnet = \"10.96.0.0/16\"\nservice_subnet = \"10.96.0.0/12\"\n",
+            "config.d/20-bad.toml:2:14: kubeadm.pod_subnet: pod_subnet 10.96.0.0/16 and \
+             service_subnet 10.96.0.0/12 overlap",
+        ),
+        (
+            "[node]\nadvertise_address = \"10.0.0.100\"\n\
+             [kubeadm]\ncontrol_plane_endpoint = \"10.0.0.100:6443\"\n",
+            "config.d/20-bad.toml:2:21: node.advertise_address: node.advertise_address is \
+             10.0.0.100, the control-plane VIP",
+        ),
+        (
+            "[kubeadm]\ncert_sans = [\"ok.example.com\", \"a b\"]\n",
+            "config.d/20-bad.toml:2:32: kubeadm.cert_sans[1]: \"a b\" is neither",
+        ),
+    ] {
+        env.dropin("20-bad.toml", dropin);
+        let check = support::check_config(&env.config);
+        let err = String::from_utf8_lossy(&check.stderr);
+        assert_eq!(check.status.code(), Some(1), "{err}");
+        assert!(err.contains(expected), "{err}");
+    }
+}

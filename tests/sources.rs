@@ -751,6 +751,138 @@ fn concurrent_syncs_share_fetches() {
     assert_eq!(fetches() - before, 2, "{:?}", server.requests());
 }
 
+/// Regression (issue 11, point 7): URL credentials leaked verbatim into check-config, status,
+/// `ginxctl health` and the log — a `scheme:/` typo, a `/` or `@` in an SCP-like password,
+/// query tokens, health probe URLs, and a one-letter HTTPS user name that turned git's messages
+/// into `failed ***o connec***`.
+#[test]
+fn url_credentials_reach_no_output_check_config_status_health_or_log() {
+    let env = Env::new();
+    let text = |o: &std::process::Output| {
+        format!(
+            "{}{}",
+            String::from_utf8_lossy(&o.stdout),
+            String::from_utf8_lossy(&o.stderr)
+        )
+    };
+    // Ambiguous credentials are refused, and the refusal does not echo them.
+    for url in ["https:/user:SECRET1@host/x", "git:SE@CRET2@host:x"] {
+        env.dropin(
+            "10-leaky.toml",
+            &format!("[sources.leaky]\nurl = \"{url}\"\n"),
+        );
+        let out = support::check_config(&env.config);
+        let said = text(&out);
+        assert_eq!(out.status.code(), Some(1), "{url}: {said}");
+        assert!(
+            said.contains("10-leaky.toml:2:7: sources.leaky.url:")
+                && !said.contains("SECRET1")
+                && !said.contains("CRET2"),
+            "{url}: {said}"
+        );
+    }
+
+    // Accepted URLs whose credentials are shown nowhere. Every remote fails: the listener
+    // accepts and closes at once.
+    let refusing = TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = refusing.local_addr().unwrap().port();
+    std::thread::spawn(move || {
+        for c in refusing.incoming() {
+            drop(c);
+        }
+    });
+    env.dropin(
+        "10-leaky.toml",
+        &format!(
+            "[sources.leaky]\nfetch_timeout = \"10s\"\nurls = [\
+             \"deploy:SEC/RET3+x==@127.0.0.1:infra/h.git\", \
+             \"https://t:SECRET4@127.0.0.1:{port}/h.git\", \
+             \"https://127.0.0.1:{port}/h.git?private_token=SECRET5&access_token=SECRET6\"]\n\
+             [health.kubelet]\nurl = \"http://u:SECRET7@127.0.0.1:{port}/healthz?token=SECRET8\"\n"
+        ),
+    );
+    let check = support::check_config(&env.config);
+    assert!(check.status.success(), "{}", text(&check));
+    let d = env.start();
+    let (s, _) = wait_source_error(&d, "leaky", "all remotes failing", |e| {
+        e.contains("all 3 remotes failed")
+    });
+    let remotes = source(&s, "leaky")["remotes"].as_array().unwrap().clone();
+    let one_letter = remotes[1]["error"].as_str().unwrap();
+    assert!(!one_letter.contains("***"), "mangled: {one_letter}");
+    d.wait_status("the kubelet probe failing", |s| {
+        s["health"]["kubelet"]["status"] == "failed"
+            && s["health"]["kubelet"]["message"]
+                .as_str()
+                .is_some_and(|m| m.contains(&format!("127.0.0.1:{port}")))
+    });
+    let outputs = [
+        ("check-config", text(&check)),
+        ("status --json", d.ctl_ok(&["status", "--json"])),
+        ("status", d.ctl_ok(&["status"])),
+        ("health", text(&d.ctl(&["health"]))),
+        ("health --json", text(&d.ctl(&["health", "--json"]))),
+    ];
+    let log = d.log();
+    drop(d);
+    for (what, said) in outputs.iter().chain([&("log", log)]) {
+        for secret in [
+            "SEC/RET3", "RET3", "SECRET4", "SECRET5", "SECRET6", "SECRET7", "SECRET8",
+        ] {
+            assert!(
+                !said.contains(secret),
+                "{secret} leaked into {what}: {said}"
+            );
+        }
+    }
+}
+
+/// Regression (issue 11, point 10): a source at a local path that does not exist said
+/// "unsupported URL protocol".
+#[test]
+fn a_missing_local_source_path_says_it_does_not_exist() {
+    let env = Env::new();
+    let missing = env.root.join("no-such-repo.git");
+    use_remote(&env, &missing.display().to_string(), "");
+    let d = env.start();
+    let (_, e) = wait_source_error(&d, "hephaestus", "the fetch error", |_| true);
+    assert!(
+        e.contains(&format!("{} does not exist", missing.display()))
+            && e.contains("hephaestus")
+            && !e.contains("unsupported URL protocol"),
+        "{e}"
+    );
+}
+
+/// Regression (issue 11, point 10): `ginxctl sync` said "fetch failed: history rewritten" when
+/// the fetch worked and its head was refused.
+#[test]
+fn a_refused_revision_is_not_called_a_failed_fetch() {
+    let env = Env::new();
+    let bare = env.bare();
+    use_remote(&env, &bare.display().to_string(), "");
+    let first = env.repo.head();
+    let d = env.start();
+    d.wait_applied(&first);
+    let second = env.repo.commit("a.nix", "{ }\n", "second");
+    env.push("main", false);
+    d.ctl_ok(&["sync"]);
+    d.wait_applied(&second);
+    env.repo.git(&["reset", "-q", "--hard", &first]);
+    let rewritten = env.repo.commit("b.nix", "{ }\n", "rewritten");
+    env.push("main", true);
+    let out = d.ctl(&["sync"]);
+    assert_eq!(out.status.code(), Some(1));
+    let said = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        said.contains(&format!(
+            "hephaestus: revision refused: history rewritten: {rewritten} does not descend \
+             from {second}"
+        )) && !said.contains("fetch failed"),
+        "{said}"
+    );
+}
+
 /// Regression: a SIGKILL in the middle of a fetch left `refs/remotes/origin/main.lock` in the
 /// clone, and libgit2 then refused every later fetch of the source (found by the crash test).
 #[test]

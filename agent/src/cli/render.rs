@@ -208,6 +208,9 @@ pub fn sync(r: &SyncReport) -> String {
     for s in &r.sources {
         let rev = s.revision.as_ref().map_or("-", |r| r.short());
         match &s.error {
+            Some(e) if s.refused => {
+                let _ = writeln!(o, "{}: revision refused: {e} (keeping {rev})", s.source);
+            }
             Some(e) => {
                 let _ = writeln!(o, "{}: fetch failed: {e} (keeping {rev})", s.source);
             }

@@ -5,6 +5,7 @@ use std::path::PathBuf;
 use serde::{Deserialize, Serialize};
 
 use super::{ConfigError, Ctx, Duration};
+use crate::types::EndpointUrl;
 
 /// Health probes. Each has `enabled`, and may override `interval` and `timeout`.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -49,11 +50,16 @@ pub struct KubeletProbe {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub timeout: Option<Duration>,
     #[serde(default = "default_kubelet_url")]
-    pub url: String,
+    pub url: EndpointUrl,
 }
 
-fn default_kubelet_url() -> String {
-    "http://127.0.0.1:10248/healthz".to_owned()
+/// A built-in default URL.
+fn builtin(url: &str) -> EndpointUrl {
+    url.parse().expect("the built-in URLs are valid")
+}
+
+fn default_kubelet_url() -> EndpointUrl {
+    builtin("http://127.0.0.1:10248/healthz")
 }
 
 impl Default for KubeletProbe {
@@ -79,10 +85,10 @@ pub struct ApiserverProbe {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub timeout: Option<Duration>,
     #[serde(default = "default_local_apiserver")]
-    pub local_url: String,
+    pub local_url: EndpointUrl,
     /// Default: the server of the kubeconfig (the control-plane endpoint).
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub vip_url: Option<String>,
+    pub vip_url: Option<EndpointUrl>,
     /// The name the API server's certificate is checked against (kubeadm certificates do not
     /// list 127.0.0.1, but do list `kubernetes`).
     #[serde(
@@ -95,8 +101,8 @@ pub struct ApiserverProbe {
     pub insecure_skip_tls_verify: bool,
 }
 
-fn default_local_apiserver() -> String {
-    "https://127.0.0.1:6443".to_owned()
+fn default_local_apiserver() -> EndpointUrl {
+    builtin("https://127.0.0.1:6443")
 }
 
 fn default_tls_server_name() -> Option<String> {
@@ -170,15 +176,15 @@ pub struct CiliumProbe {
     #[serde(default = "default_cilium_socket")]
     pub socket: PathBuf,
     #[serde(default = "default_cilium_fallback")]
-    pub fallback_url: String,
+    pub fallback_url: EndpointUrl,
 }
 
 fn default_cilium_socket() -> PathBuf {
     PathBuf::from("/var/run/cilium/cilium.sock")
 }
 
-fn default_cilium_fallback() -> String {
-    "http://127.0.0.1:9879/healthz".to_owned()
+fn default_cilium_fallback() -> EndpointUrl {
+    builtin("http://127.0.0.1:9879/healthz")
 }
 
 impl Default for CiliumProbe {
@@ -276,8 +282,8 @@ impl HealthConfig {
             ("health.kubelet.url", &h.kubelet.url),
             ("health.cilium.fallback_url", &h.cilium.fallback_url),
         ] {
-            if !url.starts_with("http://") || url::Url::parse(url).is_err() {
-                return Err(ctx.error(key, format!("{url:?} must be an http:// URL")));
+            if url.scheme() != "http" {
+                return Err(ctx.error(key, format!("{url} must be an http:// URL")));
             }
         }
         for (key, url) in [
@@ -285,9 +291,9 @@ impl HealthConfig {
             ("health.apiserver.vip_url", h.apiserver.vip_url.as_ref()),
         ] {
             if let Some(url) = url
-                && (!url.starts_with("https://") || url.parse::<http::Uri>().is_err())
+                && (url.scheme() != "https" || url.as_request_str().parse::<http::Uri>().is_err())
             {
-                return Err(ctx.error(key, format!("{url:?} must be an https:// URL")));
+                return Err(ctx.error(key, format!("{url} must be an https:// URL")));
             }
         }
         Ok(())

@@ -1,6 +1,7 @@
 //! `[kubeadm]`: cluster facts for kubeadm and kube-vip, and where the files go. The checks of
-//! single facts (versions, endpoints, CIDRs) are here, pure, so that both validation and the
-//! `kubeadm` renderer use them without config importing the renderer.
+//! facts (versions, endpoints, CIDRs, names; subnets against each other, the VIP against the
+//! subnets and the node's addresses) are here, pure, so that both validation (`check-config`)
+//! and the `kubeadm` renderer run the same checks without config importing the renderer.
 
 use std::fmt;
 use std::net::IpAddr;
@@ -8,7 +9,7 @@ use std::path::PathBuf;
 
 use serde::{Deserialize, Serialize};
 
-use super::{ConfigError, Ctx};
+use super::{ConfigError, Ctx, is_dns_subdomain};
 
 /// Cluster facts for kubeadm and kube-vip. Each may come from here or from `cluster_file` in
 /// the `source` checkout (Argus); the local value wins key by key. Defaults for facts neither
@@ -217,7 +218,8 @@ impl KubeadmConfig {
                 "must be a relative path inside the source, without \"..\"",
             ));
         }
-        if let Err((key, message)) = check_partial(&self.facts()) {
+        let facts = self.facts();
+        if let Err((key, message)) = check_partial(&facts).and_then(|()| check_relations(&facts)) {
             return Err(ctx.error(&format!("kubeadm.{key}"), message));
         }
         Ok(())
@@ -347,13 +349,17 @@ impl fmt::Display for Endpoint {
 }
 
 fn version(s: &str) -> Result<(), String> {
+    // Each part must fit the integers kubeadm parses it into.
     let ok = s
         .strip_prefix('v')
         .map(|r| r.split('.').collect::<Vec<_>>())
         .is_some_and(|p| {
             p.len() == 3
-                && p.iter()
-                    .all(|n| !n.is_empty() && n.bytes().all(|b| b.is_ascii_digit()))
+                && p.iter().all(|n| {
+                    !n.is_empty()
+                        && n.bytes().all(|b| b.is_ascii_digit())
+                        && n.parse::<u32>().is_ok()
+                })
         });
     if ok {
         Ok(())
@@ -362,8 +368,101 @@ fn version(s: &str) -> Result<(), String> {
     }
 }
 
-/// Checks each fact that is present, on its own. `Err((key, message))`.
-pub fn check_partial(f: &ClusterFacts) -> Result<(), (&'static str, String)> {
+/// An IP address, or a DNS name (optionally `*.` for a wildcard), as a certificate SAN.
+fn is_san(s: &str) -> bool {
+    if s.parse::<IpAddr>().is_ok() {
+        return true;
+    }
+    let name = s.strip_prefix("*.").unwrap_or(s);
+    !name.is_empty()
+        && name.len() <= 253
+        && name.split('.').all(|label| {
+            !label.is_empty()
+                && label.len() <= 63
+                && label
+                    .bytes()
+                    .all(|b| b.is_ascii_alphanumeric() || b == b'-')
+                && !label.starts_with('-')
+                && !label.ends_with('-')
+        })
+}
+
+/// Checks each fact that is present, on its own. `Err((key, message))`, the key relative to
+/// `[kubeadm]`.
+pub fn check_partial(f: &ClusterFacts) -> Result<(), (String, String)> {
+    check_each(f).map_err(|(k, m)| (k.to_owned(), m))?;
+    for (i, san) in f.cert_sans.iter().flatten().enumerate() {
+        if !is_san(san) {
+            return Err((
+                format!("cert_sans[{i}]"),
+                format!("{san:?} is neither an IP address nor a DNS name"),
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// The facts present, against each other: the pod and service subnets are disjoint, and the
+/// VIP lies outside both. The renderer calls it on the completed facts.
+pub fn check_relations(f: &ClusterFacts) -> Result<(), (String, String)> {
+    let parse = |v: &Option<String>, key: &str| -> Result<Vec<Cidr>, (String, String)> {
+        v.as_deref()
+            .map(cidrs)
+            .transpose()
+            .map(Option::unwrap_or_default)
+            .map_err(|m| (key.to_owned(), m))
+    };
+    let pods = parse(&f.pod_subnet, "pod_subnet")?;
+    let services = parse(&f.service_subnet, "service_subnet")?;
+    for p in &pods {
+        for s in &services {
+            if p.overlaps(s) {
+                return Err((
+                    "pod_subnet".to_owned(),
+                    format!("pod_subnet {p} and service_subnet {s} overlap; pick disjoint ranges"),
+                ));
+            }
+        }
+    }
+    let vip = f
+        .control_plane_endpoint
+        .as_deref()
+        .and_then(|e| Endpoint::parse(e).ok())
+        .and_then(|e| e.ip());
+    if let Some(vip) = vip {
+        for net in pods.iter().chain(&services) {
+            if net.contains(vip) {
+                return Err((
+                    "control_plane_endpoint".to_owned(),
+                    format!(
+                        "the control-plane endpoint {vip} lies inside {net}; the VIP must be an \
+                         address of the node network, outside the pod and service subnets"
+                    ),
+                ));
+            }
+        }
+    }
+    Ok(())
+}
+
+/// This node's own addresses (`(key, address)`) against the VIP: kube-vip moves the VIP between
+/// nodes, so an API server advertising it breaks as soon as it moves. `Err((key, message))`.
+pub fn check_node_addresses(
+    vip: IpAddr,
+    addresses: &[(&'static str, Option<IpAddr>)],
+) -> Result<(), (&'static str, String)> {
+    for (key, addr) in addresses {
+        if *addr == Some(vip) {
+            return Err((
+                key,
+                format!("{key} is {vip}, the control-plane VIP; use this node's own address"),
+            ));
+        }
+    }
+    Ok(())
+}
+
+fn check_each(f: &ClusterFacts) -> Result<(), (&'static str, String)> {
     if let Some(v) = &f.kubernetes_version {
         version(v).map_err(|m| ("kubernetes_version", m))?;
     }
@@ -381,15 +480,30 @@ pub fn check_partial(f: &ClusterFacts) -> Result<(), (&'static str, String)> {
     {
         return Err(("cri_socket", format!("{s:?} must be a unix:// URL")));
     }
-    if let Some(n) = &f.cluster_name
-        && n.trim().is_empty()
-    {
-        return Err(("cluster_name", "must not be empty".into()));
+    if let Some(n) = &f.cluster_name {
+        if n.trim().is_empty() {
+            return Err(("cluster_name", "must not be empty".into()));
+        }
+        if n.chars().any(char::is_control) {
+            return Err((
+                "cluster_name",
+                "must not contain control characters such as a newline".into(),
+            ));
+        }
     }
-    if let Some(d) = &f.dns_domain
-        && d.trim().is_empty()
-    {
-        return Err(("dns_domain", "must not be empty".into()));
+    if let Some(d) = &f.dns_domain {
+        if d.trim().is_empty() {
+            return Err(("dns_domain", "must not be empty".into()));
+        }
+        if !is_dns_subdomain(d) {
+            return Err((
+                "dns_domain",
+                format!(
+                    "{d:?} is not a DNS domain (lowercase letters, digits, '-' and '.', like \
+                     cluster.local)"
+                ),
+            ));
+        }
     }
     let kv = &f.kube_vip;
     if let (Some(d), Some(r), Some(p)) = (kv.lease_duration, kv.renew_deadline, kv.retry_period)

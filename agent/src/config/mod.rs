@@ -45,6 +45,10 @@ pub use node::NodeConfig;
 pub use sources::SourceConfig;
 pub use system::SystemConfig;
 
+/// The longest path a unix socket can be bound at: `sun_path` holds 108 bytes with the
+/// terminating NUL.
+pub const MAX_SOCKET_PATH: usize = 107;
+
 /// Where the daemon and `ginxctl` look when no `--config` is given.
 pub const DEFAULT_CONFIG_PATH: &str = "/etc/ginx/config.toml";
 
@@ -254,6 +258,27 @@ impl Config {
                 return Err(ctx.error(key, format!("{} must be an absolute path", path.display())));
             }
         }
+        if self
+            .state_dir
+            .components()
+            .all(|c| c == std::path::Component::RootDir)
+        {
+            return Err(ctx.error(
+                "state_dir",
+                "must be a directory of its own, like /var/lib/ginx: ginx creates, moves aside \
+                 and deletes files and directories under it",
+            ));
+        }
+        let socket_len = self.socket.as_os_str().len();
+        if socket_len > MAX_SOCKET_PATH {
+            return Err(ctx.error(
+                "socket",
+                format!(
+                    "the path is {socket_len} bytes; a unix socket path can have at most \
+                     {MAX_SOCKET_PATH} (sun_path); choose a shorter one"
+                ),
+            ));
+        }
         self.node.validate(ctx)?;
         let node = self.node_name().to_owned();
         sources::validate(&mut self.sources, &node, ctx)?;
@@ -289,6 +314,22 @@ impl Config {
             return Err(ctx.error("kubeadm.source", format!("{src:?} names no source")));
         }
         self.kubeadm.validate(ctx)?;
+        let vip = self
+            .kubeadm
+            .control_plane_endpoint
+            .as_deref()
+            .and_then(|e| kubeadm::Endpoint::parse(e).ok())
+            .and_then(|e| e.ip());
+        if let Some(vip) = vip {
+            kubeadm::check_node_addresses(
+                vip,
+                &[
+                    ("node.advertise_address", self.node.advertise_address),
+                    ("node.node_ip", self.node.node_ip),
+                ],
+            )
+            .map_err(|(key, m)| ctx.error(key, m))?;
+        }
         self.control.validate(ctx)
     }
 }
@@ -511,6 +552,147 @@ url = "ssh://git@git.example.com/infra/hephaestus.git"
         let out = c.to_toml();
         assert!(!out.contains("tok3n"), "{out}");
         assert!(out.contains("https://h.example/r.git"), "{out}");
+    }
+
+    #[test]
+    fn health_urls_are_redacted_when_printed_and_in_errors() {
+        let c = load_text(&format!(
+            "{BASE}\n[health.kubelet]\nurl = \"http://u:SECRET@127.0.0.1:10248/healthz?token=QSECRET\"\n\
+             [health.apiserver]\nvip_url = \"https://u:SECRET@10.0.0.1:6443\"\n"
+        ))
+        .unwrap();
+        let out = c.to_toml();
+        assert!(!out.contains("SECRET"), "{out}");
+        assert!(
+            out.contains("http://127.0.0.1:10248/healthz?token=***"),
+            "{out}"
+        );
+        for bad in [
+            "https://u:SECRET@127.0.0.1:10248/healthz",
+            "http:/u:SECRET@127.0.0.1:10248/healthz",
+            "http://u:SE@CRET@127.0.0.1/healthz",
+        ] {
+            let e = err_text(&format!("{BASE}\n[health.kubelet]\nurl = \"{bad}\"\n"));
+            assert!(
+                e.contains("config.toml:11:7: health.kubelet.url: ")
+                    && !e.contains("SECRET")
+                    && !e.contains("CRET"),
+                "{e}"
+            );
+        }
+    }
+
+    /// `{BASE}` plus `[kubeadm]` with `body`: its first line is line 11.
+    fn kubeadm_err(body: &str) -> String {
+        err_text(&format!("{BASE}\n[kubeadm]\n{body}"))
+    }
+
+    #[test]
+    fn check_config_refuses_overlapping_pod_and_service_subnets() {
+        let e = kubeadm_err("pod_subnet = \"10.96.0.0/16\"\nservice_subnet = \"10.96.0.0/12\"\n");
+        assert!(
+            e.contains("config.toml:11:14: kubeadm.pod_subnet: pod_subnet 10.96.0.0/16 and service_subnet 10.96.0.0/12 overlap"),
+            "{e}"
+        );
+    }
+
+    #[test]
+    fn check_config_refuses_a_vip_inside_the_pod_subnet() {
+        let e = kubeadm_err(
+            "control_plane_endpoint = \"10.244.1.1:6443\"\npod_subnet = \"10.244.0.0/16\"\n",
+        );
+        assert!(
+            e.contains("config.toml:11:26: kubeadm.control_plane_endpoint: the control-plane endpoint 10.244.1.1 lies inside 10.244.0.0/16"),
+            "{e}"
+        );
+    }
+
+    #[test]
+    fn check_config_refuses_an_advertise_address_equal_to_the_vip() {
+        let e = err_text(&format!(
+            "{}\n[kubeadm]\ncontrol_plane_endpoint = \"10.0.0.100:6443\"\n",
+            BASE.replace(
+                "name = \"lucy\"",
+                "name = \"lucy\"\nadvertise_address = \"10.0.0.100\""
+            )
+        ));
+        assert!(
+            e.contains("config.toml:6:21: node.advertise_address: node.advertise_address is 10.0.0.100, the control-plane VIP"),
+            "{e}"
+        );
+    }
+
+    #[test]
+    fn a_dns_domain_that_is_not_a_domain_is_refused() {
+        let e = kubeadm_err("dns_domain = \"not a domain!\"\n");
+        assert!(
+            e.contains(
+                "config.toml:11:14: kubeadm.dns_domain: \"not a domain!\" is not a DNS domain"
+            ),
+            "{e}"
+        );
+    }
+
+    #[test]
+    fn empty_or_spaced_cert_sans_are_refused() {
+        let e = kubeadm_err("cert_sans = [\"\", \"a b\"]\n");
+        assert!(
+            e.contains("config.toml:11:14: kubeadm.cert_sans[0]: \"\" is neither an IP address nor a DNS name"),
+            "{e}"
+        );
+        let e = kubeadm_err("cert_sans = [\"api.example.com\", \"a b\"]\n");
+        assert!(
+            e.contains("config.toml:11:33: kubeadm.cert_sans[1]: \"a b\" is neither"),
+            "{e}"
+        );
+        assert!(
+            kubeadm_err("cert_sans = [\"10.0.0.1\", \"*.example.com\", \"x\"]\nbogus = 1\n")
+                .contains("bogus")
+        );
+    }
+
+    #[test]
+    fn a_cluster_name_with_a_newline_is_refused() {
+        let e = kubeadm_err("cluster_name = \"prod\\nkind: Evil\"\n");
+        assert!(
+            e.contains(
+                "config.toml:11:16: kubeadm.cluster_name: must not contain control characters"
+            ),
+            "{e}"
+        );
+    }
+
+    #[test]
+    fn an_overflowing_kubernetes_version_is_refused() {
+        let e = kubeadm_err("kubernetes_version = \"v99999999999999999999.0.0\"\n");
+        assert!(
+            e.contains("config.toml:11:22: kubeadm.kubernetes_version: \"v99999999999999999999.0.0\" is not a version"),
+            "{e}"
+        );
+    }
+
+    #[test]
+    fn a_socket_path_over_the_unix_limit_is_refused() {
+        let long = format!("/run/{}/ginx.sock", "d".repeat(100));
+        let e = err_text(&format!("socket = \"{long}\"\n{BASE}"));
+        assert!(
+            e.contains("config.toml:1:10: socket: the path is 115 bytes; a unix socket path can have at most 107"),
+            "{e}"
+        );
+        let ok = format!("/run/{}/g.sock", "d".repeat(95));
+        assert_eq!(ok.len(), 107);
+        assert!(load_text(&format!("socket = \"{ok}\"\n{BASE}")).is_ok());
+    }
+
+    #[test]
+    fn state_dir_root_is_refused() {
+        for root in ["/", "//", "/."] {
+            let e = err_text(&BASE.replace("\"/var/lib/ginx\"", &format!("\"{root}\"")));
+            assert!(
+                e.contains("config.toml:2:13: state_dir: must be a directory of its own"),
+                "{root}: {e}"
+            );
+        }
     }
 
     #[test]

@@ -8,6 +8,8 @@ use http_body_util::{BodyExt, Empty};
 use hyper::body::Bytes;
 use hyper_util::rt::TokioIo;
 
+use crate::types::EndpointUrl;
+
 /// Where to connect.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Target {
@@ -16,13 +18,13 @@ pub enum Target {
     Unix(PathBuf),
 }
 
-/// The address and path of a plain `http://` URL.
-pub fn parse_http_url(url: &str) -> Result<(Target, String), String> {
-    let u = url::Url::parse(url).map_err(|e| format!("invalid URL {url:?}: {e}"))?;
+/// The address and path of a plain `http://` URL. Messages show the URL as redacted.
+pub fn parse_http_url(url: &EndpointUrl) -> Result<(Target, String), String> {
+    let u = url.url();
     if u.scheme() != "http" {
-        return Err(format!("{url:?}: only http:// is supported here"));
+        return Err(format!("{url}: only http:// is supported here"));
     }
-    let host = u.host_str().ok_or_else(|| format!("{url:?} has no host"))?;
+    let host = u.host_str().ok_or_else(|| format!("{url} has no host"))?;
     let port = u.port_or_known_default().unwrap_or(80);
     let mut path = u.path().to_owned();
     if let Some(q) = u.query() {

@@ -9,8 +9,8 @@ use super::Context;
 use super::http::{Target, get, parse_http_url};
 use crate::config::Config;
 use crate::status::HealthStatus;
-use crate::types::Role;
 use crate::types::api::describe;
+use crate::types::{EndpointUrl, Role};
 use crate::util;
 
 type Verdict = (HealthStatus, String);
@@ -92,7 +92,7 @@ fn snippet(body: &[u8]) -> String {
     one_line.chars().take(200).collect()
 }
 
-async fn kubelet(url: &str, timeout: Duration) -> Verdict {
+async fn kubelet(url: &EndpointUrl, timeout: Duration) -> Verdict {
     let (target, path) = match parse_http_url(url) {
         Ok(x) => x,
         Err(e) => return (HealthStatus::Failed, e),

@@ -88,11 +88,11 @@ pub async fn connect(cfg: &Config, metrics: &Arc<Metrics>) -> Result<KubeClients
     };
     let main = build(config.clone())?;
     let probe = &cfg.health.apiserver;
-    let probe_client = |url: &str| -> Result<kube::Client, String> {
+    let probe_client = |url: &str, shown: &dyn std::fmt::Display| -> Result<kube::Client, String> {
         let mut c = config.clone();
         c.cluster_url = url
             .parse()
-            .map_err(|e| format!("health.apiserver URL {url:?}: {e}"))?;
+            .map_err(|e| format!("health.apiserver URL {shown}: {e}"))?;
         if probe.tls_server_name.is_some() {
             c.tls_server_name.clone_from(&probe.tls_server_name);
         }
@@ -101,10 +101,13 @@ pub async fn connect(cfg: &Config, metrics: &Arc<Metrics>) -> Result<KubeClients
         }
         build(c)
     };
-    let local = probe_client(&probe.local_url).ok();
+    let local = probe_client(probe.local_url.as_request_str(), &probe.local_url).ok();
     let vip = match &probe.vip_url {
-        Some(u) => probe_client(u)?,
-        None => probe_client(&config.cluster_url.to_string())?,
+        Some(u) => probe_client(u.as_request_str(), u)?,
+        None => {
+            let server = config.cluster_url.to_string();
+            probe_client(&server, &server)?
+        }
     };
     Ok(KubeClients { main, local, vip })
 }

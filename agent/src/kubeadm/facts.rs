@@ -5,7 +5,7 @@ use std::net::IpAddr;
 use std::path::PathBuf;
 
 use crate::config::ClusterFacts;
-use crate::config::kubeadm::{Endpoint, check_partial, cidrs};
+use crate::config::kubeadm::{Endpoint, check_node_addresses, check_partial, check_relations};
 use crate::types::Role;
 
 /// The kube-vip release the manifest uses unless told otherwise.
@@ -52,17 +52,14 @@ pub fn check_node(cluster: &Cluster, node: &NodeFacts) -> Result<(), String> {
     let Some(vip) = cluster.endpoint.ip() else {
         return Ok(());
     };
-    for (key, addr) in [
-        ("node.advertise_address", node.advertise_address),
-        ("node.node_ip", node.node_ip),
-    ] {
-        if addr == Some(vip) {
-            return Err(format!(
-                "{key} is {vip}, the control-plane VIP; use this node's own address"
-            ));
-        }
-    }
-    Ok(())
+    check_node_addresses(
+        vip,
+        &[
+            ("node.advertise_address", node.advertise_address),
+            ("node.node_ip", node.node_ip),
+        ],
+    )
+    .map_err(|(_, m)| m)
 }
 
 /// Completes `f` with defaults and checks the facts against each other. `Err` names the fact.
@@ -84,26 +81,13 @@ pub fn resolve(f: &ClusterFacts) -> Result<Cluster, String> {
         .service_subnet
         .clone()
         .unwrap_or_else(|| "10.96.0.0/12".to_owned());
-    let pods = cidrs(&pod_subnet)?;
-    let services = cidrs(&service_subnet)?;
-    for p in &pods {
-        for s in &services {
-            if p.overlaps(s) {
-                return Err(format!(
-                    "pod_subnet {p} and service_subnet {s} overlap; pick disjoint ranges"
-                ));
-            }
-        }
-    }
-    if let Some(vip) = endpoint.ip() {
-        for net in pods.iter().chain(&services) {
-            if net.contains(vip) {
-                return Err(format!(
-                    "the control-plane endpoint {vip} lies inside {net}; the VIP must be an address of the node network, outside the pod and service subnets"
-                ));
-            }
-        }
-    }
+    check_relations(&ClusterFacts {
+        pod_subnet: Some(pod_subnet.clone()),
+        service_subnet: Some(service_subnet.clone()),
+        control_plane_endpoint: Some(endpoint.to_string()),
+        ..ClusterFacts::default()
+    })
+    .map_err(|(_, m)| m)?;
     let mut cert_sans: Vec<String> = vec![endpoint.host.clone()];
     for san in f.cert_sans.clone().unwrap_or_default() {
         if !cert_sans.contains(&san) {

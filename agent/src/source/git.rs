@@ -3,8 +3,9 @@
 //! anchor ref that keeps force-push protection across a lost state file, and reading files at a
 //! revision. Called from `spawn_blocking`.
 //!
-//! Messages never contain the configured URL as written (it may carry credentials): libgit2
-//! messages pass through [`RemoteUrl::scrub`] before they leave this module.
+//! Messages never contain the configured URL as written (it may carry credentials): they name
+//! the remote by its redacted form, and libgit2's messages pass through [`RemoteUrl::scrub`],
+//! which replaces the whole URL as written, before they leave this module.
 
 use std::cell::RefCell;
 use std::path::{Path, PathBuf};
@@ -37,6 +38,9 @@ pub enum GitError {
     },
     #[error("all {} remotes failed: {}", .0.len(), .0.iter().map(|r| format!("{}: {}", r.url, r.error.as_deref().unwrap_or("?"))).collect::<Vec<_>>().join("; "))]
     AllRemotes(Vec<RemoteResult>),
+    #[error("source {name}: the local path {} does not exist; create the repository there \
+             or correct sources.{name}.url", path.display())]
+    NoPath { name: String, path: PathBuf },
     #[error("fetch cancelled")]
     Cancelled,
     #[error("reading commit {revision}: {message}")]
@@ -482,6 +486,15 @@ fn fetch_one(
             message: url.scrub(&message),
         }
     };
+    // libgit2 takes a missing directory for an unknown protocol.
+    if let Some(path) = url.local_path()
+        && !path.exists()
+    {
+        return Err(GitError::NoPath {
+            name: spec.source.to_owned(),
+            path,
+        });
+    }
     let mut remote = repo
         .remote_anonymous(url.as_git_url())
         .map_err(|e| fetch_err(&e, &refusal))?;

@@ -43,6 +43,9 @@ pub struct SyncOutcome {
     /// The fetch moved the accepted revision.
     pub changed: bool,
     pub error: Option<String>,
+    /// `error` says why the fetched head was refused (the fetch itself worked).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub refused: bool,
 }
 
 /// The status of the remote shown as `url` after a fetch that tried `results`.
@@ -484,6 +487,7 @@ impl Poller {
         });
         let previous_error = self.status().error;
         let error = refusal.as_ref().map(|r| r.reason.clone());
+        let refused = refusal.is_some();
         if error != previous_error {
             match &error {
                 Some(why) => {
@@ -515,6 +519,7 @@ impl Poller {
             revision: self.head.as_ref().map(|p| p.revision().clone()),
             changed,
             error,
+            refused,
         }
     }
 
@@ -554,6 +559,7 @@ impl Poller {
             revision: previous,
             changed: false,
             error: Some(message),
+            refused: false,
         }
     }
 

@@ -1,12 +1,13 @@
 //! Value types that several layers share, below everything else in the crate: commit ids
-//! ([`Revision`]), Git remotes ([`RemoteUrl`], [`Transport`]), the apply goal ([`Goal`]), the
-//! node's [`Role`], a system [`Generation`], and the Kubernetes API clients handed to workers
+//! ([`Revision`]), Git remotes ([`RemoteUrl`], [`Transport`]), probe endpoints
+//! ([`EndpointUrl`]), the apply goal ([`Goal`]), the node's [`Role`], a system [`Generation`], and the Kubernetes API clients handed to workers
 //! ([`api`]).
 //!
 //! Owns: their parsing, validation and how they print. Must not import anything else of the
 //! crate; `config`, `status`, `state` and the workers take these from here.
 
 pub mod api;
+mod endpoint;
 mod remote;
 
 use std::fmt;
@@ -14,6 +15,7 @@ use std::path::PathBuf;
 
 use serde::{Deserialize, Serialize};
 
+pub use endpoint::EndpointUrl;
 pub use remote::{RemoteUrl, Revision, Transport};
 
 /// The node's role in the cluster (`node.role`).

@@ -1,9 +1,13 @@
 //! Remote locations of Git sources and the revisions fetched from them.
 //!
 //! A [`RemoteUrl`] keeps the URL exactly as configured (git needs the credentials in it, if any)
-//! but only ever *shows* it without a password, and without any userinfo at all for HTTP(S),
-//! where a token is often written in the username position. Everything that prints a URL —
-//! logs, status, errors, `check-config` — goes through `Display`/`Serialize`, which redact.
+//! and, when it is parsed, builds once the form that is shown: without a password, without any
+//! user name for HTTP(S) and git:// (a token is often written there), and with the value of
+//! every query parameter and the fragment replaced by `***`. Everything that prints a URL —
+//! logs, status, errors, `check-config` — goes through `Display`/`Serialize`, which print only
+//! that form. Credentials are never searched for in text to be masked after the fact: a URL
+//! whose credentials cannot be told apart from its host or path unambiguously is refused, with
+//! a message that does not echo it.
 
 use std::fmt;
 use std::str::FromStr;
@@ -26,13 +30,18 @@ pub enum Transport {
 pub struct RemoteUrl {
     /// What git is given. May carry credentials; never printed.
     raw: String,
-    /// What humans see.
+    /// What humans see, built from the parsed parts without the credentials.
     shown: String,
-    /// The parts of `raw` that `shown` hides because they may be credentials: a password, and
-    /// for HTTP(S) and git:// the user name (tokens are often written there).
-    secrets: Vec<String>,
+    /// Whether `raw` carries something `shown` leaves out (a password, a user name over
+    /// HTTP(S)/git://, a query or fragment).
+    hides_credentials: bool,
     transport: Transport,
 }
+
+/// Schemes a remote may be written with.
+const SCHEMES: [&str; 7] = ["ssh", "git+ssh", "ssh+git", "git", "http", "https", "file"];
+
+const ACCEPTED: &str = "use ssh://, https://, git://, file://, user@host:path or an absolute path";
 
 impl RemoteUrl {
     /// The URL to hand to git. Do not log it.
@@ -44,19 +53,191 @@ impl RemoteUrl {
         self.transport
     }
 
-    /// Whether the configured URL itself carries a password or token.
-    pub fn has_inline_credentials(&self) -> bool {
-        !self.secrets.is_empty()
+    /// The directory of a local remote (an absolute path or a `file://` URL).
+    pub fn local_path(&self) -> Option<std::path::PathBuf> {
+        if self.transport != Transport::File {
+            return None;
+        }
+        if self.raw.starts_with('/') {
+            return Some(self.raw.clone().into());
+        }
+        url::Url::parse(&self.raw).ok()?.to_file_path().ok()
     }
 
-    /// `message` (from git) with the URL as configured replaced by the URL as shown, and any
-    /// credential in it masked.
+    /// Whether the configured URL itself carries a password, token or query.
+    pub fn has_inline_credentials(&self) -> bool {
+        self.hides_credentials
+    }
+
+    /// `message` (from git) with every occurrence of the whole URL as configured replaced by the
+    /// URL as shown. Parts of the URL are not searched for: git's messages name the remote by
+    /// its whole URL, and masking fragments of a message mangles it.
     pub fn scrub(&self, message: &str) -> String {
-        let mut out = message.replace(&self.raw, &self.shown);
-        for secret in &self.secrets {
-            out = out.replace(secret.as_str(), "***");
+        if self.raw == self.shown {
+            message.to_owned()
+        } else {
+            message.replace(&self.raw, &self.shown)
         }
-        out
+    }
+
+    fn url_form(raw: &str, scheme: &str, rest: &str) -> Result<Self, String> {
+        let transport = match scheme.to_ascii_lowercase().as_str() {
+            "ssh" | "git+ssh" | "ssh+git" => Transport::Ssh,
+            "git" => Transport::Git,
+            "http" => Transport::Http,
+            "https" => Transport::Https,
+            "file" => Transport::File,
+            other => {
+                return Err(format!(
+                    "unsupported URL scheme {other:?}; use ssh://, https://, http://, git://, \
+                     file:// or an absolute path"
+                ));
+            }
+        };
+        one_at_in_authority(rest)?;
+        let url = url::Url::parse(raw).map_err(|e| {
+            // The url crate's messages never echo the input, so no credential leaks here.
+            format!("invalid URL: {e}")
+        })?;
+        if transport == Transport::File {
+            if url.path().is_empty() || url.path() == "/" {
+                return Err("file:// URL without a path".into());
+            }
+        } else if url.host_str().is_none_or(str::is_empty) {
+            return Err(format!("{scheme}:// URL without a host"));
+        }
+        let keep_user = transport == Transport::Ssh;
+        let shown = redacted(&url, keep_user);
+        Ok(Self {
+            raw: raw.to_owned(),
+            hides_credentials: hides_credentials(&url, keep_user),
+            shown,
+            transport,
+        })
+    }
+
+    /// `[user[:password]@]host:path`. An `@` may appear once, between the user information and
+    /// the host; anything else cannot be split into credentials and location unambiguously.
+    fn scp_form(raw: &str) -> Result<Self, String> {
+        let ambiguous = "an `@` in a user@host:path remote must separate the user (and \
+                         password) from the host, and may appear only once; write the remote as \
+                         ssh://user@host/path with `@` in the user name or password written as %40";
+        let (userinfo, rest) = match raw.split_once('@') {
+            Some((u, r)) if !r.contains('@') => (Some(u), r),
+            Some(_) => return Err(ambiguous.to_owned()),
+            None => (None, raw),
+        };
+        let Some((host, path)) = split_host(rest) else {
+            return Err(match userinfo {
+                Some(_) => ambiguous.to_owned(),
+                None => format!(
+                    "the value is neither a URL nor an absolute path; {ACCEPTED} (relative \
+                     paths are ambiguous for a daemon)"
+                ),
+            });
+        };
+        let (user, password) = match userinfo {
+            Some(u) => {
+                let (user, password) = u.split_once(':').unwrap_or((u, ""));
+                if user.is_empty() || user.contains('/') {
+                    return Err(ambiguous.to_owned());
+                }
+                (Some(user), password)
+            }
+            None => (None, ""),
+        };
+        let shown = match user {
+            Some(user) => format!("{user}@{host}:{path}"),
+            None => format!("{host}:{path}"),
+        };
+        Ok(Self {
+            raw: raw.to_owned(),
+            shown,
+            hides_credentials: !password.is_empty(),
+            transport: Transport::Ssh,
+        })
+    }
+}
+
+/// `host:path` of an SCP-like remote (the host may be a bracketed IPv6 address); `None` when
+/// `rest` is not of that shape.
+fn split_host(rest: &str) -> Option<(&str, &str)> {
+    let (host, path) = if rest.starts_with('[') {
+        let end = rest.find(']')?;
+        let (host, after) = rest.split_at(end + 1);
+        (host, after.strip_prefix(':')?)
+    } else {
+        rest.split_once(':')?
+    };
+    (!host.is_empty() && !host.contains('/') && !path.is_empty()).then_some((host, path))
+}
+
+/// Refuses an authority (`rest` is what follows `scheme://`) with more than one `@`: parsers
+/// disagree on which one ends the user information.
+fn one_at_in_authority(rest: &str) -> Result<(), String> {
+    let authority = rest.split(['/', '?', '#']).next().unwrap_or("");
+    if authority.matches('@').count() > 1 {
+        return Err(
+            "more than one `@` before the host: write an `@` in the user name or \
+                    password as %40"
+                .to_owned(),
+        );
+    }
+    Ok(())
+}
+
+/// Whether `raw` is `scheme:/` without the second `/` (`https:/user:pw@host/x`): git would
+/// take it for an SCP-like remote on a host named like the scheme, and show its credentials as
+/// part of the path.
+fn mistyped_scheme(raw: &str) -> Option<String> {
+    let (head, rest) = raw.split_once(':')?;
+    (rest.starts_with('/') && SCHEMES.iter().any(|s| s.eq_ignore_ascii_case(head))).then(|| {
+        format!(
+            "the value starts like a {head}:// URL but lacks `://` after the scheme; write \
+                 {head}://host/path"
+        )
+    })
+}
+
+/// `url` as shown: no password; no user name unless `keep_user`; every query value and the
+/// fragment replaced by `***` (tokens are passed there: `?private_token=…`, `?sig=…`).
+pub(crate) fn redacted(url: &url::Url, keep_user: bool) -> String {
+    let mut url = url.clone();
+    let _ = url.set_password(None);
+    if !keep_user {
+        let _ = url.set_username("");
+    }
+    if let Some(query) = url.query().filter(|q| !q.is_empty()) {
+        let hidden: Vec<String> = query
+            .split('&')
+            .map(|pair| match pair.split_once('=') {
+                Some((name, _)) => format!("{name}=***"),
+                None => "***".to_owned(),
+            })
+            .collect();
+        url.set_query(Some(&hidden.join("&")));
+    }
+    if url.fragment().is_some_and(|f| !f.is_empty()) {
+        url.set_fragment(Some("***"));
+    }
+    url.to_string()
+}
+
+/// Whether [`redacted`] leaves something out of `url`.
+pub(crate) fn hides_credentials(url: &url::Url, keep_user: bool) -> bool {
+    url.password().is_some()
+        || (!keep_user && !url.username().is_empty())
+        || url.query().is_some_and(|q| !q.is_empty())
+        || url.fragment().is_some_and(|f| !f.is_empty())
+}
+
+/// Refuses `scheme:/` with one slash and an authority with more than one `@` (see
+/// [`mistyped_scheme`], [`one_at_in_authority`]); for other URL types that share the rule.
+pub(crate) fn check_unambiguous(raw: &str) -> Result<(), String> {
+    match raw.split_once("://") {
+        Some((_, rest)) => one_at_in_authority(rest),
+        None => Err(mistyped_scheme(raw)
+            .unwrap_or_else(|| "not a URL: write scheme://host/path".to_owned())),
     }
 }
 
@@ -76,88 +257,17 @@ impl FromStr for RemoteUrl {
             return Ok(Self {
                 raw: raw.to_owned(),
                 shown: raw.to_owned(),
-                secrets: Vec::new(),
+                hides_credentials: false,
                 transport: Transport::File,
             });
         }
-        if let Some((scheme, _)) = raw.split_once("://") {
-            let transport = match scheme.to_ascii_lowercase().as_str() {
-                "ssh" | "git+ssh" | "ssh+git" => Transport::Ssh,
-                "git" => Transport::Git,
-                "http" => Transport::Http,
-                "https" => Transport::Https,
-                "file" => Transport::File,
-                other => {
-                    return Err(format!(
-                        "unsupported URL scheme {other:?}; use ssh://, https://, http://, \
-                         git://, file:// or an absolute path"
-                    ));
-                }
-            };
-            let mut url = url::Url::parse(raw).map_err(|e| {
-                // The url crate's messages never echo the input, so no credential leaks here.
-                format!("invalid URL: {e}")
-            })?;
-            if transport == Transport::File {
-                if url.path().is_empty() || url.path() == "/" {
-                    return Err("file:// URL without a path".into());
-                }
-            } else if url.host_str().is_none_or(str::is_empty) {
-                return Err(format!("{scheme}:// URL without a host"));
-            }
-            let mut secrets: Vec<String> = url.password().map(str::to_owned).into_iter().collect();
-            let _ = url.set_password(None);
-            if matches!(
-                transport,
-                Transport::Http | Transport::Https | Transport::Git
-            ) {
-                secrets.push(url.username().to_owned());
-                let _ = url.set_username("");
-            }
-            secrets.retain(|s| !s.is_empty());
-            return Ok(Self {
-                raw: raw.to_owned(),
-                shown: url.to_string(),
-                secrets,
-                transport,
-            });
+        if let Some((scheme, rest)) = raw.split_once("://") {
+            return Self::url_form(raw, scheme, rest);
         }
-        // SCP-like syntax: [user[:password]@]host:path, with no slash before the colon that
-        // ends the host.
-        let (userinfo, rest) = match raw.split_once('@') {
-            Some((u, r)) if !u.contains('/') => (Some(u), r),
-            _ => (None, raw),
-        };
-        if let Some((host, path)) = rest.split_once(':')
-            && !host.contains('/')
-            && !host.is_empty()
-            && !path.is_empty()
-        {
-            let (user, password) = match userinfo.map(|u| u.split_once(':').unwrap_or((u, ""))) {
-                Some((user, password)) => (Some(user), password),
-                None => (None, ""),
-            };
-            let shown = match user {
-                Some(user) => format!("{user}@{host}:{path}"),
-                None => format!("{host}:{path}"),
-            };
-            return Ok(Self {
-                raw: raw.to_owned(),
-                shown,
-                secrets: (!password.is_empty())
-                    .then(|| password.to_owned())
-                    .into_iter()
-                    .collect(),
-                transport: Transport::Ssh,
-            });
+        if let Some(e) = mistyped_scheme(raw) {
+            return Err(e);
         }
-        // Never echo the value: a mistyped URL may carry a token.
-        Err(
-            "the value is neither a URL nor an absolute path; use ssh://, https://, git://, \
-             file://, user@host:path or an absolute path (relative paths are ambiguous for a \
-             daemon)"
-                .to_owned(),
-        )
+        Self::scp_form(raw)
     }
 }
 
@@ -279,8 +389,8 @@ mod tests {
         assert_eq!(u.transport(), Transport::Ssh);
         // The user name is not a secret over SSH: git's messages keep it, the password goes.
         assert_eq!(
-            u.scrub("git@git.example.com: git-upload-pack failed, password pw"),
-            "git@git.example.com: git-upload-pack failed, password ***"
+            u.scrub("ssh://git:pw@git.example.com:2222/infra/h.git: git-upload-pack failed"),
+            "ssh://git@git.example.com:2222/infra/h.git: git-upload-pack failed"
         );
         let scp: RemoteUrl = "git@github.com:org/repo.git".parse().unwrap();
         assert_eq!(scp.transport(), Transport::Ssh);
@@ -294,13 +404,82 @@ mod tests {
         assert_eq!(u.transport(), Transport::Ssh);
         assert!(u.has_inline_credentials());
         assert_eq!(
-            u.scrub("cannot reach git:hunter2@git.example.com:infra/h.git (hunter2)"),
-            "cannot reach git@git.example.com:infra/h.git (***)"
+            u.scrub("cannot reach git:hunter2@git.example.com:infra/h.git"),
+            "cannot reach git@git.example.com:infra/h.git"
         );
         let e = "https//deploy:TOKEN@host/x"
             .parse::<RemoteUrl>()
             .unwrap_err();
         assert!(!e.contains("TOKEN"), "{e}");
+    }
+
+    #[test]
+    fn a_single_slash_after_the_scheme_is_refused_without_echo() {
+        for raw in [
+            "https:/user:SECRET@host/x",
+            "https:user:SECRET@host/x",
+            "ssh:/host/x",
+        ] {
+            let e = raw.parse::<RemoteUrl>().map(|u| u.to_string()).unwrap_err();
+            assert!(!e.contains("SECRET") && e.contains("://"), "{raw}: {e}");
+        }
+    }
+
+    #[test]
+    fn a_slash_in_an_scp_password_is_not_shown() {
+        let u: RemoteUrl = "deploy:SEC/RET+x==@git.example.com:infra/h.git"
+            .parse()
+            .unwrap();
+        assert_eq!(u.to_string(), "deploy@git.example.com:infra/h.git");
+        assert!(!format!("{u:?}").contains("SEC"));
+        assert!(u.has_inline_credentials());
+    }
+
+    #[test]
+    fn an_at_sign_in_a_password_is_refused_without_echo() {
+        for raw in [
+            "git:SE@CRET@host:x",
+            "git@SE@CRET.host:x",
+            "https://u:SE@CRET@host/x",
+            "ssh://git:SE@CRET@host/x",
+        ] {
+            let e = raw.parse::<RemoteUrl>().map(|u| u.to_string()).unwrap_err();
+            assert!(!e.contains("CRET") && e.contains("%40"), "{raw}: {e}");
+        }
+    }
+
+    #[test]
+    fn query_tokens_are_never_shown() {
+        for raw in [
+            "https://git.example.com/r.git?private_token=SECRET",
+            "https://git.example.com/r.git?ref=x&access_token=SECRET",
+            "http://git.example.com/r.git?sig=SECRET#SECRET",
+            "ssh://git@git.example.com/r.git?key=SECRET",
+        ] {
+            let u: RemoteUrl = raw.parse().unwrap();
+            let shown = u.to_string();
+            assert!(!shown.contains("SECRET"), "{raw}: {shown}");
+            assert!(u.has_inline_credentials(), "{raw}");
+        }
+        let u: RemoteUrl = "https://h.example/r.git?private_token=SECRET&ref=x"
+            .parse()
+            .unwrap();
+        assert_eq!(
+            u.to_string(),
+            "https://h.example/r.git?private_token=***&ref=***"
+        );
+    }
+
+    #[test]
+    fn a_one_letter_user_name_does_not_mangle_git_messages() {
+        let raw = "https://t:PASSWORD@git.example.com/infra/h.git";
+        let u: RemoteUrl = raw.parse().unwrap();
+        let m = "failed to connect to git.example.com: Connection refused";
+        assert_eq!(u.scrub(m), m);
+        assert_eq!(
+            u.scrub(&format!("cannot fetch {raw}: no route")),
+            "cannot fetch https://git.example.com/infra/h.git: no route"
+        );
     }
 
     #[test]
@@ -310,6 +489,8 @@ mod tests {
         assert_eq!(p.to_string(), "/srv/git/h.git");
         let f: RemoteUrl = "file:///srv/git/h.git".parse().unwrap();
         assert_eq!(f.transport(), Transport::File);
+        assert_eq!(p.local_path(), f.local_path());
+        assert_eq!(f.local_path(), Some("/srv/git/h.git".into()));
         assert!(!f.has_inline_credentials());
     }
 
