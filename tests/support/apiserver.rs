@@ -210,21 +210,6 @@ impl ApiServer {
         self.write_kubeconfig(path, &format!("    token: {}\n", self.token));
     }
 
-    /// A kubeconfig with a client certificate signed by the test CA.
-    pub fn kubeconfig_cert(&self, path: &std::path::Path) {
-        let (cert, key) = self.ca.issue_pem("system:node:lucy");
-        use base64::Engine;
-        let b64 = base64::engine::general_purpose::STANDARD;
-        self.write_kubeconfig(
-            path,
-            &format!(
-                "    client-certificate-data: {}\n    client-key-data: {}\n",
-                b64.encode(cert),
-                b64.encode(key)
-            ),
-        );
-    }
-
     fn write_kubeconfig(&self, path: &std::path::Path, user: &str) {
         use base64::Engine;
         let ca = base64::engine::general_purpose::STANDARD.encode(self.ca.pem());

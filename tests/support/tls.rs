@@ -48,18 +48,6 @@ impl TestCa {
         self.issuer.der().clone()
     }
 
-    /// A client certificate for `common_name` and its key, both PEM.
-    pub fn issue_pem(&self, common_name: &str) -> (String, String) {
-        let key = KeyPair::generate().unwrap();
-        let mut params = CertificateParams::new(Vec::<String>::new()).unwrap();
-        params
-            .distinguished_name
-            .push(rcgen::DnType::CommonName, common_name);
-        params.extended_key_usages = vec![rcgen::ExtendedKeyUsagePurpose::ClientAuth];
-        let cert = params.signed_by(&key, &self.issuer).unwrap();
-        (cert.pem(), key.serialize_pem())
-    }
-
     /// A client certificate for `common_name` in the groups `organizations` (how the API
     /// server reads a certificate: CN the user, O the groups) and its key, both PEM.
     pub fn issue_client_pem(&self, common_name: &str, organizations: &[&str]) -> (String, String) {
