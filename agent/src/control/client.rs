@@ -99,8 +99,17 @@ impl Client {
             message: e.to_string(),
         })?;
         line.push(b'\n');
-        self.exchange(&stream, &line, deadline)?;
-        let reply = self.read_reply(&stream, deadline)?;
+        let reply = match self.exchange(&stream, &line, deadline) {
+            Ok(()) => self.read_reply(&stream, deadline)?,
+            // A refusal (too many connections) can be written and the connection closed before
+            // ginx read the request: sending then fails with EPIPE, but the refusal is there
+            // to read, and it says more than "lost the connection".
+            Err(sent @ ClientError::Io { .. }) => match self.read_reply(&stream, deadline) {
+                Ok(reply) => reply,
+                Err(_) => return Err(sent),
+            },
+            Err(e) => return Err(e),
+        };
         let response: Response =
             serde_json::from_slice(&reply).map_err(|e| ClientError::Protocol {
                 socket: self.socket.clone(),
