@@ -100,6 +100,7 @@ impl Reconciler {
             system: self.system_status(),
             suspended: st.suspended,
             state_write: self.unsaved.clone(),
+            rollout: crate::status::RolloutStatus::default(),
         };
         self.published.send_if_modified(|p| {
             let changed = *p != next;
