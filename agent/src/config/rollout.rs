@@ -240,10 +240,9 @@ impl RolloutConfig {
                     return Err(ctx.error("rollout.fleetlock.group", "must not be empty"));
                 }
                 if !f.machine_id.is_absolute() {
-                    return Err(ctx.error(
-                        "rollout.fleetlock.machine_id",
-                        "must be an absolute path",
-                    ));
+                    return Err(
+                        ctx.error("rollout.fleetlock.machine_id", "must be an absolute path")
+                    );
                 }
             }
             _ => {}

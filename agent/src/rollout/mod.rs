@@ -6,3 +6,8 @@
 //! A worker (layer 5): imports `types`, `config`, `status`, `metrics`, `util`, never another
 //! worker. The API clients and the probes' reports come from the daemon. `reconcile` asks it
 //! for permission through [`Gatekeeper`].
+
+pub mod gate;
+pub mod lease;
+pub mod quorum;
+pub mod slots;

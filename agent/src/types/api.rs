@@ -51,3 +51,28 @@ pub fn code(e: &kube::Error) -> Option<u16> {
         _ => None,
     }
 }
+
+/// `/readyz` through `client`: Ok, or why not (the failing checks the server lists, or the
+/// transport error).
+pub async fn readyz(client: &kube::Client) -> Result<(), String> {
+    let request = http::Request::get("/readyz")
+        .body(Vec::new())
+        .map_err(|e| e.to_string())?;
+    match client.request_text(request).await {
+        Ok(_) => Ok(()),
+        Err(kube::Error::Api(s)) => {
+            let failing: Vec<&str> = s.message.lines().filter(|l| l.starts_with("[-]")).collect();
+            Err(if failing.is_empty() {
+                let one_line: String = s.message.split_whitespace().collect::<Vec<_>>().join(" ");
+                format!(
+                    "readyz {}: {}",
+                    s.code,
+                    one_line.chars().take(200).collect::<String>()
+                )
+            } else {
+                format!("readyz {}: {}", s.code, failing.join(", "))
+            })
+        }
+        Err(e) => Err(format!("unreachable: {}", describe(&e))),
+    }
+}
