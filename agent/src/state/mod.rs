@@ -130,6 +130,9 @@ pub struct GateFailure {
     pub failing: BTreeMap<String, String>,
     pub at: Timestamp,
     pub next: AfterGate,
+    /// The halt is written to the cluster (retried until it is).
+    #[serde(default)]
+    pub halted: bool,
 }
 
 /// A held rollout lock.
