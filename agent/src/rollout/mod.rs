@@ -8,6 +8,7 @@
 //! for permission through [`Gatekeeper`].
 
 pub mod fleet;
+pub mod fleetlock;
 pub mod gate;
 pub mod lease;
 pub mod quorum;
