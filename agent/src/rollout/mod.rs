@@ -10,6 +10,11 @@
 pub mod fleet;
 pub mod fleetlock;
 pub mod gate;
+mod keeper;
 pub mod lease;
 pub mod quorum;
 pub mod slots;
+
+pub use keeper::{
+    CONTROL_PLANE_REQUIRED, Effective, Gatekeeper, Permit, RECHECK, Reach, Wiring, effective,
+};
