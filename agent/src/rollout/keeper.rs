@@ -423,6 +423,64 @@ impl Gatekeeper {
         Permit::Granted(Some(held))
     }
 
+    /// After a restart, the lock the state says this node holds: its slot taken up again
+    /// (renewed from now on), or found lost to another node. `Ok(true)` when it is held.
+    pub async fn resume(&mut self, held: &Held) -> Result<bool, String> {
+        if self.holding.is_some() {
+            return Ok(true);
+        }
+        let cfg = self.cfg();
+        if held.backend != "kubernetes" {
+            // A FleetLock is held by the server until steady-state; nothing to renew.
+            self.holding = Some(Holding {
+                held: held.clone(),
+                renew: None,
+                lost: Arc::new(AtomicBool::new(false)),
+            });
+            return Ok(true);
+        }
+        let Some(clients) = self.clients() else {
+            return Err("no connection to the Kubernetes API yet".into());
+        };
+        self.ensure_watch(&cfg, &clients);
+        let lock = self.lease_lock(&cfg, &clients);
+        match lock.acquire().await? {
+            Acquired::Slot { index, resumed } => {
+                if !resumed {
+                    tracing::warn!(
+                        slot = index,
+                        "the slot held before the restart had expired; took a free one"
+                    );
+                } else {
+                    tracing::info!(
+                        slot = index,
+                        "resumed the rollout slot held before the restart"
+                    );
+                }
+                let lost = Arc::new(AtomicBool::new(false));
+                let renew = tokio::spawn(renew(lock.clone(), index, Arc::clone(&lost)));
+                self.holding = Some(Holding {
+                    held: Held {
+                        slot: Some(index),
+                        ..held.clone()
+                    },
+                    renew: Some(renew),
+                    lost,
+                });
+                self.w.metrics.lock_held(true);
+                Ok(true)
+            }
+            Acquired::Full(holders) => {
+                tracing::warn!(
+                    ?holders,
+                    "the slot held before the restart expired and was taken; going on without it"
+                );
+                self.holders = holders;
+                Ok(false)
+            }
+        }
+    }
+
     /// Releases the lock held; an error leaves it held (the caller tries again).
     pub async fn release(&mut self, held: &Held) -> Result<(), String> {
         let cfg = self.cfg();
