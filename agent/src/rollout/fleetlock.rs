@@ -62,12 +62,17 @@ impl Operation {
 }
 
 /// One endpoint: where the request goes and what humans are shown.
-#[derive(Debug)]
 struct Endpoint {
     /// With credentials, if the configuration has any. Never printed.
     url: url::Url,
     /// Without them.
     shown: String,
+}
+
+impl fmt::Debug for Endpoint {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "Endpoint({})", self.shown)
+    }
 }
 
 impl Endpoint {
@@ -171,8 +176,8 @@ fn advice(status: u16) -> &'static str {
              rollout.fleetlock.url at the server itself"
         }
         500..=599 => {
-            "the server failed, or its slots are all taken (airlock answers 500 then): see its \
-             message above and its logs"
+            "the server failed, or the group's slots are all taken (airlock answers 500 for \
+             that): check the server's logs"
         }
         _ => "the slot is not held: see the server's message and logs",
     }
