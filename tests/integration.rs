@@ -10,4 +10,5 @@ mod fleetlock;
 mod kubeadm;
 mod kubernetes;
 mod packaging;
+mod rollout;
 mod sources;

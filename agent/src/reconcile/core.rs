@@ -371,6 +371,7 @@ impl Core {
                 at: now,
                 next: AfterGate::RollbackUnhealthy,
                 halted: false,
+                baseline: v.baseline.clone(),
             });
             g.next = AfterGate::RollbackUnhealthy;
             for (k, m) in failing {
@@ -388,6 +389,7 @@ impl Core {
             at: now,
             next,
             halted: false,
+            baseline: v.baseline,
         });
         Ok(next)
     }

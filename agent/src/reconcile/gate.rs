@@ -172,7 +172,10 @@ impl Reconciler {
             started_at: now,
             deadline: util::after(now, cfg.rollout.gate.timeout.get()),
             healthy_since: None,
-            baseline: std::mem::take(&mut self.baseline),
+            baseline: match (rollback, &self.core.state.gate_failure) {
+                (true, Some(g)) => g.baseline.clone(),
+                _ => std::mem::take(&mut self.baseline),
+            },
         };
         match self.core.begin_verifying(verifying) {
             Ok(()) => {

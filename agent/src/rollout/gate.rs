@@ -2,8 +2,8 @@
 //! in, pending / passed / failed out. No I/O, no clock: the caller passes `now`.
 //!
 //! "Healthy" means no regression by default: a check that was ok or degraded before the
-//! activation must not be failed now, and a check that was failed already does not hold the
-//! gate, so that a fix for a partly broken node is not rolled back for what it did not fix.
+//! activation must not be failed now, and a check that was failed (or unknown) already does
+//! not hold the gate, so that a fix for a partly broken node is not rolled back for what it did not fix.
 //! `require = "all-ok"` wants every check ok. Checks named in `required` (the control plane's
 //! own: API server, kube-vip, node Ready) must not be failed whatever they were before.
 
@@ -64,10 +64,15 @@ pub fn blocking(
         }
         let blocks = match rules.require {
             GateRequire::AllOk => c.status != HealthStatus::Ok,
+            // A regression: failed now, ok or degraded before. A check that was failed,
+            // unknown or not there yet before the activation tells nothing about it.
             GateRequire::NoRegression => {
                 c.status == HealthStatus::Failed
                     && (rules.required.contains(&name.as_str())
-                        || v.baseline.get(name) != Some(&HealthStatus::Failed))
+                        || matches!(
+                            v.baseline.get(name),
+                            Some(HealthStatus::Ok | HealthStatus::Degraded)
+                        ))
             }
         };
         if blocks {
@@ -270,13 +275,11 @@ mod tests {
     }
 
     #[test]
-    fn a_new_failing_check_counts_as_a_regression() {
-        let mut v = gate(&[]);
-        let c = checks(&[("command", Failed, 1)]);
-        let Verdict::Failed { failing } = step(&mut v, &c, &RULES, t(100)) else {
-            panic!("failed expected");
-        };
-        assert!(failing.contains_key("command"));
+    fn a_check_unknown_before_does_not_hold_the_gate() {
+        let mut v = gate(&[("kubelet", Unknown)]);
+        let c = checks(&[("kubelet", Failed, 1), ("new", Failed, 1)]);
+        step(&mut v, &c, &RULES, t(1));
+        assert_eq!(step(&mut v, &c, &RULES, t(11)), Verdict::Passed);
     }
 
     #[test]

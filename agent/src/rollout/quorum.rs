@@ -22,12 +22,16 @@ pub struct NodeFacts {
     pub ready: Option<String>,
     /// The `GinxHealthy` condition's status and reason.
     pub healthy: Option<(String, String)>,
+    /// The rollout group ginx reports for it (`ginx.io/rollout-group`); `None` for a node ginx
+    /// does not report on.
+    pub group: Option<String>,
 }
 
 impl NodeFacts {
     pub fn of(node: &Node, cfg: &Config) -> Self {
         let meta = &node.metadata;
         let role_annotation = format!("{}role", cfg.kubernetes.annotation_prefix);
+        let group_annotation = format!("{}rollout-group", cfg.kubernetes.annotation_prefix);
         let control_plane = meta
             .labels
             .as_ref()
@@ -45,14 +49,23 @@ impl NodeFacts {
             ready: find("Ready").map(|c| c.status.clone()),
             healthy: find(&cfg.kubernetes.condition_type)
                 .map(|c| (c.status.clone(), c.reason.clone().unwrap_or_default())),
+            group: meta
+                .annotations
+                .as_ref()
+                .and_then(|a| a.get(&group_annotation))
+                .cloned(),
         }
     }
 }
 
-/// Why the other control-plane nodes do not allow `me` to proceed; `None` when they do.
-pub fn blockers(nodes: &[NodeFacts], me: &str, condition: &str) -> Option<String> {
+/// Why the other control-plane nodes of `group` (and those ginx does not report on) do not
+/// allow `me` to proceed; `None` when they do.
+pub fn blockers(nodes: &[NodeFacts], me: &str, group: &str, condition: &str) -> Option<String> {
     let mut why = Vec::new();
-    for n in nodes.iter().filter(|n| n.control_plane && n.name != me) {
+    let peers = nodes.iter().filter(|n| {
+        n.control_plane && n.name != me && n.group.as_deref().is_none_or(|g| g == group)
+    });
+    for n in peers {
         if n.ready.as_deref() != Some("True") {
             why.push(format!(
                 "{} is not Ready ({})",
@@ -84,7 +97,8 @@ pub async fn check(clients: &KubeClients, cfg: &Config) -> Result<Option<String>
             _ => format!("quorum guard: cannot list the nodes: {}", describe(&e)),
         })?;
     let facts: Vec<NodeFacts> = nodes.items.iter().map(|n| NodeFacts::of(n, cfg)).collect();
-    if let Some(why) = blockers(&facts, cfg.node_name(), &cfg.kubernetes.condition_type) {
+    let group = cfg.rollout.group_for(cfg.node.role);
+    if let Some(why) = blockers(&facts, cfg.node_name(), &group, &cfg.kubernetes.condition_type) {
         return Ok(Some(why));
     }
     let timeout = cfg.kubernetes.request_timeout.get();
@@ -107,6 +121,7 @@ mod tests {
             control_plane: cp,
             ready: Some(ready.into()),
             healthy: healthy.map(|s| (s.into(), "ProbesFailed".into())),
+            group: None,
         }
     }
 
@@ -118,7 +133,7 @@ mod tests {
             node("quinn", true, "True", Some("True")),
             node("w1", false, "False", None),
         ];
-        assert_eq!(blockers(&n, "lucy", "GinxHealthy"), None);
+        assert_eq!(blockers(&n, "lucy", "cp", "GinxHealthy"), None);
     }
 
     #[test]
@@ -127,7 +142,7 @@ mod tests {
             node("lucy", true, "True", Some("True")),
             node("makise", true, "False", Some("True")),
         ];
-        let why = blockers(&n, "lucy", "GinxHealthy").unwrap();
+        let why = blockers(&n, "lucy", "cp", "GinxHealthy").unwrap();
         assert!(why.contains("makise is not Ready"), "{why}");
     }
 
@@ -137,14 +152,24 @@ mod tests {
             node("makise", true, "True", Some("False")),
             node("quinn", true, "True", None),
         ];
-        let why = blockers(&n, "lucy", "GinxHealthy").unwrap();
+        let why = blockers(&n, "lucy", "cp", "GinxHealthy").unwrap();
         assert!(why.contains("makise is GinxHealthy=False"), "{why}");
         assert!(why.contains("quinn reports no GinxHealthy"), "{why}");
     }
 
     #[test]
+    fn control_plane_nodes_of_another_group_do_not_count() {
+        let mut other = node("far", true, "False", None);
+        other.group = Some("rack-b".into());
+        let mut same = node("near", true, "False", None);
+        same.group = Some("cp".into());
+        assert_eq!(blockers(std::slice::from_ref(&other), "lucy", "cp", "GinxHealthy"), None);
+        assert!(blockers(&[other, same], "lucy", "cp", "GinxHealthy").unwrap().contains("near"));
+    }
+
+    #[test]
     fn workers_do_not_count() {
         let n = [node("w1", false, "False", Some("False"))];
-        assert_eq!(blockers(&n, "lucy", "GinxHealthy"), None);
+        assert_eq!(blockers(&n, "lucy", "cp", "GinxHealthy"), None);
     }
 }

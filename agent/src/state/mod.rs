@@ -133,6 +133,9 @@ pub struct GateFailure {
     /// The halt is written to the cluster (retried until it is).
     #[serde(default)]
     pub halted: bool,
+    /// The failed gate's baseline: the rolled-back system is held to the same.
+    #[serde(default)]
+    pub baseline: BTreeMap<String, HealthStatus>,
 }
 
 /// A held rollout lock.
