@@ -218,14 +218,14 @@ impl Backend {
                      and the API"
                 .to_owned(),
             Some(p) => format!(
-                "ginx has no client for kubernetes.kubeconfig {} yet; the fleet commands need \
-                 it and the API: see `ginxctl status` (kubernetes) for why",
+                "ginx has no client for kubernetes.kubeconfig {} yet (is the file there?); see \
+                 `ginxctl status`, line kubernetes, for why",
                 p.display()
             ),
         };
         Err((
             ErrorKind::Unavailable,
-            format!("{} needs the cluster: {why}", command.name()),
+            format!("{} needs the Kubernetes API: {why}", command.name()),
         ))
     }
 
