@@ -42,7 +42,7 @@ fn kube_dropin(env: &Env, kubeconfig: &std::path::Path, extra: &str) {
 /// Makes `env`'s ginx the node `node` of the real control plane, with ginx's own identity
 /// (`CN=ginx:<node>`, `O=ginx:nodes`), fast renewals and every probe off. Returns the path of
 /// its kubeconfig.
-fn use_cluster(env: &Env, cp: &ControlPlane, node: &str, extra: &str) -> PathBuf {
+pub(crate) fn use_cluster(env: &Env, cp: &ControlPlane, node: &str, extra: &str) -> PathBuf {
     env.dropin("10-node.toml", &format!("[node]\nname = \"{node}\"\n"));
     let kc = env.root.join("kubeconfig");
     cp.ginx_kubeconfig(&kc, node);
