@@ -23,8 +23,10 @@ use crate::support::{self, Env, wait_for};
 const REV_A: &str = "aaaaaaaa11111111111111111111111111111111";
 const REV_B: &str = "aaaaaaaa22222222222222222222222222222222";
 
-/// Creates `namespace` with the Roles and RoleBindings that rbac.yaml puts in ginx-system.
-fn namespace_like_ginx_system(cp: &ControlPlane, namespace: &str) {
+/// Creates `namespace` with the Roles and RoleBindings that rbac.yaml puts in ginx-system
+/// (but the RoleBindings named in `without`), and waits until the API server authorizes by
+/// them.
+fn namespace_like_ginx_system(cp: &ControlPlane, namespace: &str, without: &[&str]) {
     let rbac = std::fs::read_to_string(
         Path::new(env!("CARGO_MANIFEST_DIR")).join("../packaging/kubernetes/rbac.yaml"),
     )
@@ -33,7 +35,10 @@ fn namespace_like_ginx_system(cp: &ControlPlane, namespace: &str) {
         "apiVersion: v1\nkind: Namespace\nmetadata:\n  name: {namespace}\n"
     )];
     for doc in rbac.split("\n---\n") {
-        if doc.contains("\n  namespace: ginx-system\n") {
+        let left_out = without.iter().any(|b| {
+            doc.contains("kind: RoleBinding\n") && doc.contains(&format!("\n  name: {b}\n"))
+        });
+        if doc.contains("\n  namespace: ginx-system\n") && !left_out {
             docs.push(doc.replace(
                 "\n  namespace: ginx-system\n",
                 &format!("\n  namespace: {namespace}\n"),
@@ -41,14 +46,33 @@ fn namespace_like_ginx_system(cp: &ControlPlane, namespace: &str) {
         }
     }
     assert!(
-        docs.len() >= 5,
+        docs.len() >= 5 - without.len(),
         "rbac.yaml's ginx-system Roles and bindings: {docs:?}"
     );
     cp.apply(&docs.join("\n---\n"));
+    // Authorization follows new bindings through a cache: wait until it has them.
+    let allowed = |verb: &str, what: &str| {
+        let out = cp.kubectl_output(&[
+            "auth",
+            "can-i",
+            verb,
+            what,
+            "-n",
+            namespace,
+            "--as=ginx:probe",
+            "--as-group=ginx:nodes",
+        ]);
+        String::from_utf8_lossy(&out.stdout).trim() == "yes"
+    };
+    wait_for("the copied bindings in effect", || {
+        let rollout = !without.contains(&"ginx-rollout");
+        (allowed("update", "leases") && (!rollout || allowed("update", "configmaps/ginx-rollout")))
+            .then_some(())
+    });
 }
 
-/// A ginx for `node` in `namespace`, whose control group is `users` (so that a member who is
-/// not root can be tried), with the socket and the way to it open to everyone.
+/// A ginx for `node` in `namespace`, connected, whose control group is `users` (so that a
+/// member who is not root can be tried).
 fn start_node(cp: &ControlPlane, node: &str, role: &str, namespace: &str) -> (Env, Daemon) {
     let env = Env::new();
     use_cluster(&env, cp, node, &format!("namespace = \"{namespace}\""));
@@ -144,7 +168,7 @@ fn a_fleet_pause_by_a_group_member_is_seen_on_every_node_and_refused_to_others()
         return;
     }
     let (ns, cp_node, worker) = ("fleet-pause", "fleet-pause-cp", "fleet-pause-w");
-    namespace_like_ginx_system(cp, ns);
+    namespace_like_ginx_system(cp, ns, &[]);
     let mut rbac = RbacGuard::new(cp);
     rbac.watch(cp_node);
     rbac.watch(worker);
@@ -249,7 +273,7 @@ fn rollout_clear_lifts_a_halt_by_prefix_and_names_an_unknown_revision() {
         return;
     };
     let (ns, node) = ("fleet-clear", "fleet-clear-cp");
-    namespace_like_ginx_system(cp, ns);
+    namespace_like_ginx_system(cp, ns, &[]);
     let mut rbac = RbacGuard::new(cp);
     rbac.watch(node);
     let (_env, d) = start_node(cp, node, "control-plane", ns);
@@ -337,7 +361,7 @@ fn ginxctl_cluster_shows_each_node_with_its_role_and_heartbeat() {
         return;
     };
     let (ns, cp_node, worker) = ("fleet-view", "fleet-view-cp", "fleet-view-w");
-    namespace_like_ginx_system(cp, ns);
+    namespace_like_ginx_system(cp, ns, &[]);
     let mut rbac = RbacGuard::new(cp);
     rbac.watch(cp_node);
     rbac.watch(worker);
@@ -416,4 +440,36 @@ fn fleet_commands_without_a_kubeconfig_say_what_they_need() {
             "{err}"
         );
     }
+}
+
+#[test]
+fn a_fleet_command_refused_by_rbac_names_rbac_yaml() {
+    let Some(cp) = control_plane::shared() else {
+        return;
+    };
+    let (ns, node) = ("fleet-norbac", "fleet-norbac-cp");
+    // As if the binding of the Role ginx-rollout had been left out of rbac.yaml.
+    namespace_like_ginx_system(cp, ns, &["ginx-rollout"]);
+    let mut rbac = RbacGuard::new(cp);
+    rbac.watch(node);
+    rbac.expect_forbidden(node);
+    let (_env, d) = start_node(cp, node, "control-plane", ns);
+    let out = d.ctl(&["rollout", "pause"]);
+    assert_eq!(out.status.code(), Some(1));
+    let err = text(&out.stderr);
+    assert!(
+        err.contains(&format!("cannot get ConfigMap {ns}/ginx-rollout: HTTP 403"))
+            && err.contains("Role ginx-rollout")
+            && err.contains("apply packaging/kubernetes/rbac.yaml"),
+        "{err}"
+    );
+    let out = d.ctl(&["cluster"]);
+    assert_eq!(out.status.code(), Some(1));
+    let err = text(&out.stderr);
+    assert!(
+        err.contains(&format!("cannot list leases in {ns}: HTTP 403"))
+            && err.contains("packaging/kubernetes/rbac.yaml"),
+        "{err}"
+    );
+    assert!(configmap(cp, ns).is_none(), "nothing was written");
 }
