@@ -16,6 +16,7 @@ use kube::Api;
 use kube::api::ListParams;
 
 use super::fleet::Fleet;
+use super::lease::{GROUP_LABEL, LeaseLock};
 use crate::config::Config;
 use crate::status::{ClusterNode, ClusterView, FleetState};
 use crate::types::Role;
@@ -85,13 +86,13 @@ pub fn build(
     let mut slots = BTreeMap::new();
     let mut held: BTreeMap<String, Vec<String>> = BTreeMap::new();
     for (name, lease) in &by_name {
-        let Some((group, slot)) = slot_of(name) else {
+        let Some((group, slot)) = slot_of(name, lease) else {
             continue;
         };
-        if let Some(holder) = live_holder(lease, now) {
+        if let Some(holder) = live_holder(lease, slot, now) {
             let key = format!("{group}/{slot}");
-            held.entry(holder.to_owned()).or_default().push(key.clone());
-            slots.insert(key, holder.to_owned());
+            held.entry(holder.clone()).or_default().push(key.clone());
+            slots.insert(key, holder);
         }
     }
 
@@ -152,7 +153,7 @@ pub fn build(
     // A ginx whose kubelet has not registered the Node yet (a node being set up) still
     // renews its heartbeat: it is part of the fleet.
     for (name, lease) in &by_name {
-        if slot_of(name).is_some() {
+        if slot_of(name, lease).is_some() {
             continue;
         }
         let Some(node) = heartbeat_node(&k.lease_name, name, lease) else {
@@ -184,25 +185,33 @@ pub fn build(
     }
 }
 
-/// `(group, slot)` of a slot Lease's name.
-fn slot_of(name: &str) -> Option<(&str, u32)> {
-    let (group, slot) = name.strip_prefix(SLOT_PREFIX)?.rsplit_once('-')?;
+/// `(group, slot)` of a slot Lease: the group from its label as the lock writes it (else from
+/// the name), the slot from the name `ginx-rollout-<group>-<slot>`.
+fn slot_of<'a>(name: &'a str, lease: &'a Lease) -> Option<(&'a str, u32)> {
+    let rest = name.strip_prefix(SLOT_PREFIX)?;
+    let labelled = lease
+        .metadata
+        .labels
+        .as_ref()
+        .and_then(|l| l.get(GROUP_LABEL))
+        .map(String::as_str);
+    let (group, slot) = match labelled {
+        Some(g) => (g, rest.strip_prefix(g)?.strip_prefix('-')?),
+        None => rest.rsplit_once('-')?,
+    };
     if group.is_empty() || slot.is_empty() || !slot.bytes().all(|b| b.is_ascii_digit()) {
         return None;
     }
     Some((group, slot.parse().ok()?))
 }
 
-/// The holder of `lease`, unless it is free: no holder, or not renewed within its duration.
-fn live_holder(lease: &Lease, now: Timestamp) -> Option<&str> {
-    let spec = lease.spec.as_ref()?;
-    let holder = spec.holder_identity.as_deref().filter(|h| !h.is_empty())?;
-    let renewed = spec.renew_time.as_ref().or(spec.acquire_time.as_ref())?.0;
-    let duration = i64::from(spec.lease_duration_seconds.unwrap_or(0));
-    let expires = renewed
-        .checked_add(jiff::SignedDuration::from_secs(duration))
-        .ok()?;
-    (expires >= now).then_some(holder)
+/// The holder of slot `index`'s `lease` unless the slot is free, by the lock's own rule
+/// ([`super::slots::Slot::live_holder`]).
+fn live_holder(lease: &Lease, index: u32, now: Timestamp) -> Option<String> {
+    LeaseLock::view(&BTreeMap::from([(index, lease.clone())]))
+        .first()?
+        .live_holder(now)
+        .map(str::to_owned)
 }
 
 /// Seconds since `lease` was renewed (never negative: a clock ahead of ours is "just now").
@@ -401,6 +410,8 @@ mod tests {
             lease("ginx-rollout-worker-1", "w2", 61, 60),
             lease("ginx-rollout-worker-2", "", 1, 60),
             lease("ginx-rollout-edge-nodes-12", "e1", 0, 60),
+            // Renewed exactly one duration ago: expired, as the lock sees it.
+            lease("ginx-rollout-worker-3", "w4", 60, 60),
             lease("ginx-rollout-worker-x", "w3", 0, 60),
         ];
         let v = build(
