@@ -369,6 +369,13 @@ fn ginxctl_cluster_shows_each_node_with_its_role_and_heartbeat() {
     let _k2 = Kubelet::start(cp, worker, "worker");
     let (_e1, a) = start_node(cp, cp_node, "control-plane", ns);
     let (_e2, _b) = start_node(cp, worker, "worker", ns);
+    // A slot of a group neither ginx takes part in, held by the worker for an hour.
+    let renewed = jiff::Timestamp::now().strftime("%Y-%m-%dT%H:%M:%S%.6fZ");
+    cp.apply(&format!(
+        "apiVersion: coordination.k8s.io/v1\nkind: Lease\nmetadata:\n  name: ginx-rollout-batch-0\n  \
+         namespace: {ns}\n  labels: {{ginx.io/rollout-group: batch}}\nspec:\n  holderIdentity: {worker}\n  \
+         leaseDurationSeconds: 3600\n  renewTime: \"{renewed}\"\n"
+    ));
     // The worker has no kubeadm label: its role comes from the annotation its ginx writes.
     wait_for("the worker's role annotation", || {
         let n = cp.node(worker)?;
@@ -418,6 +425,13 @@ fn ginxctl_cluster_shows_each_node_with_its_role_and_heartbeat() {
     let w = cells(worker);
     assert_eq!((w[1].as_str(), w[2].as_str()), ("worker", "yes"), "{text}");
     assert!(w.iter().any(|c| c == "ago"), "a heartbeat age: {text}");
+    // Beside any slot its own applies take.
+    assert!(
+        w.last().unwrap().split(',').any(|s| s == "batch/0"),
+        "{text}"
+    );
+    let view = cluster_json(&a);
+    assert_eq!(view["slots"]["batch/0"], worker);
     assert!(text.contains("\nnot paused\n"), "{text}");
 }
 
