@@ -6,6 +6,7 @@ mod support;
 mod apply_engine;
 mod control_socket;
 mod core_loop;
+mod fleet;
 mod fleetlock;
 mod kubeadm;
 mod kubernetes;

@@ -142,6 +142,7 @@ pub async fn run(config_path: PathBuf) -> anyhow::Result<Ending> {
         reconciler: commands_tx.clone(),
         pollers: Arc::clone(&sources.channels),
         workspace: Arc::clone(&sources.workspace),
+        kube: kube_clients_rx.clone(),
     });
     let workspace = Arc::clone(&sources.workspace);
     let read_file: crate::kubeadm::watch::ReadFile = Arc::new(move |name, revision, path| {

@@ -23,6 +23,8 @@ pub fn annotations(status: &Status, prefix: &str) -> BTreeMap<String, String> {
         a.insert(format!("{prefix}{k}"), v);
     };
     put("version", status.version.clone());
+    // `ginxctl cluster` tells workers from control-plane nodes that carry no kubeadm label.
+    put("role", status.role.to_string());
     put("apply-state", status.apply.state.as_str().to_owned());
     if let Some(r) = &status.apply.applied_revision {
         put("applied-revision", r.to_string());

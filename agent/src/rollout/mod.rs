@@ -7,6 +7,7 @@
 //! worker. The API clients and the probes' reports come from the daemon. `reconcile` asks it
 //! for permission through [`Gatekeeper`].
 
+pub mod cluster;
 pub mod fleet;
 pub mod fleetlock;
 pub mod gate;
