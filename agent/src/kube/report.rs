@@ -34,7 +34,6 @@ pub fn annotations(status: &Status, prefix: &str) -> BTreeMap<String, String> {
     }
     put("reboot-required", status.system.reboot_required.to_string());
     put("suspended", status.suspended.to_string());
-    put("role", status.role.to_string());
     put("rollout-phase", status.rollout.phase.as_str().to_owned());
     put("rollout-group", status.rollout.group.clone());
     if let Some(r) = &status.rollout.target_revision {

@@ -30,16 +30,33 @@ impl Reconciler {
     fn gate_reason(&self) -> String {
         match (&self.core.state.verifying, &self.core.state.gate_failure) {
             (Some(v), _) => {
-                let what = if v.rollback { "the rolled-back system" } else { "the activation" };
-                if self.gate_failing.is_empty() {
-                    format!("health gate after {what}: healthy since {}; fails at {}",
-                        v.healthy_since.map_or_else(|| "-".to_owned(), |t| t.to_string()), v.deadline)
+                let what = if v.rollback {
+                    "the rolled-back system"
                 } else {
-                    format!("health gate after {what}: failing {}; fails at {}",
-                        self.gate_failing.keys().cloned().collect::<Vec<_>>().join(", "), v.deadline)
+                    "the activation"
+                };
+                if self.gate_failing.is_empty() {
+                    format!(
+                        "health gate after {what}: healthy since {}; fails at {}",
+                        v.healthy_since
+                            .map_or_else(|| "-".to_owned(), |t| t.to_string()),
+                        v.deadline
+                    )
+                } else {
+                    format!(
+                        "health gate after {what}: failing {}; fails at {}",
+                        self.gate_failing
+                            .keys()
+                            .cloned()
+                            .collect::<Vec<_>>()
+                            .join(", "),
+                        v.deadline
+                    )
                 }
             }
-            (None, Some(_)) => "health gate failed; rolling back to the previous generation".to_owned(),
+            (None, Some(_)) => {
+                "health gate failed; rolling back to the previous generation".to_owned()
+            }
             (None, None) => "verifying".to_owned(),
         }
     }
@@ -48,7 +65,11 @@ impl Reconciler {
         let cfg = self.config.borrow();
         let st = &self.core.state;
         let held = st.rollout_held.as_ref();
-        let phase = match (&st.in_flight, &st.verifying, st.gate_failure.as_ref().map(|g| g.next)) {
+        let phase = match (
+            &st.in_flight,
+            &st.verifying,
+            st.gate_failure.as_ref().map(|g| g.next),
+        ) {
             (Some(r), _, _) if r.kind == AttemptKind::Rollback => Phase::RollingBack,
             (Some(_), _, _) => Phase::Applying,
             (None, Some(v), _) if v.rollback => Phase::VerifyingRollback,
@@ -98,15 +119,17 @@ impl Reconciler {
                 deadline: Some(v.deadline),
                 failing: self.gate_failing.clone(),
             }),
-            halt: target.and_then(|t| fleet.and_then(|f| f.halt_of(t)).cloned()).or_else(|| {
-                st.gate_failure.as_ref().filter(|g| g.halted).map(|g| Halt {
-                    revision: g.revision.clone(),
-                    node: cfg.node_name().to_owned(),
-                    probes: g.failing.clone(),
-                    reason: "health gate failed on this node".to_owned(),
-                    at: g.at,
-                })
-            }),
+            halt: target
+                .and_then(|t| fleet.and_then(|f| f.halt_of(t)).cloned())
+                .or_else(|| {
+                    st.gate_failure.as_ref().filter(|g| g.halted).map(|g| Halt {
+                        revision: g.revision.clone(),
+                        node: cfg.node_name().to_owned(),
+                        probes: g.failing.clone(),
+                        reason: "health gate failed on this node".to_owned(),
+                        at: g.at,
+                    })
+                }),
             paused: fleet.and_then(|f| f.paused.clone()),
         }
     }

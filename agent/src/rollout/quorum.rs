@@ -98,7 +98,12 @@ pub async fn check(clients: &KubeClients, cfg: &Config) -> Result<Option<String>
         })?;
     let facts: Vec<NodeFacts> = nodes.items.iter().map(|n| NodeFacts::of(n, cfg)).collect();
     let group = cfg.rollout.group_for(cfg.node.role);
-    if let Some(why) = blockers(&facts, cfg.node_name(), &group, &cfg.kubernetes.condition_type) {
+    if let Some(why) = blockers(
+        &facts,
+        cfg.node_name(),
+        &group,
+        &cfg.kubernetes.condition_type,
+    ) {
         return Ok(Some(why));
     }
     let timeout = cfg.kubernetes.request_timeout.get();
@@ -163,8 +168,15 @@ mod tests {
         other.group = Some("rack-b".into());
         let mut same = node("near", true, "False", None);
         same.group = Some("cp".into());
-        assert_eq!(blockers(std::slice::from_ref(&other), "lucy", "cp", "GinxHealthy"), None);
-        assert!(blockers(&[other, same], "lucy", "cp", "GinxHealthy").unwrap().contains("near"));
+        assert_eq!(
+            blockers(std::slice::from_ref(&other), "lucy", "cp", "GinxHealthy"),
+            None
+        );
+        assert!(
+            blockers(&[other, same], "lucy", "cp", "GinxHealthy")
+                .unwrap()
+                .contains("near")
+        );
     }
 
     #[test]
