@@ -43,7 +43,7 @@ fn node(
         "80-rollout.toml",
         &format!(
             "[node]\nrole = \"{role}\"\n\n[health.node_ready]\nenabled = true\n\n\
-             [rollout]\ngroup = \"{group}\"\nlease_duration = \"3s\"\n{extra}\n\n\
+             [rollout]\nlock = \"auto\"\ngroup = \"{group}\"\nlease_duration = \"3s\"\n{extra}\n\n\
              [rollout.gate]\nsettle = \"1s\"\ninterval = \"200ms\"\n\
              command = [\"sh\", \"-c\", \"echo verify {name} >> {journal}\"]\n",
             journal = journal.display()
@@ -428,6 +428,7 @@ fn with_the_api_away_nothing_is_applied_and_before_the_cluster_no_lock_is_taken(
     )
     .unwrap();
     crate::kubernetes::kube_dropin(&env, &kc, "request_timeout = \"1s\"");
+    env.dropin("80-rollout.toml", "[rollout]\nlock = \"auto\"\n");
     let d = env.start();
     let s = d.wait_status("waiting for the API", |s| {
         s["rollout"]["waiting_for"] == "api"
@@ -442,6 +443,7 @@ fn with_the_api_away_nothing_is_applied_and_before_the_cluster_no_lock_is_taken(
     // Before the kubeconfig exists (a fresh node, before kubeadm init): applied, no lock.
     let fresh = Env::new();
     crate::kubernetes::kube_dropin(&fresh, &fresh.root.join("not-yet/kubeconfig"), "");
+    fresh.dropin("80-rollout.toml", "[rollout]\nlock = \"auto\"\n");
     let d = fresh.start();
     let s = d.wait_applied(&fresh.repo.head());
     assert_eq!(s["rollout"]["lock"], "none");

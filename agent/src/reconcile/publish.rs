@@ -139,9 +139,14 @@ impl Reconciler {
         let cfg = self.config.borrow();
         let st = &self.core.state;
         let mut state = self.core.apply_state(desired.as_ref());
+        // An open gate cannot close either while the state cannot be written: its verdict
+        // would not be on disk.
         let held = self.unsaved.is_some()
             && st.in_flight.is_none()
-            && matches!(state, ApplyState::Pending | ApplyState::Failed);
+            && matches!(
+                state,
+                ApplyState::Pending | ApplyState::Failed | ApplyState::Verifying
+            );
         if held {
             state = ApplyState::Waiting;
         }

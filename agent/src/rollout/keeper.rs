@@ -20,7 +20,7 @@ use super::lease::{self, Acquired, LeaseLock};
 use crate::config::{Config, LockBackend, OnApiUnavailable};
 use crate::metrics::Metrics;
 use crate::state::Held;
-use crate::status::{FleetState, Halt, HealthMap, HealthStatus, WaitingFor};
+use crate::status::{FleetState, Halt, HealthMap, HealthStatus, STATE_HEALTH, WaitingFor};
 use crate::types::api::{KubeClients, readyz};
 use crate::types::{Revision, Role};
 use crate::util;
@@ -565,6 +565,9 @@ impl Gatekeeper {
             .health
             .borrow()
             .iter()
+            // ginx's own state file is not the node's health: a write that fails says
+            // nothing about the activation, and it has no result to be fresh.
+            .filter(|(n, _)| n.as_str() != STATE_HEALTH)
             .map(|(n, p)| {
                 (
                     n.clone(),
