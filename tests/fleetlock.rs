@@ -9,6 +9,7 @@ use ginx::config::FleetLockConfig;
 use ginx::rollout::fleetlock::{FleetLock, FleetLockError};
 
 use crate::support::fleetlock::{Answer, Dialect, FleetLockServer};
+use crate::support::{Env, wait_for};
 
 /// Machine ids and the ids systemd derives from them for zincati's app id (systemd 252's
 /// `systemd-id128 machine-id -a de35106b6ec24688b63afddaa156679b`).
@@ -338,4 +339,118 @@ fn a_server_that_never_answers_is_unreachable_within_the_timeout() {
     assert!(!e.is_refused(), "{e}");
     assert!(e.to_string().contains("no answer within"), "{e}");
     drop(listener);
+}
+
+/// Issue 14.4 through the daemon: a node with `lock = "fleetlock"` and no cluster asks the
+/// server before it activates (pre-reboot), gives the slot back only once its health gate has
+/// passed (steady-state), and applies nothing while the server answers 423 or 500.
+#[test]
+fn the_daemon_takes_the_fleetlock_before_activating_and_gives_it_back_after_the_gate() {
+    let server = FleetLockServer::poseidon();
+    let env = Env::new();
+    let machine_id = env.root.join("machine-id");
+    std::fs::write(&machine_id, format!("{}\n", LUCY.0)).unwrap();
+    let hold = env.root.join("hold");
+    env.dropin(
+        "80-fleetlock.toml",
+        &format!(
+            "[node]\nrole = \"worker\"\n\n[rollout]\nlock = \"fleetlock\"\n\n\
+             [rollout.fleetlock]\nurl = \"{}\"\nmachine_id = \"{}\"\n\n\
+             [rollout.gate]\ncommand = [\"sh\", \"-c\", \"test ! -e {}\"]\n",
+            server.base_url,
+            machine_id.display(),
+            hold.display()
+        ),
+    );
+    // The server refuses first: poseidon's "held by another", then a failing server.
+    server.answer_all(Some(Answer::Status(423)));
+    let d = env.start();
+    let s = d.wait_status("waiting for the FleetLock", |s| {
+        s["rollout"]["waiting_for"] == "lock"
+    });
+    assert_eq!(s["apply"]["state"], "waiting", "{s:#}");
+    let reason = s["rollout"]["reason"]
+        .as_str()
+        .unwrap_or_default()
+        .to_owned()
+        + s["apply"]["reason"].as_str().unwrap_or_default();
+    assert!(reason.contains("HTTP 423"), "{s:#}");
+    server.answer_all(Some(Answer::Status(500)));
+    let before = server.requests().len();
+    wait_for("a request answered 500", || {
+        server.requests()[before..]
+            .iter()
+            .any(|r| r.status == Some(500))
+            .then_some(())
+    });
+    d.ctl_ok(&["sync"]);
+    let s = d.wait_status("still waiting", |s| {
+        s["rollout"]["waiting_for"] == "lock"
+            && s["apply"]["reason"]
+                .as_str()
+                .is_some_and(|r| r.contains("HTTP 500"))
+    });
+    assert!(
+        env.calls().is_empty(),
+        "nothing applied while refused: {s:#}"
+    );
+
+    // The server grants: the slot is taken before the activation starts.
+    let go = env.root.join("go");
+    env.stub("wait_for", &go.display().to_string());
+    server.answer_all(None);
+    wait_for("the activation to start", || env.calls().first().cloned());
+    assert_eq!(server.holders("worker"), [LUCY.1]);
+    let seen: Vec<(String, Option<u16>)> = server
+        .requests()
+        .into_iter()
+        .map(|r| (r.path, r.status))
+        .collect();
+    assert_eq!(
+        seen.last(),
+        Some(&("/v1/pre-reboot".to_owned(), Some(200))),
+        "{seen:?}"
+    );
+    assert!(
+        !seen.iter().any(|(p, _)| p == "/v1/steady-state"),
+        "{seen:?}"
+    );
+
+    // The operator's check fails after the activation (it passed before): the gate holds,
+    // and so does the slot.
+    std::fs::write(&hold, "").unwrap();
+    std::fs::write(&go, "").unwrap();
+    d.wait_status("the gate to hold on the command", |s| {
+        s["apply"]["state"] == "verifying" && s["rollout"]["gate"]["failing"]["command"].is_string()
+    });
+    assert_eq!(server.holders("worker"), [LUCY.1]);
+    assert!(
+        !server
+            .requests()
+            .iter()
+            .any(|r| r.path == "/v1/steady-state"),
+        "no steady-state before the gate passes"
+    );
+
+    // The check recovers: the gate passes, then steady-state gives the slot back.
+    std::fs::remove_file(&hold).unwrap();
+    let s = d.wait_applied(&env.repo.head());
+    wait_for("the slot given back", || {
+        server.holders("worker").is_empty().then_some(())
+    });
+    let last = server.requests().into_iter().last().unwrap();
+    assert_eq!(
+        (
+            last.path.as_str(),
+            last.status,
+            last.id.as_deref(),
+            last.group.as_deref()
+        ),
+        ("/v1/steady-state", Some(200), Some(LUCY.1), Some("worker")),
+        "{s:#}"
+    );
+    assert_eq!(s["rollout"]["lock"], "fleetlock", "{s:#}");
+    let log = d.log();
+    assert!(log.contains("FleetLock held"), "{log}");
+    assert!(log.contains("rollout lock released"), "{log}");
 }

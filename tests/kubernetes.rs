@@ -755,7 +755,7 @@ fn metrics_are_served_and_parse() {
     assert!(body.trim_end().ends_with("# EOF"));
 }
 
-fn scrape(addr: &str) -> String {
+pub(crate) fn scrape(addr: &str) -> String {
     use std::io::{Read, Write};
     let mut s = std::net::TcpStream::connect(addr).unwrap();
     write!(

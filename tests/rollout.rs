@@ -292,12 +292,36 @@ fn a_failed_gate_rolls_back_halts_the_revision_and_a_later_one_rolls_out() {
     );
     rbac.watch("rog-a");
     rbac.watch("rog-b");
-    let _kubelet = Kubelet::start(cp, "rog-a", "worker");
+    let kubelet = Kubelet::start(cp, "rog-a", "worker");
+    // A system generation to roll back to.
+    a.env.fake_nix();
+    a.env.dropin(
+        "85-gate.toml",
+        "[system]\nrollback_command = [\"true\"]\nswitch_command = [\"true\"]\n\n\
+         [rollout.gate]\nsettle = \"1s\"\ntimeout = \"4s\"\n\n\
+         [metrics]\nlisten = \"127.0.0.1:0\"\n",
+    );
     let x = origin.repo.commit("hive.nix", "{ broken = true; }", "x");
-    // Revision X breaks a: its gate check fails from X's activation on.
-    breaks_on(&a, &x, true);
     let da = a.env.start();
-    let s = da.wait_status("x rolled back", |s| s["rollout"]["phase"] == "rolled-back");
+    // Revision X breaks a's kubelet: its node goes NotReady when X is activated, and is Ready
+    // again once the rolled-back system is up. The node-ready probe is what the gate sees.
+    let s = std::thread::scope(|scope| {
+        scope.spawn(|| {
+            // X is the first revision a applies: its first `start` is X's activation.
+            wait_for("x activated on a", || {
+                journal(&journal_path)
+                    .iter()
+                    .any(|(w, n)| w == "start" && n == "rog-a")
+                    .then_some(())
+            });
+            kubelet.set_ready(false);
+        });
+        da.wait_status("the rolled-back system's gate", |s| {
+            s["rollout"]["gate"]["rollback"] == true
+        });
+        kubelet.set_ready(true);
+        da.wait_status("x rolled back", |s| s["rollout"]["phase"] == "rolled-back")
+    });
     assert_eq!(s["apply"]["state"], "rolled-back");
     assert_eq!(s["rollout"]["halt"]["revision"], x.as_str(), "{s:#}");
     let cm = wait_for("the halt in ginx-rollout", || {
@@ -308,11 +332,22 @@ fn a_failed_gate_rolls_back_halts_the_revision_and_a_later_one_rolls_out() {
     let halt: Value =
         serde_json::from_str(cm["data"][format!("halted.{x}")].as_str().unwrap()).unwrap();
     assert_eq!(halt["node"], "rog-a");
-    assert!(halt["probes"]["command"].is_string(), "{halt:#}");
+    assert!(halt["probes"]["node-ready"].is_string(), "{halt:#}");
     wait_for("the rolled-back phase on the node", || {
         let n = cp.node("rog-a")?;
         (n["metadata"]["annotations"]["ginx.io/rollout-phase"] == "rolled-back").then_some(())
     });
+    let addr = s["metrics_listen"].as_str().unwrap().to_owned();
+    let metrics = crate::kubernetes::scrape(&addr);
+    for line in [
+        "ginx_rollout_gates_total{result=\"failed\"} 1",
+        "ginx_rollout_gates_total{result=\"rollback-passed\"} 1",
+        "ginx_rollout_rollbacks_total 1",
+        "ginx_rollout_halts_total 1",
+        "ginx_rollout_lock_held 0",
+    ] {
+        assert!(metrics.lines().any(|l| l == line), "{line} in\n{metrics}");
+    }
     // b never applies X: it waits, saying why.
     let db = b.env.start();
     let s = db.wait_status("b held back by the halt", |s| {
@@ -384,6 +419,13 @@ fn an_unhealthy_rolled_back_system_keeps_the_slot() {
         s["rollout"]["phase"] == "rollback-unhealthy"
     });
     assert_eq!(s["rollout"]["slot"], 0, "{s:#}");
+    assert_eq!(s["apply"]["state"], "failed", "{s:#}");
+    assert!(
+        s["apply"]["reason"]
+            .as_str()
+            .is_some_and(|r| r.contains("unhealthy too")),
+        "{s:#}"
+    );
     let lease = cp.lease("ginx-system", "ginx-rollout-rou-0").unwrap();
     assert_eq!(lease["spec"]["holderIdentity"], "rou-a");
     let cond = wait_for("RollbackUnhealthy on the node", || {

@@ -459,7 +459,8 @@ impl Core {
         }
         match self.state.gate_failure.as_ref().map(|g| g.next) {
             Some(AfterGate::RollBack) => return ApplyState::Verifying,
-            Some(AfterGate::Manual)
+            // Halted and kept: the revision's gate failed and nothing undid it.
+            Some(AfterGate::Manual | AfterGate::RollbackUnhealthy)
                 if desired.is_none_or(|d| {
                     self.state
                         .gate_failure

@@ -47,7 +47,7 @@ impl Reconciler {
                 }
                 if gated(desired.goal) {
                     self.gatekeeper.new_gate();
-                    self.baseline = gate::baseline(&self.gatekeeper.checks().await);
+                    self.baseline = gate::baseline(&self.gatekeeper.baseline_checks().await);
                 }
                 true
             }
@@ -177,10 +177,16 @@ impl Reconciler {
                 _ => std::mem::take(&mut self.baseline),
             },
         };
+        let before = verifying
+            .baseline
+            .iter()
+            .map(|(n, s)| format!("{n}={}", s.as_str()))
+            .collect::<Vec<_>>()
+            .join(",");
         match self.core.begin_verifying(verifying) {
             Ok(()) => {
                 tracing::info!(revision = %revision.short(), rollback, settle = %cfg.rollout.gate.settle,
-                    timeout = %cfg.rollout.gate.timeout, "health gate open");
+                    timeout = %cfg.rollout.gate.timeout, baseline = %before, "health gate open");
                 self.gatekeeper.new_gate();
                 self.gatekeeper.fast_probes(true);
                 self.gate_failing.clear();

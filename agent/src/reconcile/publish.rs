@@ -183,6 +183,23 @@ impl Reconciler {
             }
             ApplyState::Waiting => self.core.waiting.as_ref().map(|w| w.reason.clone()),
             ApplyState::Verifying => Some(self.gate_reason()),
+            ApplyState::Failed if failure.is_none() && st.gate_failure.is_some() => {
+                st.gate_failure.as_ref().map(|g| {
+                    let failing = g.failing.keys().cloned().collect::<Vec<_>>().join(", ");
+                    match g.next {
+                        AfterGate::RollbackUnhealthy => format!(
+                            "health gate failed ({failing}) and the rolled-back system is \
+                             unhealthy too: the rollout slot is kept; fix the node, then \
+                             `ginxctl retry` or push a fix"
+                        ),
+                        _ => format!(
+                            "health gate failed ({failing}); halted and kept \
+                             (rollout.rollback = \"manual\"): roll back or fix, then \
+                             `ginxctl retry` or push a fix"
+                        ),
+                    }
+                })
+            }
             ApplyState::Failed => failure.map(|f| {
                 if f.exhausted {
                     "given up: waiting for a new revision or `ginxctl retry`".to_owned()

@@ -14,7 +14,7 @@ use k8s_openapi::api::core::v1::ConfigMap;
 use tokio::sync::watch;
 
 use super::fleet::Fleet;
-use super::fleetlock::FleetLock;
+use super::fleetlock::{FleetLock, FleetLockError};
 use super::gate::Check;
 use super::lease::{self, Acquired, LeaseLock};
 use crate::config::{Config, LockBackend, OnApiUnavailable};
@@ -33,6 +33,9 @@ pub type Reach =
 /// While waiting, the verdict is looked at again this often even if no watch fired (another
 /// node's health is not watched).
 pub const RECHECK: Duration = Duration::from_secs(5);
+
+/// The longest the gate's baseline waits for a fresh round of the probes.
+const FRESH_ROUND: Duration = Duration::from_secs(15);
 
 /// The source is fetched at most this often while a gate is open.
 const REACH_EVERY: Duration = Duration::from_secs(10);
@@ -136,7 +139,12 @@ pub struct Gatekeeper {
     /// When the node started waiting for a slot.
     waiting_since: Option<Instant>,
     last_reach: Option<(Instant, Check)>,
+    /// The FleetLock client, kept while its configuration, group and timeout stay the same
+    /// (one connection pool, the machine id read once).
+    fleetlock: Option<(FleetLockKey, Arc<FleetLock>)>,
 }
+
+type FleetLockKey = (crate::config::FleetLockConfig, String, Duration);
 
 impl Gatekeeper {
     pub fn new(w: Wiring) -> Self {
@@ -153,7 +161,26 @@ impl Gatekeeper {
             fleet: None,
             waiting_since: None,
             last_reach: None,
+            fleetlock: None,
         }
+    }
+
+    /// The FleetLock client for `f` and `group`, built once per configuration.
+    fn fleetlock_client(
+        &mut self,
+        f: &crate::config::FleetLockConfig,
+        group: &str,
+        timeout: Duration,
+    ) -> Result<Arc<FleetLock>, String> {
+        let key = (f.clone(), group.to_owned(), timeout);
+        if let Some((k, c)) = &self.fleetlock
+            && *k == key
+        {
+            return Ok(Arc::clone(c));
+        }
+        let c = Arc::new(FleetLock::new(f, group, timeout)?);
+        self.fleetlock = Some((key, Arc::clone(&c)));
+        Ok(c)
     }
 
     fn cfg(&self) -> Arc<Config> {
@@ -386,10 +413,11 @@ impl Gatekeeper {
                     return Permit::Wait(WaitingFor::Lock, "rollout.fleetlock is not set".into());
                 };
                 let group = f.group.clone().unwrap_or_else(|| self.group());
-                let client = match FleetLock::new(f, &group, cfg.kubernetes.request_timeout.get()) {
-                    Ok(c) => c,
-                    Err(e) => return Permit::Wait(WaitingFor::Lock, e),
-                };
+                let client =
+                    match self.fleetlock_client(f, &group, cfg.kubernetes.request_timeout.get()) {
+                        Ok(c) => c,
+                        Err(e) => return Permit::Wait(WaitingFor::Lock, e),
+                    };
                 match client.pre_reboot().await {
                     Ok(()) => {
                         tracing::info!(group = %group, id = client.id(), revision = %revision.short(), "FleetLock held");
@@ -498,8 +526,21 @@ impl Gatekeeper {
             "fleetlock" => match &cfg.rollout.fleetlock {
                 Some(f) => {
                     let group = f.group.clone().unwrap_or_else(|| held.group.clone());
-                    match FleetLock::new(f, &group, cfg.kubernetes.request_timeout.get()) {
-                        Ok(c) => c.steady_state().await.map_err(|e| e.to_string()),
+                    match self.fleetlock_client(f, &group, cfg.kubernetes.request_timeout.get()) {
+                        Ok(c) => match c.steady_state().await {
+                            Ok(()) => Ok(()),
+                            // poseidon/fleetlock answers 423 to a steady-state from an id
+                            // that does not hold the group's slot: there is nothing of this
+                            // node's to give back, and asking again would never end.
+                            Err(FleetLockError::Refused {
+                                status: 409 | 423, ..
+                            }) => {
+                                tracing::warn!(group = %group, id = c.id(),
+                                    "the FleetLock server says another node holds the group's slot; this node holds nothing to release");
+                                Ok(())
+                            }
+                            Err(e) => Err(e.to_string()),
+                        },
                         Err(e) => Err(e),
                     }
                 }
@@ -632,6 +673,28 @@ impl Gatekeeper {
             );
         }
         out
+    }
+
+    /// Every check after one fresh round of the probes: the baseline a gate compares with
+    /// must be evidence from just before the activation, not whatever the probes said last
+    /// (right after startup, before the API connection, the API-based ones say "unknown",
+    /// which no later failure would count as a regression of). Waits at most
+    /// [`FRESH_ROUND`]; a probe slower than that keeps its last result.
+    pub async fn baseline_checks(&mut self) -> BTreeMap<String, Check> {
+        let since = util::now();
+        let mut health = self.w.health.clone();
+        self.fast_probes(true);
+        let fresh = |m: &HealthMap| m.values().all(|p| p.checked_at.is_some_and(|t| t >= since));
+        if tokio::time::timeout(FRESH_ROUND, health.wait_for(fresh))
+            .await
+            .is_err()
+        {
+            tracing::debug!(
+                "not every probe answered afresh before the activation; the gate's baseline keeps their last results"
+            );
+        }
+        self.fast_probes(false);
+        self.checks().await
     }
 
     /// Forgets the cached source check (a new gate wants fresh evidence).
