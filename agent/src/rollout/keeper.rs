@@ -682,16 +682,26 @@ impl Gatekeeper {
     /// [`FRESH_ROUND`]; a probe slower than that keeps its last result.
     pub async fn baseline_checks(&mut self) -> BTreeMap<String, Check> {
         let since = util::now();
-        let mut health = self.w.health.clone();
         self.fast_probes(true);
-        let fresh = |m: &HealthMap| m.values().all(|p| p.checked_at.is_some_and(|t| t >= since));
-        if tokio::time::timeout(FRESH_ROUND, health.wait_for(fresh))
-            .await
-            .is_err()
-        {
-            tracing::debug!(
-                "not every probe answered afresh before the activation; the gate's baseline keeps their last results"
-            );
+        // Polled: the health watch wakes nobody for a new `checked_at` alone.
+        let started = Instant::now();
+        loop {
+            let stale: Vec<String> = self
+                .w
+                .health
+                .borrow()
+                .iter()
+                .filter(|(_, p)| p.checked_at.is_none_or(|t| t < since))
+                .map(|(n, _)| n.clone())
+                .collect();
+            if stale.is_empty() {
+                break;
+            }
+            if started.elapsed() >= FRESH_ROUND {
+                tracing::info!(probes = %stale.join(","), "no fresh result before the activation; the gate's baseline keeps their last ones");
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
         }
         self.fast_probes(false);
         self.checks().await
