@@ -621,3 +621,47 @@ fn a_killed_holder_s_slot_expires_and_it_never_takes_a_second() {
     let db = b.env.start();
     db.wait_applied(&x);
 }
+
+/// The lock's watches are not cut by `kubernetes.request_timeout`: a quiet watch stays open
+/// (its own client's read timeout outlasts the watch request), so an idle node neither lists
+/// nor watches again every few seconds.
+#[test]
+fn a_quiet_watch_outlasts_the_request_timeout() {
+    let Some(cp) = control_plane::shared() else {
+        return;
+    };
+    let mut rbac = RbacGuard::new(cp);
+    let origin = Env::new();
+    let journal_path = origin.root.join("journal");
+    let n = node(
+        cp,
+        &origin.repo.path,
+        &journal_path,
+        "row-quiet",
+        "worker",
+        "row",
+        "",
+    );
+    n.env.dropin(
+        "90-timeout.toml",
+        "[kubernetes]\nrequest_timeout = \"1s\"\n",
+    );
+    rbac.watch("row-quiet");
+    let _kubelet = Kubelet::start(cp, "row-quiet", "worker");
+    let d = n.env.start();
+    d.wait_applied(&origin.repo.head());
+    let mark = cp.audit_mark();
+    // Five request timeouts of quiet.
+    std::thread::sleep(std::time::Duration::from_secs(5));
+    let again: Vec<String> = cp
+        .audit_since(mark)
+        .into_iter()
+        .filter(|e| {
+            e.user == "ginx:row-quiet"
+                && matches!(e.verb.as_str(), "list" | "watch")
+                && matches!(e.resource.as_str(), "leases" | "configmaps")
+        })
+        .map(|e| format!("{} {} {}", e.verb, e.resource, e.time))
+        .collect();
+    assert!(again.is_empty(), "watches made again while idle: {again:?}");
+}

@@ -211,9 +211,13 @@ impl Gatekeeper {
             return;
         }
         let (stop_tx, stop) = watch::channel(false);
-        let lock = self.lease_lock(cfg, clients);
+        let watching = KubeClients {
+            main: clients.watch.clone(),
+            ..clients.clone()
+        };
+        let lock = self.lease_lock(cfg, &watching);
         tokio::spawn(lock.watch(self.changes_tx.clone(), stop.clone()));
-        let api = kube::Api::<ConfigMap>::namespaced(clients.main.clone(), &key.namespace);
+        let api = kube::Api::<ConfigMap>::namespaced(clients.watch.clone(), &key.namespace);
         let fields = format!("metadata.name={}", key.configmap);
         let changes = self.changes_tx.clone();
         let mut stop_cm = stop;

@@ -304,8 +304,14 @@ impl LeaseLock {
     }
 }
 
+/// How long one watch request lasts (`timeoutSeconds`); the server ends it then, and it is
+/// made again from the last `resourceVersion` seen, without a list.
+pub const WATCH_SECONDS: u32 = 290;
+
 /// List, then watch from the list's `resourceVersion`, forever: every event (and every
-/// relist) bumps `changes`. An expired `resourceVersion` (410) or a broken stream relists.
+/// relist) bumps `changes`. A watch the server ends is made again from the last
+/// `resourceVersion` seen (bookmarks, on by default, keep it current); an expired one (410) or a broken
+/// stream relists.
 pub async fn watch_objects<K>(
     api: Api<K>,
     labels: String,
@@ -316,30 +322,38 @@ pub async fn watch_objects<K>(
 {
     let bump = || changes.send_modify(|n| *n = n.wrapping_add(1));
     let mut failures = 0u32;
+    let mut from: Option<String> = None;
     loop {
-        let mut lp = ListParams::default().labels(&labels);
-        if let Some(f) = &fields {
-            lp = lp.fields(f);
-        }
-        let rv = match api.list_metadata(&lp).await {
-            Ok(list) => {
-                failures = 0;
-                bump();
-                list.metadata.resource_version.unwrap_or_default()
-            }
-            Err(e) => {
-                failures = failures.saturating_add(1);
-                tracing::debug!(error = %describe(&e), "rollout watch: list failed");
-                tokio::time::sleep(crate::util::backoff(
-                    Duration::from_millis(500),
-                    Duration::from_secs(10),
-                    failures,
-                ))
-                .await;
-                continue;
+        let rv = match from.take() {
+            Some(rv) => rv,
+            None => {
+                let mut lp = ListParams::default().labels(&labels);
+                if let Some(f) = &fields {
+                    lp = lp.fields(f);
+                }
+                match api.list_metadata(&lp).await {
+                    Ok(list) => {
+                        failures = 0;
+                        bump();
+                        list.metadata.resource_version.unwrap_or_default()
+                    }
+                    Err(e) => {
+                        failures = failures.saturating_add(1);
+                        tracing::debug!(error = %describe(&e), "rollout watch: list failed");
+                        tokio::time::sleep(crate::util::backoff(
+                            Duration::from_millis(500),
+                            Duration::from_secs(10),
+                            failures,
+                        ))
+                        .await;
+                        continue;
+                    }
+                }
             }
         };
-        let mut wp = WatchParams::default().labels(&labels).timeout(290);
+        let mut wp = WatchParams::default()
+            .labels(&labels)
+            .timeout(WATCH_SECONDS);
         if let Some(f) = &fields {
             wp = wp.fields(f);
         }
@@ -352,21 +366,32 @@ pub async fn watch_objects<K>(
             }
         };
         let mut stream = std::pin::pin!(stream);
+        let mut last = rv;
+        // Whether the stream ended the way the server ends a watch at its timeout.
+        let mut clean = true;
         while let Some(event) = stream.next().await {
             match event {
-                Ok(WatchEvent::Added(_) | WatchEvent::Modified(_) | WatchEvent::Deleted(_)) => {
-                    bump()
+                Ok(WatchEvent::Added(o) | WatchEvent::Modified(o) | WatchEvent::Deleted(o)) => {
+                    if let Some(v) = o.meta().resource_version.clone() {
+                        last = v;
+                    }
+                    bump();
                 }
-                Ok(WatchEvent::Bookmark(_)) => {}
+                Ok(WatchEvent::Bookmark(b)) => last = b.metadata.resource_version,
                 Ok(WatchEvent::Error(e)) => {
                     tracing::debug!(code = e.code, message = %e.message, "rollout watch ended");
+                    clean = false;
                     break;
                 }
                 Err(e) => {
                     tracing::debug!(error = %describe(&e), "rollout watch stream broke");
+                    clean = false;
                     break;
                 }
             }
+        }
+        if clean {
+            from = Some(last);
         }
     }
 }

@@ -14,6 +14,9 @@ pub struct KubeClients {
     /// The same credentials against `health.apiserver.vip_url` (default: the kubeconfig's
     /// server).
     pub vip: kube::Client,
+    /// `main` for watches: its read timeout outlasts a watch request, which may be silent
+    /// for minutes (`main`'s `request_timeout` would cut every watch after that long).
+    pub watch: kube::Client,
 }
 
 /// A short description of a client error: the HTTP status and reason for API errors, the root
