@@ -233,9 +233,9 @@ TOML
   pids+=($!)
 done
 ctl() { local n=$1; shift; "$bin/ginxctl" --socket "$work/$n/ginx.sock" "$@"; }
-annotated() { # revision
+annotated() { # revision: applied and through its health gate on every node
   for n in "${nodes[@]}"; do
-    [ "$(kubectl get node "$n" -o jsonpath='{.metadata.annotations.ginx\.io/applied-revision}')" = "$1" ] || return 1
+    [ "$(kubectl get node "$n" -o jsonpath='{.metadata.annotations.ginx\.io/applied-revision} {.metadata.annotations.ginx\.io/apply-state}')" = "$1 succeeded" ] || return 1
   done
 }
 healthy() {
