@@ -3,6 +3,7 @@
 # kube-controller-manager built from Kubernetes' own Go modules, tests/control-plane/) on
 # 127.0.0.1, three nodes lucy, makise and quinn, and three ginx daemons against one local
 # Hephaestus repository, each with its own identity made through the CSR API as README says.
+# A commit then rolls through the three one at a time, through the rollout lock's slot Lease.
 # Everything lives in a temporary directory and is stopped and removed at the end.
 #
 # Needs: cargo, go >= 1.26 (the first control-plane build takes about 10 minutes), git,
@@ -176,10 +177,14 @@ git_ init -q -b main
 echo '{ meta.nixpkgs = <nixpkgs>; lucy = { ... }: { }; makise = { ... }: { }; quinn = { ... }: { }; }' > "$work/hephaestus/hive.nix"
 git_ add hive.nix
 git_ commit -q -m "initial hive"
-cat > "$work/colmena" <<'STUB'
+cat > "$work/colmena" <<STUB
 #!/usr/bin/env bash
-# argv: apply-local --node NAME GOAL; runs in the checked-out tree of the revision.
-echo "[INFO ] Activation ($4) of revision ${GINX_REVISION:0:12} on $3 done"
+# argv: apply-local --node NAME GOAL; runs in the checked-out tree of the revision. Takes 2 s,
+# and notes its start and end in one journal for all three nodes.
+echo "\$(date +%T.%3N) \$3 activating \${GINX_REVISION:0:12}" >> "$work/journal"
+sleep 2
+echo "[INFO ] Activation (\$4) of revision \${GINX_REVISION:0:12} on \$3 done"
+echo "\$(date +%T.%3N) \$3 activated" >> "$work/journal"
 STUB
 chmod +x "$work/colmena"
 
@@ -207,6 +212,13 @@ group = "$(id -gn)"
 [kubernetes]
 kubeconfig = "$work/$n/kubeconfig"
 
+# The rollout lock is on (a kubeconfig is there): one control-plane node at a time, each
+# healthy for 2 s after its activation before the next may start.
+[rollout.gate]
+settle = "2s"
+interval = "500ms"
+command = ["sh", "-c", "echo \"\$(date +%T.%3N) $n gate check ok\" >> $work/journal"]
+
 # No kubelet, Cilium or systemd here: only the node's Ready condition is probed.
 [health.kubelet]
 enabled = false
@@ -221,9 +233,9 @@ TOML
   pids+=($!)
 done
 ctl() { local n=$1; shift; "$bin/ginxctl" --socket "$work/$n/ginx.sock" "$@"; }
-annotated() { # revision
+annotated() { # revision: applied and through its health gate on every node
   for n in "${nodes[@]}"; do
-    [ "$(kubectl get node "$n" -o jsonpath='{.metadata.annotations.ginx\.io/applied-revision}')" = "$1" ] || return 1
+    [ "$(kubectl get node "$n" -o jsonpath='{.metadata.annotations.ginx\.io/applied-revision} {.metadata.annotations.ginx\.io/apply-state}')" = "$1 succeeded" ] || return 1
   done
 }
 healthy() {
@@ -248,12 +260,34 @@ echo "==> a new commit, then ginxctl sync on each node"
 echo '{ meta.nixpkgs = <nixpkgs>; lucy = { ... }: { services.openssh.enable = true; }; makise = { ... }: { }; quinn = { ... }: { }; }' > "$work/hephaestus/hive.nix"
 git_ commit -q -am "lucy: enable openssh"
 second=$(git_ rev-parse HEAD)
+: > "$work/journal"
 for n in "${nodes[@]}"; do
   echo "    $n: $(ctl "$n" sync)"
 done
+sleep 1
+echo "==> ginxctl cluster, a second into the rollout: one node holds the slot, the others wait"
+ctl lucy cluster | sed 's/^/    /'
 wait_until "every node annotated with $second" annotated "$second"
 echo "==> kubectl get nodes (the revision annotation moved to ${second:0:12})"
 show
+echo "==> the journal: one node at a time, its gate passed before the next one starts"
+grep -v 'gate check' "$work/journal" | sed 's/^/    /'
+echo "==> who wrote the slot Lease ginx-rollout-control-plane-0, in order (audit log)"
+python3 - "$work/audit.log" <<'PY' | sed 's/^/    /'
+import json, sys
+last = None
+for line in open(sys.argv[1]):
+    e = json.loads(line)
+    ref = e.get("objectRef") or {}
+    if ref.get("name") != "ginx-rollout-control-plane-0" or e.get("verb") not in ("create", "update"):
+        continue
+    if e.get("responseStatus", {}).get("code", 0) >= 300:
+        continue
+    who = e["user"]["username"]
+    if who != last:
+        print(e["stageTimestamp"][11:23], who)
+        last = who
+PY
 echo "==> ginxctl status on lucy"
 ctl lucy status | sed 's/^/    /'
 
@@ -261,4 +295,4 @@ echo "==> what ginx asked of the API server (from its audit log), by user"
 grep -o '"username":"ginx:[a-z]*"' "$work/audit.log" | sort | uniq -c | sed 's/^/    /'
 
 echo "==> stopping everything and cleaning up"
-echo "cluster demo finished: lucy, makise and quinn applied $first and then $second"
+echo "cluster demo finished: lucy, makise and quinn applied $first, then $second one at a time"

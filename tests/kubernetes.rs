@@ -29,7 +29,7 @@ fn use_api(env: &Env, api: &ApiServer, extra: &str) {
     kube_dropin(env, &kc, extra);
 }
 
-fn kube_dropin(env: &Env, kubeconfig: &std::path::Path, extra: &str) {
+pub(crate) fn kube_dropin(env: &Env, kubeconfig: &std::path::Path, extra: &str) {
     env.dropin(
         "70-kube.toml",
         &format!(
@@ -37,12 +37,15 @@ fn kube_dropin(env: &Env, kubeconfig: &std::path::Path, extra: &str) {
             kubeconfig.display()
         ),
     );
+    // These tests are about reporting; the rollout lock (tests/rollout.rs, which overrides
+    // this in a later drop-in) would hold their applies on RBAC they are not given.
+    env.dropin("65-rollout-off.toml", "[rollout]\nlock = \"none\"\n");
 }
 
 /// Makes `env`'s ginx the node `node` of the real control plane, with ginx's own identity
 /// (`CN=ginx:<node>`, `O=ginx:nodes`), fast renewals and every probe off. Returns the path of
 /// its kubeconfig.
-fn use_cluster(env: &Env, cp: &ControlPlane, node: &str, extra: &str) -> PathBuf {
+pub(crate) fn use_cluster(env: &Env, cp: &ControlPlane, node: &str, extra: &str) -> PathBuf {
     env.dropin("10-node.toml", &format!("[node]\nname = \"{node}\"\n"));
     let kc = env.root.join("kubeconfig");
     cp.ginx_kubeconfig(&kc, node);
@@ -481,7 +484,13 @@ fn a_missing_role_binding_is_a_403_naming_rbac_yaml() {
     wait_for("more refused attempts", || {
         (rbac.requests().iter().filter(|r| r.code == 403).count() >= refused + 3).then_some(())
     });
-    assert_eq!(d.log().matches("HTTP 403").count(), 1, "{}", d.log());
+    // The rollout, held back by the same refusal, says so once in its own words.
+    let heartbeat_lines = d
+        .log()
+        .lines()
+        .filter(|l| l.contains("HTTP 403") && !l.contains("waiting to apply"))
+        .count();
+    assert_eq!(heartbeat_lines, 1, "{}", d.log());
 }
 
 #[test]
@@ -645,7 +654,22 @@ fn the_api_going_away_does_not_stop_applies_and_current_values_follow_its_return
             .contains("kubernetes unreachable since")
     );
     std::fs::write(&release, "").unwrap();
+    // The API answered before this activation and does not now: the health gate holds the
+    // revision (it could be what broke the network) until the API is back.
+    let s = d.wait_status("the gate to hold on the API", |s| {
+        s["apply"]["state"] == "verifying" && s["rollout"]["gate"]["failing"]["api"].is_string()
+    });
+    assert_eq!(s["rollout"]["lock"], "none", "{s:#}");
+    let restarted = cp.audit_mark();
+    cp.restart_apiserver();
+    rbac.forgive(restarted, cp.audit_mark());
     d.wait_applied(&env.repo.head());
+
+    // Gone before the next activation, the API is no regression of it: the apply goes ahead.
+    cp.kill_apiserver();
+    d.wait_status("unreachable again", |s| {
+        s["kubernetes"]["state"] == "unreachable"
+    });
     let next = env
         .repo
         .commit("away.nix", "{ }\n", "while the API is away");
@@ -662,9 +686,9 @@ fn the_api_going_away_does_not_stop_applies_and_current_values_follow_its_return
         let n = cp.node(node)?;
         (n["metadata"]["annotations"]["ginx.io/applied-revision"] == next.as_str()).then_some(())
     });
-    // One line when it went, one when it came back; not one per retry.
+    // One line each time it went, one each time it came back; not one per retry.
     let log = d.log();
-    assert_eq!(log.matches("state=\"unreachable\"").count(), 1, "{log}");
+    assert_eq!(log.matches("state=\"unreachable\"").count(), 2, "{log}");
 }
 
 #[test]
@@ -731,7 +755,7 @@ fn metrics_are_served_and_parse() {
     assert!(body.trim_end().ends_with("# EOF"));
 }
 
-fn scrape(addr: &str) -> String {
+pub(crate) fn scrape(addr: &str) -> String {
     use std::io::{Read, Write};
     let mut s = std::net::TcpStream::connect(addr).unwrap();
     write!(

@@ -433,6 +433,7 @@ fn completions_and_man_pages_are_generated() {
     }
     let bash = std::fs::read_to_string(c.join("ginxctl.bash")).unwrap();
     assert!(bash.contains("complete -F _ginxctl") && bash.contains("switch-kube-vip"));
+    assert!(bash.contains("rollout") && bash.contains("cluster"));
     if support::which("bash").is_some() {
         succeed(Command::new("bash").arg("-n").arg(c.join("ginxctl.bash")));
     }
@@ -442,6 +443,8 @@ fn completions_and_man_pages_are_generated() {
         "ginxctl.1",
         "ginxctl-status.1",
         "ginxctl-kubeadm-join.1",
+        "ginxctl-rollout-clear.1",
+        "ginxctl-cluster.1",
     ] {
         let text =
             std::fs::read_to_string(man.join(page)).unwrap_or_else(|e| panic!("{page}: {e}"));

@@ -88,7 +88,20 @@ pub async fn run(config_path: PathBuf) -> anyhow::Result<Ending> {
         None => None,
     };
     let (restart_tx, mut restart_rx) = watch::channel(None);
+    let health = Arc::new(watch::channel(status::HealthMap::new()).0);
+    let (kube_clients_tx, kube_clients_rx) = watch::channel(None);
+    let (fast_probes_tx, fast_probes_rx) = watch::channel(None);
+    let pollers: Arc<Mutex<BTreeMap<String, mpsc::Sender<PollerCmd>>>> =
+        Arc::new(Mutex::new(BTreeMap::new()));
     let reconciler = Reconciler::new(Wiring {
+        rollout: crate::rollout::Wiring {
+            config: config_rx.clone(),
+            kube: kube_clients_rx.clone(),
+            health: health.subscribe(),
+            fast_probes: fast_probes_tx,
+            reach_source: Some(reach_apply_source(config_rx.clone(), Arc::clone(&pollers))),
+            metrics: Arc::clone(&metrics),
+        },
         metrics: Arc::clone(&metrics),
         config: config_rx.clone(),
         sources: statuses.subscribe(),
@@ -103,7 +116,7 @@ pub async fn run(config_path: PathBuf) -> anyhow::Result<Ending> {
 
     let mut sources = Sources {
         running: BTreeMap::new(),
-        channels: Arc::new(Mutex::new(BTreeMap::new())),
+        channels: pollers,
         workspace,
         statuses: Arc::clone(&statuses),
         shutdown: shutdown_rx.clone(),
@@ -111,8 +124,6 @@ pub async fn run(config_path: PathBuf) -> anyhow::Result<Ending> {
     };
     sources.reconcile(&cfg);
 
-    let health = Arc::new(watch::channel(status::HealthMap::new()).0);
-    let (kube_clients_tx, kube_clients_rx) = watch::channel(None);
     let (kube_status_tx, kube_status_rx) = watch::channel(status::KubeStatus::default());
     let (kubeadm_tx, kubeadm_rx) = watch::channel(None);
 
@@ -131,6 +142,7 @@ pub async fn run(config_path: PathBuf) -> anyhow::Result<Ending> {
         reconciler: commands_tx.clone(),
         pollers: Arc::clone(&sources.channels),
         workspace: Arc::clone(&sources.workspace),
+        kube: kube_clients_rx.clone(),
     });
     let workspace = Arc::clone(&sources.workspace);
     let read_file: crate::kubeadm::watch::ReadFile = Arc::new(move |name, revision, path| {
@@ -153,6 +165,7 @@ pub async fn run(config_path: PathBuf) -> anyhow::Result<Ending> {
         crate::health::Context {
             config: config_rx.clone(),
             kube: kube_clients_rx,
+            fast: fast_probes_rx,
         },
         health,
         shutdown_rx.clone(),
@@ -252,6 +265,36 @@ pub async fn run(config_path: PathBuf) -> anyhow::Result<Ending> {
     notifier.flush();
     tracing::info!("stopped");
     Ok(ending)
+}
+
+/// The gate's check that the apply source can still be fetched: a sync of its poller (a real
+/// fetch), answered with its error if it failed.
+fn reach_apply_source(
+    config: watch::Receiver<Arc<Config>>,
+    pollers: Arc<Mutex<BTreeMap<String, mpsc::Sender<PollerCmd>>>>,
+) -> crate::rollout::Reach {
+    Arc::new(move || {
+        let source = config.borrow().apply.source.clone();
+        let tx = pollers
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .get(&source)
+            .cloned();
+        Box::pin(async move {
+            let tx = tx.ok_or_else(|| format!("source {source} is not polled"))?;
+            let (reply, answer) = tokio::sync::oneshot::channel();
+            tx.send(PollerCmd::Sync(reply))
+                .await
+                .map_err(|_| format!("the poller of {source} is gone"))?;
+            let outcome = answer
+                .await
+                .map_err(|_| format!("the poller of {source} did not answer"))?;
+            match outcome.error {
+                Some(e) if !outcome.refused => Err(e),
+                _ => Ok(()),
+            }
+        })
+    })
 }
 
 /// Talks to systemd from a thread of its own: a notify socket that nobody reads (a full

@@ -15,6 +15,7 @@ pub mod kubeadm;
 pub mod logging;
 pub mod metrics;
 pub mod reconcile;
+pub mod rollout;
 pub mod source;
 pub mod state;
 pub mod status;

@@ -120,6 +120,10 @@ kill_grace = "1s"
 
 [control]
 group = "root"
+
+[rollout.gate]
+settle = "0s"
+interval = "200ms"
 "#,
             state = self.state_dir.display(),
             socket = self.socket.display(),

@@ -55,6 +55,9 @@ pub async fn client(path: &Path) -> kube::Client {
 
 pub struct Kubelet {
     pub node: String,
+    /// Deletes the Node when the stand-in goes: the control plane is shared, and a dead
+    /// control-plane node left behind would hold every later test's quorum guard.
+    admin: kube::Client,
     ready: watch::Sender<bool>,
     task: Option<tokio::task::JoinHandle<()>>,
 }
@@ -104,6 +107,7 @@ impl Kubelet {
         });
         Self {
             node: node.to_owned(),
+            admin: cp.admin(),
             ready,
             task: Some(task),
         }
@@ -126,6 +130,9 @@ impl Kubelet {
 impl Drop for Kubelet {
     fn drop(&mut self) {
         self.stop();
+        let nodes: Api<Node> = Api::all(self.admin.clone());
+        let name = self.node.clone();
+        let _ = runtime().block_on(async move { nodes.delete(&name, &Default::default()).await });
     }
 }
 

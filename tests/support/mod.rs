@@ -7,6 +7,7 @@ pub mod apiserver;
 pub mod control_plane;
 pub mod daemon;
 pub mod fakes;
+pub mod fleetlock;
 pub mod git;
 pub mod http;
 pub mod inetd;

@@ -10,9 +10,10 @@ use super::render;
 use crate::config::{self, DEFAULT_CONFIG_PATH, Duration};
 use crate::control::client::{Client, ClientError};
 use crate::control::protocol::{
-    AcceptReport, Command, HistoryReport, RollbackReport, SuspendReport, SyncReport,
+    AcceptReport, ClearReport, Command, FleetReport, HistoryReport, RollbackReport, SuspendReport,
+    SyncReport,
 };
-use crate::status::Status;
+use crate::status::{ClusterView, Status};
 
 /// Talk to the ginx daemon on this node.
 #[derive(Debug, Parser)]
@@ -66,6 +67,16 @@ pub enum CtlCommand {
     /// Switch to the previous system generation (recorded as an attempt); the current revision
     /// is not applied again until a new one arrives or `ginxctl retry`.
     Rollback,
+    /// The rollout through the whole fleet: pause it, resume it, clear a halted revision.
+    #[command(subcommand)]
+    Rollout(RolloutCommand),
+    /// Show the fleet from the API: each node's role, readiness, health, revisions, apply state
+    /// and rollout phase, heartbeat and slot; halted revisions, the pause, who waits.
+    Cluster {
+        /// Print the view as JSON.
+        #[arg(long)]
+        json: bool,
+    },
     /// kubeadm and kube-vip: render the documents, initialise or join the cluster.
     #[command(subcommand)]
     Kubeadm(super::kubeadm::KubeadmCommand),
@@ -80,6 +91,23 @@ pub enum CtlCommand {
         /// Also print each attempt's last output lines.
         #[arg(long)]
         output: bool,
+    },
+}
+
+/// `ginxctl rollout …`: fleet-wide, through the `ginx-rollout` ConfigMap (needs this node's
+/// ginx connected to the cluster).
+#[derive(Debug, Subcommand)]
+pub enum RolloutCommand {
+    /// No node starts applying a new revision until `ginxctl rollout resume` (applies under way
+    /// finish).
+    Pause,
+    /// Lift the fleet-wide pause.
+    Resume,
+    /// Let nodes apply REVISION again after its health gate failed on a node.
+    Clear {
+        /// The halted revision: the full commit id, or a unique prefix of at least 7 hex
+        /// digits.
+        revision: String,
     },
 }
 
@@ -172,6 +200,27 @@ fn run(client: &Client, command: CtlCommand) -> Result<ExitCode, ClientError> {
             });
         }
         CtlCommand::Kubeadm(_) => unreachable!("handled before"),
+        CtlCommand::Rollout(RolloutCommand::Pause) => {
+            let r: FleetReport = client.call(Command::RolloutPause)?;
+            print(render::paused(&r));
+        }
+        CtlCommand::Rollout(RolloutCommand::Resume) => {
+            let r: FleetReport = client.call(Command::RolloutResume)?;
+            print(render::resumed(&r));
+        }
+        CtlCommand::Rollout(RolloutCommand::Clear { revision }) => {
+            let r: ClearReport = client.call(Command::RolloutClear { revision })?;
+            print(render::cleared(&r));
+        }
+        CtlCommand::Cluster { json } => {
+            if json {
+                let v = client.call_raw(Command::Cluster)?;
+                print(pretty(&v));
+            } else {
+                let v: ClusterView = client.call(Command::Cluster)?;
+                print(render::cluster(&v));
+            }
+        }
         CtlCommand::Retry => {
             client.call_raw(Command::Retry)?;
             print("retrying the wanted revision now\n".into());
@@ -237,5 +286,17 @@ mod tests {
             ok.command,
             CtlCommand::History { limit: Some(3), .. }
         ));
+    }
+
+    #[test]
+    fn rollout_and_cluster_parse() {
+        let a = CtlArgs::try_parse_from(["ginxctl", "rollout", "clear", "0123456"]).unwrap();
+        assert!(matches!(
+            a.command,
+            CtlCommand::Rollout(RolloutCommand::Clear { revision }) if revision == "0123456"
+        ));
+        assert!(CtlArgs::try_parse_from(["ginxctl", "rollout", "clear"]).is_err());
+        let a = CtlArgs::try_parse_from(["ginxctl", "cluster", "--json"]).unwrap();
+        assert!(matches!(a.command, CtlCommand::Cluster { json: true }));
     }
 }

@@ -4,9 +4,9 @@ use std::fmt::Write;
 
 use jiff::Timestamp;
 
-use crate::control::protocol::{AcceptReport, HistoryReport, SyncReport};
+use crate::control::protocol::{AcceptReport, ClearReport, FleetReport, HistoryReport, SyncReport};
 use crate::state::{AttemptKind, Stream};
-use crate::status::{KubeState, Status};
+use crate::status::{ClusterView, KubeState, Pause, Status};
 use crate::types::Generation;
 use crate::util::age;
 
@@ -298,6 +298,169 @@ pub fn history(h: &HistoryReport, output: bool) -> String {
     o
 }
 
+/// `ginxctl rollout pause`.
+pub fn paused(r: &FleetReport) -> String {
+    match (&r.fleet.paused, r.changed) {
+        (Some(_), true) => "paused the rollout fleet-wide: no node starts applying a new revision \
+                            until `ginxctl rollout resume`\n"
+            .to_owned(),
+        (Some(p), false) => format!("already {}\n", pause_line(p)),
+        // Lifted by someone else between the write and the answer: say what is.
+        (None, _) => "not paused\n".to_owned(),
+    }
+}
+
+/// `ginxctl rollout resume`.
+pub fn resumed(r: &FleetReport) -> String {
+    if r.changed {
+        "resumed the rollout fleet-wide\n".to_owned()
+    } else {
+        "the rollout was not paused\n".to_owned()
+    }
+}
+
+/// `ginxctl rollout clear`.
+pub fn cleared(r: &ClearReport) -> String {
+    let h = &r.cleared;
+    format!(
+        "cleared the halt of {} (halted on {} at {}: {}); nodes may apply it again\n",
+        h.revision,
+        printable(&h.node),
+        time(h.at),
+        printable(&h.reason)
+    )
+}
+
+fn pause_line(p: &Pause) -> String {
+    format!("paused by {} since {}", printable(&p.by), time(p.at))
+}
+
+/// An RFC 3339 time to the second.
+fn time(t: Timestamp) -> String {
+    t.strftime("%Y-%m-%dT%H:%M:%SZ").to_string()
+}
+
+/// `ginxctl cluster`: a table of the nodes, then the halts, the pause and who waits.
+pub fn cluster(v: &ClusterView) -> String {
+    let now = v.at.unwrap_or_else(crate::util::now);
+    let mut o = String::new();
+    let dash = || "-".to_owned();
+    let cell = |s: &Option<String>| s.as_deref().map_or_else(dash, printable);
+    let short = |s: &Option<String>| {
+        s.as_deref()
+            .map_or_else(dash, |r| printable(&r.chars().take(12).collect::<String>()))
+    };
+    let header = [
+        "NODE",
+        "ROLE",
+        "READY",
+        "HEALTHY",
+        "APPLIED",
+        "TARGET",
+        "STATE/PHASE",
+        "HEARTBEAT",
+        "SLOT",
+    ];
+    let rows: Vec<[String; 9]> = v
+        .nodes
+        .iter()
+        .map(|n| {
+            let healthy = match (n.healthy.as_deref(), n.health_reason.as_deref()) {
+                (Some("True"), _) => "yes".to_owned(),
+                (Some(s), r) => {
+                    let s = if s == "False" { "no" } else { "unknown" };
+                    match r.filter(|r| !r.is_empty()) {
+                        Some(r) => format!("{s}: {}", printable(r)),
+                        None => s.to_owned(),
+                    }
+                }
+                (None, _) => dash(),
+            };
+            let phase = match (&n.apply_state, &n.rollout_phase) {
+                (None, None) => dash(),
+                (s, p) => format!("{}/{}", cell(s), cell(p)),
+            };
+            [
+                printable(&n.name),
+                n.role.map_or_else(dash, |r| r.to_string()),
+                match n.ready {
+                    Some(true) => "yes".to_owned(),
+                    Some(false) => "no".to_owned(),
+                    None => dash(),
+                },
+                healthy,
+                short(&n.applied_revision),
+                short(&n.target_revision),
+                phase,
+                n.heartbeat_age_secs
+                    .map_or_else(dash, |s| age(now - jiff::SignedDuration::from_secs(s), now)),
+                cell(&n.slot),
+            ]
+        })
+        .collect();
+    if rows.is_empty() {
+        o.push_str(
+            "no nodes: none has a ginx heartbeat Lease or ginx annotations, and there is no \
+             control-plane node\n",
+        );
+    } else {
+        let mut widths = header.map(str::len);
+        for r in &rows {
+            for (w, c) in widths.iter_mut().zip(r) {
+                *w = (*w).max(c.chars().count());
+            }
+        }
+        let line = |cells: &[&str]| {
+            let mut l = String::new();
+            for (i, (c, w)) in cells.iter().zip(widths).enumerate() {
+                if i + 1 == cells.len() {
+                    l.push_str(c);
+                } else {
+                    let _ = write!(l, "{c:<w$}  ");
+                }
+            }
+            l.truncate(l.trim_end().len());
+            l.push('\n');
+            l
+        };
+        o.push_str(&line(&header));
+        for r in &rows {
+            o.push_str(&line(&r.each_ref().map(String::as_str)));
+        }
+    }
+    for h in v.fleet.halted.values() {
+        let _ = writeln!(
+            o,
+            "halted: {} on {} at {}: {}",
+            h.revision.short(),
+            printable(&h.node),
+            time(h.at),
+            printable(&h.reason)
+        );
+        for (probe, message) in &h.probes {
+            let _ = writeln!(o, "  {}: {}", printable(probe), printable(message));
+        }
+    }
+    match &v.fleet.paused {
+        Some(p) => {
+            let _ = writeln!(o, "{} ({})", pause_line(p), age(p.at, now));
+        }
+        None => o.push_str("not paused\n"),
+    }
+    let waiting: Vec<String> = v
+        .nodes
+        .iter()
+        .filter(|n| n.rollout_phase.as_deref() == Some("waiting"))
+        .map(|n| printable(&n.name))
+        .collect();
+    if waiting.is_empty() {
+        o.push_str("nobody waits\n");
+    } else {
+        let _ = writeln!(o, "waiting: {}", waiting.join(", "));
+    }
+    o
+}
+
 /// Text from commands and remotes, with control characters (terminal escapes) made visible.
 /// `s` for one line of a terminal: control characters (escape sequences from a hostile remote's
 /// error text, line breaks that would break the layout) become U+FFFD.
@@ -334,7 +497,95 @@ fn duration(from: Timestamp, to: Timestamp) -> String {
 
 #[cfg(test)]
 mod tests {
+    use std::collections::BTreeMap;
+
     use super::*;
+    use crate::status::{ClusterNode, FleetState, Halt};
+    use crate::types::Role;
+
+    #[test]
+    fn cluster_is_one_table_then_halts_pause_and_who_waits() {
+        let rev = "0123456789abcdef0123456789abcdef01234567";
+        let at: Timestamp = "2026-12-01T12:00:00Z".parse().unwrap();
+        let node = |name: &str| ClusterNode {
+            name: name.to_owned(),
+            role: None,
+            ready: None,
+            healthy: None,
+            health_reason: None,
+            applied_revision: None,
+            target_revision: None,
+            apply_state: None,
+            rollout_phase: None,
+            heartbeat_age_secs: None,
+            slot: None,
+        };
+        let mut fleet = FleetState {
+            paused: Some(Pause {
+                by: "alice@lucy".into(),
+                at: "2026-12-01T11:57:00.123Z".parse().unwrap(),
+            }),
+            ..FleetState::default()
+        };
+        fleet.halted.insert(
+            rev.into(),
+            Halt {
+                revision: rev.parse().unwrap(),
+                node: "makise".into(),
+                probes: BTreeMap::from([("kubelet".into(), "healthz answered 500".into())]),
+                reason: "health gate failed".into(),
+                at: "2026-12-01T10:00:00Z".parse().unwrap(),
+            },
+        );
+        let v = ClusterView {
+            nodes: vec![
+                ClusterNode {
+                    role: Some(Role::ControlPlane),
+                    ready: Some(true),
+                    healthy: Some("True".into()),
+                    health_reason: Some("AllProbesOk".into()),
+                    applied_revision: Some(rev.into()),
+                    target_revision: Some(rev.into()),
+                    apply_state: Some("succeeded".into()),
+                    rollout_phase: Some("applying".into()),
+                    heartbeat_age_secs: Some(3),
+                    slot: Some("control-plane/0".into()),
+                    ..node("lucy")
+                },
+                ClusterNode {
+                    role: Some(Role::Worker),
+                    ready: Some(false),
+                    healthy: Some("False".into()),
+                    health_reason: Some("ProbesFailed".into()),
+                    rollout_phase: Some("waiting".into()),
+                    heartbeat_age_secs: Some(125),
+                    ..node("quinn\x1b[2J")
+                },
+                node("newcomer"),
+            ],
+            slots: BTreeMap::new(),
+            fleet,
+            at: Some(at),
+        };
+        let text = cluster(&v);
+        let want = "\
+NODE       ROLE           READY  HEALTHY           APPLIED       TARGET        STATE/PHASE         HEARTBEAT  SLOT
+lucy       control-plane  yes    yes               0123456789ab  0123456789ab  succeeded/applying  3s ago     control-plane/0
+quinn\u{fffd}[2J  worker         no     no: ProbesFailed  -             -             -/waiting           2m ago     -
+newcomer   -              -      -                 -             -             -                   -          -
+halted: 0123456789ab on makise at 2026-12-01T10:00:00Z: health gate failed
+  kubelet: healthz answered 500
+paused by alice@lucy since 2026-12-01T11:57:00Z (2m ago)
+waiting: quinn\u{fffd}[2J
+";
+        assert_eq!(text, want, "\n{text}");
+        let empty = cluster(&ClusterView {
+            at: Some(at),
+            ..ClusterView::default()
+        });
+        assert!(empty.starts_with("no nodes:"), "{empty}");
+        assert!(empty.ends_with("not paused\nnobody waits\n"), "{empty}");
+    }
 
     #[test]
     fn escape_sequences_never_reach_the_terminal() {

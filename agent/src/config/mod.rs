@@ -21,6 +21,7 @@ mod kubernetes;
 mod load;
 mod metrics;
 mod node;
+mod rollout;
 mod sources;
 mod system;
 
@@ -42,6 +43,10 @@ pub use load::{Location, config_files};
 use load::{Origins, join_index, join_key};
 pub use metrics::MetricsConfig;
 pub use node::NodeConfig;
+pub use rollout::{
+    FleetLockConfig, GateConfig, GateRequire, LockBackend, OnApiUnavailable, RollbackPolicy,
+    RolloutConfig,
+};
 pub use sources::SourceConfig;
 pub use system::SystemConfig;
 
@@ -70,6 +75,7 @@ pub struct Config {
     pub health: HealthConfig,
     pub metrics: MetricsConfig,
     pub kubeadm: KubeadmConfig,
+    pub rollout: RolloutConfig,
 }
 
 impl Default for Config {
@@ -86,6 +92,7 @@ impl Default for Config {
             health: HealthConfig::default(),
             metrics: MetricsConfig::default(),
             kubeadm: KubeadmConfig::default(),
+            rollout: RolloutConfig::default(),
         }
     }
 }
@@ -329,6 +336,14 @@ impl Config {
                 ],
             )
             .map_err(|(key, m)| ctx.error(key, m))?;
+        }
+        self.rollout.validate(ctx)?;
+        if self.rollout.lock == LockBackend::Kubernetes && self.kubernetes.kubeconfig.is_none() {
+            return Err(ctx.error(
+                "rollout.lock",
+                "\"kubernetes\" needs kubernetes.kubeconfig (the slot Leases live in the \
+                 cluster); set it, or use \"auto\" to take no lock until the cluster exists",
+            ));
         }
         self.control.validate(ctx)
     }

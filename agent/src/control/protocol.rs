@@ -11,6 +11,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::source::SyncOutcome;
 use crate::state::Attempt;
+use crate::status::{FleetState, Halt};
 use crate::types::Revision;
 
 pub const PROTOCOL_VERSION: u32 = 1;
@@ -53,6 +54,15 @@ pub enum Command {
         source: String,
         path: String,
     },
+    /// Fleet-wide: no node starts applying a new revision until `rollout-resume`.
+    RolloutPause,
+    RolloutResume,
+    /// Fleet-wide: lift the halt of REVISION (full, or a unique prefix of a halted one).
+    RolloutClear {
+        revision: String,
+    },
+    /// The fleet as the API has it: nodes, slots, the fleet state.
+    Cluster,
 }
 
 impl Command {
@@ -66,6 +76,9 @@ impl Command {
                 | Command::Accept { .. }
                 | Command::Retry
                 | Command::Rollback
+                | Command::RolloutPause
+                | Command::RolloutResume
+                | Command::RolloutClear { .. }
                 // Not a change, but repository content is more than status.
                 | Command::SourceFile { .. }
         )
@@ -82,6 +95,10 @@ impl Command {
             Command::Rollback => "rollback",
             Command::SourceFile { .. } => "source-file",
             Command::History { .. } => "history",
+            Command::RolloutPause => "rollout-pause",
+            Command::RolloutResume => "rollout-resume",
+            Command::RolloutClear { .. } => "rollout-clear",
+            Command::Cluster => "cluster",
         }
     }
 }
@@ -179,6 +196,22 @@ pub struct RollbackReport {
     pub attempt: u64,
 }
 
+/// The answer to `rollout-pause` and `rollout-resume`.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct FleetReport {
+    /// False when the fleet already was in that state (nothing was written).
+    pub changed: bool,
+    /// The fleet state as the ConfigMap has it now.
+    pub fleet: FleetState,
+}
+
+/// The answer to `rollout-clear`.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct ClearReport {
+    /// The halt that was lifted.
+    pub cleared: Halt,
+}
+
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct HistoryReport {
     /// Newest first.
@@ -201,6 +234,17 @@ mod tests {
         );
         let r: Request = serde_json::from_str(r#"{"version":1,"command":"status"}"#).unwrap();
         assert_eq!(r.command, Command::Status);
+        let r: Request =
+            serde_json::from_str(r#"{"version":1,"command":"rollout-clear","revision":"0123456"}"#)
+                .unwrap();
+        assert_eq!(
+            r.command,
+            Command::RolloutClear {
+                revision: "0123456".into()
+            }
+        );
+        let r: Request = serde_json::from_str(r#"{"version":1,"command":"cluster"}"#).unwrap();
+        assert_eq!(r.command, Command::Cluster);
         assert!(serde_json::from_str::<Request>(r#"{"version":1,"command":"explode"}"#).is_err());
         assert!(serde_json::from_str::<Request>(r#"{"command":"status"}"#).is_err());
     }
@@ -212,6 +256,15 @@ mod tests {
         assert!(Command::Suspend.mutates());
         assert!(Command::Resume.mutates());
         assert!(Command::Sync { source: None }.mutates());
+        assert!(!Command::Cluster.mutates());
+        assert!(Command::RolloutPause.mutates());
+        assert!(Command::RolloutResume.mutates());
+        assert!(
+            Command::RolloutClear {
+                revision: "0123456".into()
+            }
+            .mutates()
+        );
         assert!(
             Command::Accept {
                 source: "h".into(),

@@ -16,12 +16,15 @@ use tokio::net::{UnixListener, UnixStream};
 use tokio::sync::{mpsc, oneshot, watch};
 
 use super::protocol::{
-    AcceptReport, Command, ErrorKind, HistoryReport, MAX_REQUEST, PROTOCOL_VERSION, Request,
-    Response, RollbackReport, SourceFileReport, SuspendReport, SyncReport,
+    AcceptReport, ClearReport, Command, ErrorKind, FleetReport, HistoryReport, MAX_REQUEST,
+    PROTOCOL_VERSION, Request, Response, RollbackReport, SourceFileReport, SuspendReport,
+    SyncReport,
 };
 use crate::reconcile;
+use crate::rollout::fleet::{ClearError, Fleet, RevisionError};
 use crate::source::PollerCmd;
 use crate::status::{Parts, Status};
+use crate::types::api::KubeClients;
 
 /// Connections served at once; more are refused with a reply that says why.
 pub const MAX_CONNECTIONS: usize = 64;
@@ -47,6 +50,9 @@ pub struct Backend {
     /// Sync request channels of the running pollers, by source name.
     pub pollers: Arc<Mutex<BTreeMap<String, mpsc::Sender<PollerCmd>>>>,
     pub workspace: Arc<crate::source::Workspace>,
+    /// The API clients, once the reporter has built them from `kubernetes.kubeconfig`
+    /// (`None` before): the fleet commands and `cluster` talk to the cluster with them.
+    pub kube: watch::Receiver<Option<KubeClients>>,
 }
 
 impl Backend {
@@ -200,7 +206,129 @@ impl Backend {
         rx.await.map_err(|_| unavailable())
     }
 
-    async fn answer(&self, command: Command) -> Response {
+    /// A client for the cluster, or why there is none yet.
+    fn kube_client(&self, command: &Command) -> Result<kube::Client, (ErrorKind, String)> {
+        if let Some(k) = self.kube.borrow().as_ref() {
+            return Ok(k.main.clone());
+        }
+        let cfg = Arc::clone(&self.parts.config.borrow());
+        let why = match &cfg.kubernetes.kubeconfig {
+            None => "kubernetes.kubeconfig is not set; the fleet commands need \
+                     kubernetes.kubeconfig (ginx's own credentials, see packaging/kubernetes) \
+                     and the API"
+                .to_owned(),
+            Some(p) => format!(
+                "ginx has no client for kubernetes.kubeconfig {} yet (is the file there?); see \
+                 `ginxctl status`, line kubernetes, for why",
+                p.display()
+            ),
+        };
+        Err((
+            ErrorKind::Unavailable,
+            format!("{} needs the Kubernetes API: {why}", command.name()),
+        ))
+    }
+
+    /// The `ginx-rollout` ConfigMap, through the cluster client.
+    fn fleet(&self, command: &Command) -> Result<Fleet, (ErrorKind, String)> {
+        let client = self.kube_client(command)?;
+        let cfg = self.parts.config.borrow();
+        Ok(Fleet::new(
+            client,
+            &cfg.kubernetes.namespace,
+            &cfg.rollout.configmap,
+        ))
+    }
+
+    /// `rollout-pause` (`pause`) or `rollout-resume`, recorded as done by the peer.
+    async fn rollout_pause(
+        &self,
+        command: &Command,
+        pause: bool,
+        peer: Option<&Peer>,
+    ) -> Result<FleetReport, (ErrorKind, String)> {
+        let fleet = self.fleet(command)?;
+        let by = self.who(peer).await;
+        let updated = if pause {
+            fleet.pause(&by).await
+        } else {
+            fleet.resume(&by).await
+        }
+        .map_err(|e| (ErrorKind::Unavailable, e))?;
+        if updated.changed {
+            let what = if pause {
+                "rollout paused fleet-wide"
+            } else {
+                "fleet-wide rollout pause lifted"
+            };
+            tracing::info!(by = %by, command = command.name(), configmap = %fleet.object(), "{what}");
+        }
+        Ok(FleetReport {
+            changed: updated.changed,
+            fleet: updated.state,
+        })
+    }
+
+    /// `rollout-clear`: lifts the halt `revision` names, recorded as done by the peer.
+    async fn rollout_clear(
+        &self,
+        command: &Command,
+        revision: &str,
+        peer: Option<&Peer>,
+    ) -> Result<ClearReport, (ErrorKind, String)> {
+        let fleet = self.fleet(command)?;
+        let by = self.who(peer).await;
+        match fleet.clear(revision, &by).await {
+            Ok(cleared) => {
+                tracing::info!(
+                    by = %by,
+                    command = command.name(),
+                    revision = %cleared.revision,
+                    halted_on = %cleared.node,
+                    configmap = %fleet.object(),
+                    "halt lifted"
+                );
+                Ok(ClearReport { cleared })
+            }
+            Err(ClearError::Revision(e @ RevisionError::NotHalted { .. })) => {
+                Err((ErrorKind::NotFound, e.to_string()))
+            }
+            Err(ClearError::Revision(e)) => Err((ErrorKind::BadRequest, e.to_string())),
+            Err(ClearError::Api(e)) => Err((ErrorKind::Unavailable, e)),
+        }
+    }
+
+    /// `user@node` for the fleet's records: the peer's user name (`uid N` when it has none)
+    /// on this node.
+    async fn who(&self, peer: Option<&Peer>) -> String {
+        let node = self.parts.config.borrow().node_name().to_owned();
+        let Some(uid) = peer.map(|p| p.uid) else {
+            return format!("an unknown peer@{node}");
+        };
+        // Reads /etc/passwd (or NSS): not on the runtime's thread.
+        let name = tokio::task::spawn_blocking(move || {
+            nix::unistd::User::from_uid(nix::unistd::Uid::from_raw(uid))
+                .ok()
+                .flatten()
+                .map(|u| u.name)
+        })
+        .await
+        .ok()
+        .flatten()
+        .unwrap_or_else(|| format!("uid {uid}"));
+        format!("{name}@{node}")
+    }
+
+    async fn cluster(&self) -> Result<Response, (ErrorKind, String)> {
+        let client = self.kube_client(&Command::Cluster)?;
+        let cfg = Arc::clone(&self.parts.config.borrow());
+        crate::rollout::cluster::view(&client, &cfg)
+            .await
+            .map(Response::ok)
+            .map_err(|e| (ErrorKind::Unavailable, e))
+    }
+
+    async fn answer(&self, command: Command, peer: Option<&Peer>) -> Response {
         let result = match command {
             Command::Status => return Response::ok(self.status()),
             Command::Sync { source } => self.sync(source).await.map(Response::ok),
@@ -233,6 +361,19 @@ impl Backend {
             Command::Accept { source, revision } => {
                 self.accept(source, revision).await.map(Response::ok)
             }
+            Command::RolloutPause => self
+                .rollout_pause(&command, true, peer)
+                .await
+                .map(Response::ok),
+            Command::RolloutResume => self
+                .rollout_pause(&command, false, peer)
+                .await
+                .map(Response::ok),
+            Command::RolloutClear { ref revision } => self
+                .rollout_clear(&command, revision, peer)
+                .await
+                .map(Response::ok),
+            Command::Cluster => self.cluster().await,
             Command::History { limit } => {
                 self.ask(reconcile::Command::History).await.map(|mut a| {
                     a.reverse();
@@ -584,7 +725,7 @@ async fn respond(line: &[u8], peer: Option<&Peer>, backend: &Backend) -> Respons
             );
         }
     }
-    backend.answer(request.command).await
+    backend.answer(request.command, peer).await
 }
 
 #[cfg(test)]

@@ -23,6 +23,8 @@ use crate::util;
 pub struct Context {
     pub config: watch::Receiver<Arc<Config>>,
     pub kube: watch::Receiver<Option<KubeClients>>,
+    /// While a health gate is open, every probe runs at least this often.
+    pub fast: watch::Receiver<Option<std::time::Duration>>,
 }
 
 /// Starts one task per probe; results go into `statuses`.
@@ -32,11 +34,16 @@ pub fn spawn(
     shutdown: watch::Receiver<bool>,
 ) {
     for probe in probes::ALL {
-        let (ctx, statuses, mut shutdown) = (ctx.clone(), Arc::clone(&statuses), shutdown.clone());
+        let (mut ctx, statuses, mut shutdown) =
+            (ctx.clone(), Arc::clone(&statuses), shutdown.clone());
         tokio::spawn(async move {
             loop {
                 let cfg = Arc::clone(&ctx.config.borrow());
                 let (interval, timeout) = probe.timing(&cfg);
+                let interval = match *ctx.fast.borrow_and_update() {
+                    Some(fast) => interval.min(fast),
+                    None => interval,
+                };
                 match probe.applies(&cfg) {
                     false => {
                         statuses.send_if_modified(|m| m.remove(probe.name()).is_some());
@@ -59,6 +66,8 @@ pub fn spawn(
                 }
                 tokio::select! {
                     () = tokio::time::sleep(util::jitter(interval, 0.05)) => {}
+                    // A gate opened: run now, and at its interval from then on.
+                    Ok(()) = ctx.fast.changed() => {}
                     _ = shutdown.changed() => return,
                 }
             }

@@ -107,25 +107,6 @@ async fn kubelet(url: &EndpointUrl, timeout: Duration) -> Verdict {
     }
 }
 
-/// `/readyz` through a client: Ok, or why not.
-async fn readyz(client: &kube::Client) -> Result<(), String> {
-    let request = http::Request::get("/readyz")
-        .body(Vec::new())
-        .map_err(|e| e.to_string())?;
-    match client.request_text(request).await {
-        Ok(_) => Ok(()),
-        Err(kube::Error::Api(s)) => {
-            let failing: Vec<&str> = s.message.lines().filter(|l| l.starts_with("[-]")).collect();
-            Err(if failing.is_empty() {
-                format!("readyz {}: {}", s.code, snippet(s.message.as_bytes()))
-            } else {
-                format!("readyz {}: {}", s.code, failing.join(", "))
-            })
-        }
-        Err(e) => Err(format!("unreachable: {}", describe(&e))),
-    }
-}
-
 async fn apiserver(cfg: &Config, ctx: &Context, timeout: Duration) -> Verdict {
     let clients = ctx.kube.borrow().clone();
     let Some(clients) = clients else {
@@ -135,7 +116,7 @@ async fn apiserver(cfg: &Config, ctx: &Context, timeout: Duration) -> Verdict {
         );
     };
     let bounded = |c: kube::Client| async move {
-        tokio::time::timeout(timeout, async move { readyz(&c).await })
+        tokio::time::timeout(timeout, async move { crate::types::api::readyz(&c).await })
             .await
             .unwrap_or_else(|_| Err("no answer".into()))
     };

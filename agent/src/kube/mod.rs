@@ -109,8 +109,20 @@ pub async fn connect(cfg: &Config, metrics: &Arc<Metrics>) -> Result<KubeClients
             probe_client(&server, &server)?
         }
     };
-    Ok(KubeClients { main, local, vip })
+    let mut watching = config.clone();
+    // A watch lasts up to rollout's WATCH_SECONDS and may carry nothing all that time.
+    watching.read_timeout = Some(std::time::Duration::from_secs(WATCH_READ_SECONDS));
+    let watch = build(watching)?;
+    Ok(KubeClients {
+        main,
+        local,
+        vip,
+        watch,
+    })
 }
+
+/// The watch client's read timeout: longer than any watch request ginx makes (290 s).
+const WATCH_READ_SECONDS: u64 = 300;
 
 /// What identifies a kubeconfig file's version, to notice it being written or rotated.
 pub fn stamp(path: &Path) -> Option<(std::time::SystemTime, u64)> {

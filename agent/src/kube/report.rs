@@ -23,6 +23,8 @@ pub fn annotations(status: &Status, prefix: &str) -> BTreeMap<String, String> {
         a.insert(format!("{prefix}{k}"), v);
     };
     put("version", status.version.clone());
+    // `ginxctl cluster` tells workers from control-plane nodes that carry no kubeadm label.
+    put("role", status.role.to_string());
     put("apply-state", status.apply.state.as_str().to_owned());
     if let Some(r) = &status.apply.applied_revision {
         put("applied-revision", r.to_string());
@@ -32,6 +34,11 @@ pub fn annotations(status: &Status, prefix: &str) -> BTreeMap<String, String> {
     }
     put("reboot-required", status.system.reboot_required.to_string());
     put("suspended", status.suspended.to_string());
+    put("rollout-phase", status.rollout.phase.as_str().to_owned());
+    put("rollout-group", status.rollout.group.clone());
+    if let Some(r) = &status.rollout.target_revision {
+        put("target-revision", r.to_string());
+    }
     put(
         "health",
         status::overall(&status.health).status.as_str().to_owned(),
@@ -62,6 +69,27 @@ pub fn annotation_patch(
         }
     }
     (!changes.is_empty()).then(|| serde_json::json!({ "metadata": { "annotations": changes } }))
+}
+
+/// `(status, reason, message)` of the condition for the node: the probes' results, unless the
+/// rolled-back system failed its health gate too (`RollbackUnhealthy`, whatever the probes say
+/// now: the node holds its rollout slot until someone looks).
+pub fn node_condition(status: &Status) -> (String, String, String) {
+    if status.rollout.phase == status::Phase::RollbackUnhealthy {
+        let revision = status
+            .rollout
+            .target_revision
+            .as_ref()
+            .map_or("-", |r| r.short());
+        return (
+            "False".to_owned(),
+            "RollbackUnhealthy".to_owned(),
+            format!(
+                "revision {revision} failed its health gate and the rolled-back system is                  unhealthy too; the node keeps its rollout slot so that no other node proceeds"
+            ),
+        );
+    }
+    condition(&status.health)
 }
 
 /// `(status, reason, message)` of the condition for the probes' results.

@@ -277,7 +277,7 @@ impl Reporter {
         };
         let status = self.parts.status();
         let desired = report::annotations(&status, &cfg.kubernetes.annotation_prefix);
-        let condition = report::condition(&status.health);
+        let condition = report::node_condition(&status);
         if resync || session.annotations.is_none() {
             match node.read().await {
                 Ok(Some((annotations, written))) => {

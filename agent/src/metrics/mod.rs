@@ -74,6 +74,11 @@ pub struct Metrics {
     probes: Family<ProbeLabels, Gauge>,
     kube_requests: Family<RequestLabels, Counter>,
     heartbeat_last_success: Gauge<f64, AtomicU64>,
+    rollout_lock_held: Gauge,
+    rollout_lock_wait: Histogram,
+    rollout_gates: Family<ResultLabels, Counter>,
+    rollout_rollbacks: Counter,
+    rollout_halts: Counter,
     /// Held by `render` from setting the state gauges to encoding them: two scrapes at once
     /// (an HA Prometheus pair) would otherwise see each other's cleared families.
     rendering: std::sync::Mutex<()>,
@@ -113,6 +118,11 @@ impl Metrics {
             probes: Family::default(),
             kube_requests: Family::default(),
             heartbeat_last_success: Gauge::default(),
+            rollout_lock_held: Gauge::default(),
+            rollout_lock_wait: Histogram::new(exponential_buckets(0.1, 2.0, 16)),
+            rollout_gates: Family::default(),
+            rollout_rollbacks: Counter::default(),
+            rollout_halts: Counter::default(),
             rendering: std::sync::Mutex::new(()),
             registry: Registry::default(),
         };
@@ -168,7 +178,56 @@ impl Metrics {
             "When the heartbeat Lease was last renewed",
             m.heartbeat_last_success.clone(),
         );
+        registry.register(
+            "rollout_lock_held",
+            "1 while this node holds a rollout slot (or the FleetLock)",
+            m.rollout_lock_held.clone(),
+        );
+        registry.register(
+            "rollout_lock_wait_seconds",
+            "How long the node waited for a rollout slot before it got one",
+            m.rollout_lock_wait.clone(),
+        );
+        registry.register(
+            "rollout_gates",
+            "Health gates by result (passed, failed; rollback- for the rolled-back system)",
+            m.rollout_gates.clone(),
+        );
+        registry.register(
+            "rollout_rollbacks",
+            "Automatic rollbacks after a failed health gate",
+            m.rollout_rollbacks.clone(),
+        );
+        registry.register(
+            "rollout_halts",
+            "Revisions this node halted cluster-wide",
+            m.rollout_halts.clone(),
+        );
         Arc::new(Self { registry, ..m })
+    }
+
+    pub fn lock_held(&self, held: bool) {
+        self.rollout_lock_held.set(i64::from(held));
+    }
+
+    pub fn lock_waited(&self, seconds: f64) {
+        self.rollout_lock_wait.observe(seconds);
+    }
+
+    pub fn gate(&self, result: &str) {
+        self.rollout_gates
+            .get_or_create(&ResultLabels {
+                result: result.to_owned(),
+            })
+            .inc();
+    }
+
+    pub fn rolled_back(&self) {
+        self.rollout_rollbacks.inc();
+    }
+
+    pub fn halted(&self) {
+        self.rollout_halts.inc();
     }
 
     pub fn fetched(&self, source: &str, result: &str, at: Option<Timestamp>) {

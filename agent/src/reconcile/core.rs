@@ -7,8 +7,14 @@ use std::time::Duration;
 
 use jiff::Timestamp;
 
-use crate::state::{Applied, AttemptKind, Failure, InFlight, Interrupted, Outcome, State};
-use crate::status::ApplyState;
+use std::collections::BTreeMap;
+
+use crate::config::RollbackPolicy;
+use crate::state::{
+    AfterGate, Applied, AttemptKind, Failure, GateFailure, InFlight, Interrupted, Outcome, State,
+    Verifying,
+};
+use crate::status::{ApplyState, WaitingFor};
 use crate::types::{Goal, Revision};
 use crate::util;
 
@@ -33,6 +39,18 @@ pub enum Decision {
     Suspended,
     /// An attempt is running.
     Busy,
+    /// The health gate after an activation is open: evaluate it.
+    Verify,
+    /// The health gate failed and `rollback = "auto"`: activate the previous generation.
+    RollBack,
+}
+
+/// What holds a wanted revision back, as the reconciler found it when it asked the rollout.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Waiting {
+    pub waiting_for: WaitingFor,
+    pub reason: String,
+    pub since: Timestamp,
 }
 
 /// A transition requested from the wrong state: a bug in the caller, reported, never a panic.
@@ -44,6 +62,12 @@ pub enum TransitionError {
     NotRunning,
     #[error("attempt {finished} finished but attempt {running} is the one running")]
     WrongAttempt { running: u64, finished: u64 },
+    #[error("a health gate is already open (for {0})")]
+    AlreadyVerifying(Revision),
+    #[error("no health gate is open")]
+    NotVerifying,
+    #[error("cannot verify {0}: it is not what the last attempt left active")]
+    NotActive(Revision),
 }
 
 /// Retry policy for failed revisions.
@@ -72,6 +96,8 @@ pub struct Core {
     retry_now: Option<(Revision, u32)>,
     /// Drift was found and `on_drift = "reapply"`: apply the applied revision again.
     reapply: bool,
+    /// The rollout holds the wanted revision back (fleet pause, halt, lock, quorum, API).
+    pub waiting: Option<Waiting>,
 }
 
 impl Core {
@@ -80,6 +106,7 @@ impl Core {
             state,
             retry_now: None,
             reapply: false,
+            waiting: None,
         }
     }
 
@@ -116,6 +143,17 @@ impl Core {
         if self.state.in_flight.is_some() {
             return Decision::Busy;
         }
+        if self.state.verifying.is_some() {
+            return Decision::Verify;
+        }
+        if self
+            .state
+            .gate_failure
+            .as_ref()
+            .is_some_and(|g| g.next == AfterGate::RollBack)
+        {
+            return Decision::RollBack;
+        }
         let Some(desired) = desired else {
             return Decision::Idle;
         };
@@ -144,9 +182,19 @@ impl Core {
         }
         let id = self.state.next_attempt_id;
         self.state.next_attempt_id += 1;
+        if self.state.verifying.is_some() && attempt.kind == AttemptKind::Apply {
+            // A new revision while a gate is open: the gate is for what ran before.
+            self.state.verifying = None;
+        }
+        if attempt.kind == AttemptKind::Apply {
+            // A new apply supersedes what a failed gate left (even a kept slot: the node
+            // applies with it).
+            self.state.gate_failure = None;
+        }
         self.state.in_flight = Some(InFlight { id, ..attempt });
         self.retry_now = None;
         self.reapply = false;
+        self.waiting = None;
         Ok(id)
     }
 
@@ -196,6 +244,16 @@ impl Core {
             .take()
             .ok_or(TransitionError::NotRunning)?;
         if done.kind == AttemptKind::Rollback {
+            if let Some(g) = self.state.gate_failure.as_mut()
+                && g.next == AfterGate::RollBack
+            {
+                // After a failed gate: a rollback that ran is verified next; one that failed
+                // leaves the node unhealthy, holding its slot.
+                g.next = match ending.outcome {
+                    Outcome::Succeeded => AfterGate::RolledBack,
+                    _ => AfterGate::RollbackUnhealthy,
+                };
+            }
             if ending.outcome == Outcome::Succeeded {
                 self.state.rolled_back = self.state.applied.as_ref().map(|a| a.revision.clone());
             }
@@ -254,6 +312,104 @@ impl Core {
         Ok(done)
     }
 
+    /// Applied → verifying: the health gate opens for what the last attempt activated (the
+    /// applied revision, or after a rollback the rolled-back system).
+    pub fn begin_verifying(&mut self, v: Verifying) -> Result<(), TransitionError> {
+        if let Some(r) = &self.state.in_flight {
+            return Err(TransitionError::AlreadyRunning(r.id));
+        }
+        if let Some(open) = &self.state.verifying {
+            return Err(TransitionError::AlreadyVerifying(open.revision.clone()));
+        }
+        let active = if v.rollback {
+            self.state.rolled_back.as_ref()
+        } else {
+            self.state.applied.as_ref().map(|a| &a.revision)
+        };
+        if active != Some(&v.revision) {
+            return Err(TransitionError::NotActive(v.revision));
+        }
+        self.state.verifying = Some(v);
+        Ok(())
+    }
+
+    /// The open gate, for the caller to step.
+    pub fn verifying_mut(&mut self) -> Option<&mut Verifying> {
+        self.state.verifying.as_mut()
+    }
+
+    /// Verifying → succeeded (or, for the rolled-back system, rolled back): the gate passed.
+    pub fn gate_passed(&mut self) -> Result<Verifying, TransitionError> {
+        let v = self
+            .state
+            .verifying
+            .take()
+            .ok_or(TransitionError::NotVerifying)?;
+        if !v.rollback {
+            self.state.gate_failure = None;
+        }
+        Ok(v)
+    }
+
+    /// Verifying → a failed gate. For a revision: roll back (`auto`) or hold (`manual`); for
+    /// the rolled-back system: unhealthy, the slot kept. Returns what comes next.
+    pub fn gate_failed(
+        &mut self,
+        failing: BTreeMap<String, String>,
+        now: Timestamp,
+        policy: RollbackPolicy,
+    ) -> Result<AfterGate, TransitionError> {
+        let v = self
+            .state
+            .verifying
+            .take()
+            .ok_or(TransitionError::NotVerifying)?;
+        if v.rollback {
+            let g = self.state.gate_failure.get_or_insert(GateFailure {
+                revision: v.revision.clone(),
+                failing: BTreeMap::new(),
+                at: now,
+                next: AfterGate::RollbackUnhealthy,
+                halted: false,
+                baseline: v.baseline.clone(),
+            });
+            g.next = AfterGate::RollbackUnhealthy;
+            for (k, m) in failing {
+                g.failing.insert(format!("after rollback: {k}"), m);
+            }
+            return Ok(AfterGate::RollbackUnhealthy);
+        }
+        let next = match policy {
+            RollbackPolicy::Auto => AfterGate::RollBack,
+            RollbackPolicy::Manual => AfterGate::Manual,
+        };
+        self.state.gate_failure = Some(GateFailure {
+            revision: v.revision,
+            failing,
+            at: now,
+            next,
+            halted: false,
+            baseline: v.baseline,
+        });
+        Ok(next)
+    }
+
+    /// What the rollout says holds the wanted revision back; returns whether it changed.
+    pub fn set_waiting(&mut self, w: Option<(WaitingFor, String)>, now: Timestamp) -> bool {
+        let next = w.map(|(waiting_for, reason)| Waiting {
+            since: self
+                .waiting
+                .as_ref()
+                .filter(|o| o.waiting_for == waiting_for)
+                .map_or(now, |o| o.since),
+            waiting_for,
+            reason,
+        });
+        let changed = next != self.waiting;
+        self.waiting = next;
+        changed
+    }
+
     /// Returns whether anything changed.
     pub fn set_suspended(&mut self, suspended: bool) -> bool {
         let changed = self.state.suspended != suspended;
@@ -277,6 +433,14 @@ impl Core {
         self.state.failure = None;
         self.state.interrupted = None;
         self.state.rolled_back = None;
+        if self
+            .state
+            .gate_failure
+            .as_ref()
+            .is_some_and(|g| g.next != AfterGate::RollBack)
+        {
+            self.state.gate_failure = None;
+        }
         self.reapply = true;
     }
 
@@ -289,6 +453,24 @@ impl Core {
     pub fn apply_state(&self, desired: Option<&Desired>) -> ApplyState {
         if self.state.in_flight.is_some() {
             return ApplyState::Applying;
+        }
+        if self.state.verifying.is_some() {
+            return ApplyState::Verifying;
+        }
+        match self.state.gate_failure.as_ref().map(|g| g.next) {
+            Some(AfterGate::RollBack) => return ApplyState::Verifying,
+            // Halted and kept: the revision's gate failed and nothing undid it.
+            Some(AfterGate::Manual | AfterGate::RollbackUnhealthy)
+                if desired.is_none_or(|d| {
+                    self.state
+                        .gate_failure
+                        .as_ref()
+                        .is_some_and(|g| g.revision == d.revision)
+                }) =>
+            {
+                return ApplyState::Failed;
+            }
+            _ => {}
         }
         let Some(desired) = desired else {
             return if self.state.applied.is_some() {
@@ -303,7 +485,7 @@ impl Core {
         if self.is_applied(desired) {
             return ApplyState::Succeeded;
         }
-        if self.state.suspended {
+        if self.state.suspended || self.waiting.is_some() {
             return ApplyState::Waiting;
         }
         match self.failure_of(desired) {
@@ -662,5 +844,201 @@ mod tests {
         assert_eq!(c.decide(Some(&want('a')), t(2)), Decision::Start(want('a')));
         run(&mut c, 'a', 2, Outcome::Succeeded);
         assert_eq!(c.decide(Some(&want('a')), t(4)), Decision::Idle);
+    }
+
+    fn gate(c: char, rollback: bool) -> Verifying {
+        Verifying {
+            revision: rev(c),
+            rollback,
+            started_at: t(10),
+            deadline: t(100),
+            healthy_since: None,
+            baseline: BTreeMap::new(),
+        }
+    }
+
+    fn failing() -> BTreeMap<String, String> {
+        [("kubelet".to_owned(), "failed: down".to_owned())].into()
+    }
+
+    fn rollback(c: &mut Core, at: i64, outcome: Outcome) {
+        let id = c
+            .begin(InFlight {
+                kind: AttemptKind::Rollback,
+                ..attempt('a', Goal::Switch, at)
+            })
+            .unwrap();
+        c.complete(id, ended(outcome), t(at + 1), POLICY).unwrap();
+    }
+
+    #[test]
+    fn applied_to_verifying_opens_the_gate() {
+        let mut c = core();
+        run(&mut c, 'a', 0, Outcome::Succeeded);
+        c.begin_verifying(gate('a', false)).unwrap();
+        assert_eq!(c.decide(Some(&want('a')), t(11)), Decision::Verify);
+        assert_eq!(c.apply_state(Some(&want('a'))), ApplyState::Verifying);
+        // A new revision waits for the gate.
+        assert_eq!(c.decide(Some(&want('b')), t(11)), Decision::Verify);
+    }
+
+    #[test]
+    fn verifying_is_refused_for_what_is_not_active_or_twice() {
+        let mut c = core();
+        assert_eq!(
+            c.begin_verifying(gate('a', false)),
+            Err(TransitionError::NotActive(rev('a')))
+        );
+        run(&mut c, 'a', 0, Outcome::Succeeded);
+        assert_eq!(
+            c.begin_verifying(gate('a', true)),
+            Err(TransitionError::NotActive(rev('a'))),
+            "nothing was rolled back"
+        );
+        c.begin_verifying(gate('a', false)).unwrap();
+        assert_eq!(
+            c.begin_verifying(gate('a', false)),
+            Err(TransitionError::AlreadyVerifying(rev('a')))
+        );
+        assert_eq!(c.gate_passed().unwrap().revision, rev('a'));
+        assert_eq!(c.gate_passed(), Err(TransitionError::NotVerifying));
+        assert_eq!(
+            c.gate_failed(failing(), t(20), RollbackPolicy::Auto),
+            Err(TransitionError::NotVerifying)
+        );
+    }
+
+    #[test]
+    fn verifying_to_succeeded_when_the_gate_passes() {
+        let mut c = core();
+        run(&mut c, 'a', 0, Outcome::Succeeded);
+        c.begin_verifying(gate('a', false)).unwrap();
+        c.gate_passed().unwrap();
+        assert_eq!(c.apply_state(Some(&want('a'))), ApplyState::Succeeded);
+        assert_eq!(c.decide(Some(&want('a')), t(20)), Decision::Idle);
+    }
+
+    #[test]
+    fn a_failed_gate_rolls_back_when_auto() {
+        let mut c = core();
+        run(&mut c, 'a', 0, Outcome::Succeeded);
+        c.begin_verifying(gate('a', false)).unwrap();
+        assert_eq!(
+            c.gate_failed(failing(), t(20), RollbackPolicy::Auto),
+            Ok(AfterGate::RollBack)
+        );
+        assert_eq!(c.decide(Some(&want('a')), t(20)), Decision::RollBack);
+        assert_eq!(
+            c.decide(Some(&want('b')), t(20)),
+            Decision::RollBack,
+            "rollback first"
+        );
+        let g = c.state.gate_failure.as_ref().unwrap();
+        assert_eq!(
+            (g.revision.clone(), g.failing.clone()),
+            (rev('a'), failing())
+        );
+    }
+
+    #[test]
+    fn the_rolled_back_system_is_gated_then_the_revision_is_held() {
+        let mut c = core();
+        run(&mut c, 'a', 0, Outcome::Succeeded);
+        c.begin_verifying(gate('a', false)).unwrap();
+        c.gate_failed(failing(), t(20), RollbackPolicy::Auto)
+            .unwrap();
+        rollback(&mut c, 21, Outcome::Succeeded);
+        assert_eq!(
+            c.state.gate_failure.as_ref().unwrap().next,
+            AfterGate::RolledBack
+        );
+        c.begin_verifying(gate('a', true)).unwrap();
+        assert_eq!(c.decide(Some(&want('a')), t(23)), Decision::Verify);
+        c.gate_passed().unwrap();
+        assert_eq!(c.apply_state(Some(&want('a'))), ApplyState::RolledBack);
+        assert_eq!(
+            c.decide(Some(&want('a')), t(30)),
+            Decision::Idle,
+            "bad locally"
+        );
+        assert_eq!(
+            c.decide(Some(&want('b')), t(30)),
+            Decision::Start(want('b'))
+        );
+    }
+
+    #[test]
+    fn an_unhealthy_rolled_back_system_holds_until_a_new_revision() {
+        let mut c = core();
+        run(&mut c, 'a', 0, Outcome::Succeeded);
+        c.begin_verifying(gate('a', false)).unwrap();
+        c.gate_failed(failing(), t(20), RollbackPolicy::Auto)
+            .unwrap();
+        rollback(&mut c, 21, Outcome::Succeeded);
+        c.begin_verifying(gate('a', true)).unwrap();
+        assert_eq!(
+            c.gate_failed(failing(), t(40), RollbackPolicy::Auto),
+            Ok(AfterGate::RollbackUnhealthy)
+        );
+        let g = c.state.gate_failure.clone().unwrap();
+        assert_eq!(g.next, AfterGate::RollbackUnhealthy);
+        assert!(g.failing.contains_key("after rollback: kubelet"));
+        assert_eq!(c.decide(Some(&want('a')), t(50)), Decision::Idle);
+        // A fix is the way out; its apply clears the failure.
+        assert_eq!(
+            c.decide(Some(&want('b')), t(50)),
+            Decision::Start(want('b'))
+        );
+        run(&mut c, 'b', 50, Outcome::Succeeded);
+        assert!(c.state.gate_failure.is_none());
+    }
+
+    #[test]
+    fn a_failed_rollback_after_a_gate_is_unhealthy() {
+        let mut c = core();
+        run(&mut c, 'a', 0, Outcome::Succeeded);
+        c.begin_verifying(gate('a', false)).unwrap();
+        c.gate_failed(failing(), t(20), RollbackPolicy::Auto)
+            .unwrap();
+        rollback(&mut c, 21, Outcome::Failed);
+        assert_eq!(
+            c.state.gate_failure.as_ref().unwrap().next,
+            AfterGate::RollbackUnhealthy
+        );
+        assert_eq!(c.decide(Some(&want('a')), t(30)), Decision::Idle);
+    }
+
+    #[test]
+    fn a_failed_gate_is_held_when_manual() {
+        let mut c = core();
+        run(&mut c, 'a', 0, Outcome::Succeeded);
+        c.begin_verifying(gate('a', false)).unwrap();
+        assert_eq!(
+            c.gate_failed(failing(), t(20), RollbackPolicy::Manual),
+            Ok(AfterGate::Manual)
+        );
+        assert_eq!(c.apply_state(Some(&want('a'))), ApplyState::Failed);
+        assert_eq!(c.decide(Some(&want('a')), t(30)), Decision::Idle);
+        c.force_retry();
+        assert!(c.state.gate_failure.is_none());
+        assert_eq!(
+            c.decide(Some(&want('a')), t(30)),
+            Decision::Start(want('a'))
+        );
+    }
+
+    #[test]
+    fn waiting_for_the_rollout_shows_and_keeps_its_start() {
+        let mut c = core();
+        assert!(c.set_waiting(Some((WaitingFor::Lock, "held by makise".into())), t(0)));
+        assert_eq!(c.apply_state(Some(&want('a'))), ApplyState::Waiting);
+        assert!(c.set_waiting(Some((WaitingFor::Lock, "held by quinn".into())), t(5)));
+        assert_eq!(c.waiting.as_ref().unwrap().since, t(0));
+        c.set_waiting(Some((WaitingFor::Quorum, "makise not Ready".into())), t(6));
+        assert_eq!(c.waiting.as_ref().unwrap().since, t(6));
+        assert!(!c.set_waiting(Some((WaitingFor::Quorum, "makise not Ready".into())), t(7)));
+        // Starting the attempt ends the wait.
+        c.begin(attempt('a', Goal::Switch, 8)).unwrap();
+        assert!(c.waiting.is_none());
     }
 }

@@ -107,6 +107,10 @@ impl Reconciler {
         self.metrics
             .applied(outcome.as_str(), took.as_secs_f64().max(0.0));
         self.run_hook(&cfg, &attempt);
+        if outcome == Outcome::Succeeded {
+            // Before the record is written: a restart finds the gate open, never skipped.
+            self.open_gate(done.kind, done.goal);
+        }
         self.record(attempt);
         if outcome == Outcome::Succeeded && done.kind == AttemptKind::Apply {
             if !done.testing {

@@ -16,6 +16,7 @@
 pub mod core;
 mod drift;
 mod finish;
+mod gate;
 mod hooks;
 mod publish;
 mod resume;
@@ -101,6 +102,14 @@ pub struct Reconciler {
     /// The last write of the state or the history failed: nothing is applied until one
     /// succeeds (retried every [`PERSIST_RETRY`]); status and health show it.
     unsaved: Option<StateWriteError>,
+    /// The rollout: asked before every apply (lock, fleet, quorum), and the gate's checks.
+    gatekeeper: crate::rollout::Gatekeeper,
+    /// The checks as they were just before the activation: the gate's baseline.
+    baseline: BTreeMap<String, crate::status::HealthStatus>,
+    /// What blocks the open gate now (for status).
+    gate_failing: BTreeMap<String, String>,
+    /// A lock release or a halt that failed is tried again after this.
+    lock_retry_at: Option<std::time::Instant>,
 }
 
 /// How often a failed write of the state is tried again.
@@ -116,6 +125,7 @@ pub struct Wiring {
     pub published: watch::Sender<Published>,
     pub shutdown: watch::Receiver<bool>,
     pub restart: watch::Sender<Option<SelfRestart>>,
+    pub rollout: crate::rollout::Wiring,
 }
 
 /// A new version of ginx was activated: why, and its binary (resolved when it was found).
@@ -194,6 +204,10 @@ impl Reconciler {
             blocked: None,
             history_dirty: false,
             unsaved: None,
+            gatekeeper: crate::rollout::Gatekeeper::new(w.rollout),
+            baseline: BTreeMap::new(),
+            gate_failing: BTreeMap::new(),
+            lock_retry_at: None,
         };
         if guard_downgrade {
             // At once: the guard must hold across every restart until an operator resumes,
@@ -308,13 +322,48 @@ impl Reconciler {
                 let desired = self.desired();
                 self.core.decide(desired.as_ref().map(|(d, _)| d), now)
             };
-            if let Decision::Start(desired) = &decision
-                && self.blocked.as_ref() != Some(&desired.revision)
-            {
-                let testing = self.desired().is_some_and(|(_, t)| t);
-                attempting = self.start_apply(desired.clone(), testing).await;
-                continue;
+            if attempting.is_none() {
+                self.settle_lock(&decision).await;
+                self.write_halt().await;
             }
+            match &decision {
+                Decision::Start(desired) if self.blocked.as_ref() != Some(&desired.revision) => {
+                    if self.ask(desired).await {
+                        let testing = self.desired().is_some_and(|(_, t)| t);
+                        attempting = self.start_apply(desired.clone(), testing).await;
+                        continue;
+                    }
+                }
+                Decision::RollBack => {
+                    attempting = self.roll_back_after_gate().await;
+                    if attempting.is_some() {
+                        continue;
+                    }
+                }
+                Decision::Verify => {
+                    if self.step_gate().await {
+                        continue;
+                    }
+                }
+                _ => {
+                    if self.core.set_waiting(None, now) {
+                        self.publish();
+                    }
+                }
+            }
+            let waiting = self.core.waiting.is_some() || self.lock_retry_at.is_some();
+            let verifying = decision == Decision::Verify;
+            let gate_interval = self.config.borrow().rollout.gate.interval.get();
+            let gatekeeper = &mut self.gatekeeper;
+            let rollout = async {
+                if verifying {
+                    tokio::time::sleep(gate_interval).await;
+                } else if waiting {
+                    gatekeeper.changed().await;
+                } else {
+                    std::future::pending::<()>().await;
+                }
+            };
             let retry = async {
                 match decision {
                     Decision::RetryAt(at) => {
@@ -338,6 +387,7 @@ impl Reconciler {
             };
             tokio::select! {
                 () = retry => {}
+                () = rollout => {}
                 () = persist_again => {
                     let _ = self.save_state();
                 }

@@ -2,7 +2,16 @@
 
 use super::Reconciler;
 use crate::apply::system;
-use crate::status::{ApplyState, ApplyStatus, Published, SystemStatus};
+use crate::state::{AfterGate, AttemptKind, Held};
+use crate::status::{
+    ApplyState, ApplyStatus, GateProgress, Halt, Phase, Published, RolloutStatus, SystemStatus,
+    WaitingFor,
+};
+use crate::types::Revision;
+
+fn h_group(held: Option<&Held>) -> String {
+    held.map(|h| h.group.clone()).unwrap_or_default()
+}
 
 impl Reconciler {
     fn system_status(&self) -> SystemStatus {
@@ -18,14 +27,126 @@ impl Reconciler {
         }
     }
 
+    fn gate_reason(&self) -> String {
+        match (&self.core.state.verifying, &self.core.state.gate_failure) {
+            (Some(v), _) => {
+                let what = if v.rollback {
+                    "the rolled-back system"
+                } else {
+                    "the activation"
+                };
+                if self.gate_failing.is_empty() {
+                    format!(
+                        "health gate after {what}: healthy since {}; fails at {}",
+                        v.healthy_since
+                            .map_or_else(|| "-".to_owned(), |t| t.to_string()),
+                        v.deadline
+                    )
+                } else {
+                    format!(
+                        "health gate after {what}: failing {}; fails at {}",
+                        self.gate_failing
+                            .keys()
+                            .cloned()
+                            .collect::<Vec<_>>()
+                            .join(", "),
+                        v.deadline
+                    )
+                }
+            }
+            (None, Some(_)) => {
+                "health gate failed; rolling back to the previous generation".to_owned()
+            }
+            (None, None) => "verifying".to_owned(),
+        }
+    }
+
+    fn rollout_status(&self, target: Option<&Revision>, state: ApplyState) -> RolloutStatus {
+        let cfg = self.config.borrow();
+        let st = &self.core.state;
+        let held = st.rollout_held.as_ref();
+        let phase = match (
+            &st.in_flight,
+            &st.verifying,
+            st.gate_failure.as_ref().map(|g| g.next),
+        ) {
+            (Some(r), _, _) if r.kind == AttemptKind::Rollback => Phase::RollingBack,
+            (Some(_), _, _) => Phase::Applying,
+            (None, Some(v), _) if v.rollback => Phase::VerifyingRollback,
+            (None, Some(_), _) => Phase::Verifying,
+            (None, None, Some(AfterGate::RollBack)) => Phase::RollingBack,
+            (None, None, Some(AfterGate::RollbackUnhealthy)) => Phase::RollbackUnhealthy,
+            (None, None, Some(AfterGate::Manual)) => Phase::Failed,
+            _ => match state {
+                ApplyState::Waiting => Phase::Waiting,
+                ApplyState::Succeeded => Phase::Succeeded,
+                ApplyState::RolledBack => Phase::RolledBack,
+                ApplyState::Failed => Phase::Failed,
+                ApplyState::Applying => Phase::Applying,
+                ApplyState::Verifying => Phase::Verifying,
+                ApplyState::Idle | ApplyState::Pending => Phase::Idle,
+            },
+        };
+        let waiting_for = if st.suspended && state == ApplyState::Waiting {
+            Some(WaitingFor::Suspended)
+        } else {
+            self.core.waiting.as_ref().map(|w| w.waiting_for)
+        };
+        let fleet = self.gatekeeper.fleet.as_ref();
+        RolloutStatus {
+            lock: crate::rollout::effective(&cfg).as_str().to_owned(),
+            group: cfg.rollout.group_for(cfg.node.role),
+            max_concurrent: cfg.rollout.max_concurrent,
+            phase,
+            target_revision: target.cloned(),
+            slot: held.and_then(|h| h.slot),
+            lease: held.and_then(|h| h.slot).map(|i| {
+                format!(
+                    "{}/{}",
+                    cfg.kubernetes.namespace,
+                    crate::config::RolloutConfig::slot_lease(&h_group(held), i)
+                )
+            }),
+            holders: self.gatekeeper.holders.clone(),
+            waiting_for,
+            reason: self.core.waiting.as_ref().map(|w| w.reason.clone()),
+            waiting_since: self.core.waiting.as_ref().map(|w| w.since),
+            gate: st.verifying.as_ref().map(|v| GateProgress {
+                revision: Some(v.revision.clone()),
+                rollback: v.rollback,
+                started_at: Some(v.started_at),
+                healthy_since: v.healthy_since,
+                deadline: Some(v.deadline),
+                failing: self.gate_failing.clone(),
+            }),
+            halt: target
+                .and_then(|t| fleet.and_then(|f| f.halt_of(t)).cloned())
+                .or_else(|| {
+                    st.gate_failure.as_ref().filter(|g| g.halted).map(|g| Halt {
+                        revision: g.revision.clone(),
+                        node: cfg.node_name().to_owned(),
+                        probes: g.failing.clone(),
+                        reason: "health gate failed on this node".to_owned(),
+                        at: g.at,
+                    })
+                }),
+            paused: fleet.and_then(|f| f.paused.clone()),
+        }
+    }
+
     pub(super) fn publish(&self) {
         let desired = self.desired().map(|(d, _)| d);
         let cfg = self.config.borrow();
         let st = &self.core.state;
         let mut state = self.core.apply_state(desired.as_ref());
+        // An open gate cannot close either while the state cannot be written: its verdict
+        // would not be on disk.
         let held = self.unsaved.is_some()
             && st.in_flight.is_none()
-            && matches!(state, ApplyState::Pending | ApplyState::Failed);
+            && matches!(
+                state,
+                ApplyState::Pending | ApplyState::Failed | ApplyState::Verifying
+            );
         if held {
             state = ApplyState::Waiting;
         }
@@ -57,7 +178,28 @@ impl Reconciler {
                     super::PERSIST_RETRY.as_secs()
                 )
             }),
-            ApplyState::Waiting => Some("suspended: run `ginxctl resume` to apply".to_owned()),
+            ApplyState::Waiting if st.suspended => {
+                Some("suspended: run `ginxctl resume` to apply".to_owned())
+            }
+            ApplyState::Waiting => self.core.waiting.as_ref().map(|w| w.reason.clone()),
+            ApplyState::Verifying => Some(self.gate_reason()),
+            ApplyState::Failed if failure.is_none() && st.gate_failure.is_some() => {
+                st.gate_failure.as_ref().map(|g| {
+                    let failing = g.failing.keys().cloned().collect::<Vec<_>>().join(", ");
+                    match g.next {
+                        AfterGate::RollbackUnhealthy => format!(
+                            "health gate failed ({failing}) and the rolled-back system is \
+                             unhealthy too: the rollout slot is kept; fix the node, then \
+                             `ginxctl retry` or push a fix"
+                        ),
+                        _ => format!(
+                            "health gate failed ({failing}); halted and kept \
+                             (rollout.rollback = \"manual\"): roll back or fix, then \
+                             `ginxctl retry` or push a fix"
+                        ),
+                    }
+                })
+            }
             ApplyState::Failed => failure.map(|f| {
                 if f.exhausted {
                     "given up: waiting for a new revision or `ginxctl retry`".to_owned()
@@ -100,6 +242,7 @@ impl Reconciler {
             system: self.system_status(),
             suspended: st.suspended,
             state_write: self.unsaved.clone(),
+            rollout: self.rollout_status(desired.as_ref().map(|d| &d.revision), state),
         };
         self.published.send_if_modified(|p| {
             let changed = *p != next;

@@ -10,6 +10,7 @@
 //! `Revision` and `Generation`, live in `types`). Not here: what the fields mean for the apply
 //! loop (see `reconcile`).
 
+use std::collections::BTreeMap;
 use std::collections::VecDeque;
 use std::fs;
 use std::io;
@@ -19,6 +20,7 @@ use jiff::Timestamp;
 use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
 
+use crate::status::HealthStatus;
 use crate::types::{Generation, Goal, Revision};
 
 /// Bumped when a change is not backwards compatible; readers refuse newer versions.
@@ -79,6 +81,74 @@ pub struct State {
     /// The revision `ginxctl rollback` rolled back from; not applied again until a new
     /// revision or `ginxctl retry`.
     pub rolled_back: Option<Revision>,
+    /// The health gate running after an activation (of a revision, or of the rolled-back
+    /// system). Found at start-up, the gate goes on where it was.
+    pub verifying: Option<Verifying>,
+    /// The last health gate that failed, and what became of it.
+    pub gate_failure: Option<GateFailure>,
+    /// The rollout slot this node holds (or the FleetLock it took): kept across restarts, so
+    /// that a restarted holder resumes with its slot instead of taking a second one.
+    pub rollout_held: Option<Held>,
+}
+
+/// The health gate in progress.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Verifying {
+    pub revision: Revision,
+    /// Verifying the rolled-back system after a failed gate.
+    #[serde(default)]
+    pub rollback: bool,
+    pub started_at: Timestamp,
+    pub deadline: Timestamp,
+    /// Healthy without a break since then.
+    #[serde(default)]
+    pub healthy_since: Option<Timestamp>,
+    /// Each check's status before the activation: a check that was failed already does not
+    /// hold the gate (no regression).
+    #[serde(default)]
+    pub baseline: BTreeMap<String, HealthStatus>,
+}
+
+/// Where a node stands after a failed gate.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum AfterGate {
+    /// The previous generation is to be activated (`rollback = "auto"`).
+    RollBack,
+    /// The rolled-back system passed its gate; the revision is rolled back and halted.
+    RolledBack,
+    /// The rolled-back system failed its gate too: the slot is kept.
+    RollbackUnhealthy,
+    /// `rollback = "manual"`: held with the slot until an operator acts.
+    Manual,
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct GateFailure {
+    pub revision: Revision,
+    /// The checks that failed, with their messages.
+    pub failing: BTreeMap<String, String>,
+    pub at: Timestamp,
+    pub next: AfterGate,
+    /// The halt is written to the cluster (retried until it is).
+    #[serde(default)]
+    pub halted: bool,
+    /// The failed gate's baseline: the rolled-back system is held to the same.
+    #[serde(default)]
+    pub baseline: BTreeMap<String, HealthStatus>,
+}
+
+/// A held rollout lock.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Held {
+    /// `kubernetes` or `fleetlock`.
+    pub backend: String,
+    pub group: String,
+    /// The slot (Lease backend).
+    #[serde(default)]
+    pub slot: Option<u32>,
+    pub revision: Revision,
+    pub since: Timestamp,
 }
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]

@@ -110,4 +110,5 @@ pub struct Published {
     pub suspended: bool,
     /// The last write of the state failed; nothing is applied until one succeeds.
     pub state_write: Option<StateWriteError>,
+    pub rollout: super::RolloutStatus,
 }

@@ -11,6 +11,7 @@ mod apply;
 mod health;
 mod kubeadm;
 mod kubernetes;
+mod rollout;
 mod source;
 
 use std::collections::BTreeMap;
@@ -25,6 +26,10 @@ pub use apply::{ApplyState, ApplyStatus, Drift, Published, StateWriteError, Syst
 pub use health::{HealthMap, HealthStatus, Overall, ProbeStatus, overall};
 pub use kubeadm::KubeadmStatus;
 pub use kubernetes::{KubeState, KubeStatus};
+pub use rollout::{
+    ClusterNode, ClusterView, FleetEvent, FleetState, GateProgress, Halt, Pause, Phase,
+    RolloutStatus, WaitingFor,
+};
 pub use source::{Refused, RemoteStatus, Signed, SourceStatus};
 
 use crate::config::Config;
@@ -52,6 +57,8 @@ pub struct Status {
     /// Rendering of the kubeadm files and drift from the cluster's kubeadm-config; `null` when
     /// `[kubeadm]` says nothing.
     pub kubeadm: Option<KubeadmStatus>,
+    /// The rollout of the apply source's revisions through the fleet: lock, gate, halt.
+    pub rollout: RolloutStatus,
     /// Where metrics are served (`[metrics] listen`, with the port actually bound).
     pub metrics_listen: Option<SocketAddr>,
     pub started_at: Timestamp,
@@ -102,6 +109,7 @@ impl Parts {
             health_overall: overall(&health).status,
             kubernetes: self.kubernetes.borrow().clone(),
             kubeadm: self.kubeadm.borrow().clone(),
+            rollout: published.rollout.clone(),
             metrics_listen: self.metrics_listen,
             started_at: self.started_at,
             now: crate::util::now(),

@@ -14,6 +14,9 @@ pub struct KubeClients {
     /// The same credentials against `health.apiserver.vip_url` (default: the kubeconfig's
     /// server).
     pub vip: kube::Client,
+    /// `main` for watches: its read timeout outlasts a watch request, which may be silent
+    /// for minutes (`main`'s `request_timeout` would cut every watch after that long).
+    pub watch: kube::Client,
 }
 
 /// A short description of a client error: the HTTP status and reason for API errors, the root
@@ -49,5 +52,30 @@ pub fn code(e: &kube::Error) -> Option<u16> {
     match e {
         kube::Error::Api(s) if s.code != 0 => Some(s.code),
         _ => None,
+    }
+}
+
+/// `/readyz` through `client`: Ok, or why not (the failing checks the server lists, or the
+/// transport error).
+pub async fn readyz(client: &kube::Client) -> Result<(), String> {
+    let request = http::Request::get("/readyz")
+        .body(Vec::new())
+        .map_err(|e| e.to_string())?;
+    match client.request_text(request).await {
+        Ok(_) => Ok(()),
+        Err(kube::Error::Api(s)) => {
+            let failing: Vec<&str> = s.message.lines().filter(|l| l.starts_with("[-]")).collect();
+            Err(if failing.is_empty() {
+                let one_line: String = s.message.split_whitespace().collect::<Vec<_>>().join(" ");
+                format!(
+                    "readyz {}: {}",
+                    s.code,
+                    one_line.chars().take(200).collect::<String>()
+                )
+            } else {
+                format!("readyz {}: {}", s.code, failing.join(", "))
+            })
+        }
+        Err(e) => Err(format!("unreachable: {}", describe(&e))),
     }
 }

@@ -1,0 +1,252 @@
+//! `[rollout]`: how a new revision goes through the fleet — the lock that lets at most
+//! `max_concurrent` nodes of a group apply at once, the health gate after an activation, and
+//! what happens when the gate fails.
+
+use serde::{Deserialize, Serialize};
+
+use super::{ConfigError, Ctx, Duration, is_dns_label};
+use crate::types::EndpointUrl;
+
+/// `rollout.lock`.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum LockBackend {
+    /// `kubernetes` once the kubeconfig exists; no lock before (the bootstrap of a new cluster).
+    #[default]
+    Auto,
+    /// Slot Leases in the cluster; without a kubeconfig nothing is applied.
+    Kubernetes,
+    /// A FleetLock server (`[rollout.fleetlock]`).
+    Fleetlock,
+    /// No lock: every node applies as soon as it sees a revision.
+    None,
+}
+
+impl LockBackend {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            LockBackend::Auto => "auto",
+            LockBackend::Kubernetes => "kubernetes",
+            LockBackend::Fleetlock => "fleetlock",
+            LockBackend::None => "none",
+        }
+    }
+}
+
+/// `rollout.on_api_unavailable`: what a node does when the cluster exists but its API cannot
+/// be reached.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum OnApiUnavailable {
+    /// Apply nothing until the API answers (a lock that cannot be taken is not held).
+    #[default]
+    Wait,
+    /// Apply without the lock.
+    Proceed,
+}
+
+/// `rollout.rollback`.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum RollbackPolicy {
+    /// A failed gate rolls back to the previous generation and halts the revision.
+    #[default]
+    Auto,
+    /// A failed gate halts the revision and keeps the slot; an operator decides.
+    Manual,
+}
+
+/// `rollout.gate.require`.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum GateRequire {
+    /// No probe that was ok or degraded before the activation is failed now.
+    #[default]
+    NoRegression,
+    /// Every probe ok.
+    AllOk,
+}
+
+/// `[rollout.gate]`: the health gate after an activation.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct GateConfig {
+    /// How long the node must be healthy without a break.
+    pub settle: Duration,
+    /// The gate fails when it has not settled by then.
+    pub timeout: Duration,
+    pub require: GateRequire,
+    /// How often the probes run while the gate is open.
+    pub interval: Duration,
+    /// An operator's own check (argv); exit 0 means healthy.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub command: Option<Vec<String>>,
+    /// One run of `command` taking longer counts as unhealthy.
+    pub command_timeout: Duration,
+}
+
+impl Default for GateConfig {
+    fn default() -> Self {
+        Self {
+            settle: Duration::from_secs(60),
+            timeout: Duration::from_secs(600),
+            require: GateRequire::default(),
+            interval: Duration::from_secs(2),
+            command: None,
+            command_timeout: Duration::from_secs(30),
+        }
+    }
+}
+
+/// `[rollout.fleetlock]`: a FleetLock server (airlock, poseidon/fleetlock).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct FleetLockConfig {
+    /// The server's base URL; `/v1/pre-reboot` and `/v1/steady-state` are appended.
+    pub url: EndpointUrl,
+    /// The FleetLock group; default `rollout.group`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub group: Option<String>,
+    /// Where the machine id is read from.
+    #[serde(default = "default_machine_id")]
+    pub machine_id: std::path::PathBuf,
+}
+
+fn default_machine_id() -> std::path::PathBuf {
+    "/etc/machine-id".into()
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct RolloutConfig {
+    pub lock: LockBackend,
+    /// The lock group; default: the node's role (`control-plane` or `worker`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub group: Option<String>,
+    /// How many nodes of the group may apply at once.
+    pub max_concurrent: u32,
+    /// A slot Lease not renewed for this long is free; renewed at a third of it.
+    pub lease_duration: Duration,
+    pub on_api_unavailable: OnApiUnavailable,
+    pub rollback: RollbackPolicy,
+    /// Control-plane nodes wait until every other control-plane node is Ready and healthy.
+    pub quorum_guard: bool,
+    /// The ConfigMap (in `kubernetes.namespace`) holding halted revisions and the fleet pause.
+    pub configmap: String,
+    pub gate: GateConfig,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub fleetlock: Option<FleetLockConfig>,
+}
+
+impl Default for RolloutConfig {
+    fn default() -> Self {
+        Self {
+            lock: LockBackend::default(),
+            group: None,
+            max_concurrent: 1,
+            lease_duration: Duration::from_secs(60),
+            on_api_unavailable: OnApiUnavailable::default(),
+            rollback: RollbackPolicy::default(),
+            quorum_guard: true,
+            configmap: "ginx-rollout".to_owned(),
+            gate: GateConfig::default(),
+            fleetlock: None,
+        }
+    }
+}
+
+/// The longest slot Lease name (`ginx-rollout-<group>-<slot>`) is a DNS label's worth.
+const MAX_GROUP_LEN: usize = 40;
+
+impl RolloutConfig {
+    /// The group, after the role default.
+    pub fn group_for(&self, role: crate::types::Role) -> String {
+        self.group.clone().unwrap_or_else(|| role.to_string())
+    }
+
+    /// The slot Lease's name.
+    pub fn slot_lease(group: &str, slot: u32) -> String {
+        format!("ginx-rollout-{group}-{slot}")
+    }
+
+    pub(super) fn validate(&self, ctx: &Ctx<'_>) -> Result<(), ConfigError> {
+        if let Some(g) = &self.group
+            && (!is_dns_label(g) || g.len() > MAX_GROUP_LEN)
+        {
+            return Err(ctx.error(
+                "rollout.group",
+                format!(
+                    "{g:?} must be a lowercase DNS label of at most {MAX_GROUP_LEN} characters \
+                     (letters, digits, '-'): it names the slot Leases ginx-rollout-<group>-<slot>"
+                ),
+            ));
+        }
+        if self.max_concurrent == 0 || self.max_concurrent > 1000 {
+            return Err(ctx.error(
+                "rollout.max_concurrent",
+                "must be between 1 and 1000 (nodes of the group applying at once)",
+            ));
+        }
+        if self.lease_duration.get() < std::time::Duration::from_secs(3) {
+            return Err(ctx.error(
+                "rollout.lease_duration",
+                "must be at least 3s (the lease is renewed at a third of it)",
+            ));
+        }
+        if !super::is_dns_subdomain(&self.configmap) {
+            return Err(ctx.error(
+                "rollout.configmap",
+                "must be a valid Kubernetes object name",
+            ));
+        }
+        let g = &self.gate;
+        for (key, d) in [
+            ("rollout.gate.timeout", g.timeout),
+            ("rollout.gate.interval", g.interval),
+            ("rollout.gate.command_timeout", g.command_timeout),
+        ] {
+            if d.is_zero() {
+                return Err(ctx.error(key, "must be longer than 0s"));
+            }
+        }
+        if g.settle >= g.timeout {
+            return Err(ctx.error(
+                "rollout.gate.settle",
+                format!(
+                    "must be shorter than rollout.gate.timeout ({}), or the gate can never pass",
+                    g.timeout
+                ),
+            ));
+        }
+        if let Some(c) = &g.command
+            && c.first().is_none_or(|a| a.trim().is_empty())
+        {
+            return Err(ctx.error(
+                "rollout.gate.command",
+                "must be an argv with a program first, like [\"/etc/ginx/check\"]",
+            ));
+        }
+        match (&self.lock, &self.fleetlock) {
+            (LockBackend::Fleetlock, None) => {
+                return Err(ctx.error(
+                    "rollout.lock",
+                    "\"fleetlock\" needs [rollout.fleetlock] with the server's url",
+                ));
+            }
+            (_, Some(f)) => {
+                if let Some(g) = &f.group
+                    && g.trim().is_empty()
+                {
+                    return Err(ctx.error("rollout.fleetlock.group", "must not be empty"));
+                }
+                if !f.machine_id.is_absolute() {
+                    return Err(
+                        ctx.error("rollout.fleetlock.machine_id", "must be an absolute path")
+                    );
+                }
+            }
+            _ => {}
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,317 @@
+//! The rollout around an attempt: asking the [`Gatekeeper`](crate::rollout::Gatekeeper) before
+//! an apply, keeping the lock exactly as long as it is needed, the health gate after an
+//! activation (and after a rollback), the automatic rollback, and the cluster-wide halt.
+
+use std::time::Instant;
+
+use super::core::{Decision, Desired};
+use super::{Attempting, Reconciler};
+use crate::config::RollbackPolicy;
+use crate::rollout::gate::{self, Rules, Verdict};
+use crate::rollout::{CONTROL_PLANE_REQUIRED, Permit};
+use crate::state::{AfterGate, AttemptKind, Verifying};
+use crate::status::Halt;
+use crate::types::{Goal, Role};
+use crate::util;
+
+impl Reconciler {
+    /// Asks the rollout whether `desired` may be applied now; `true` with the lock (if any)
+    /// held and recorded. Otherwise the wait is recorded for status.
+    pub(super) async fn ask(&mut self, desired: &Desired) -> bool {
+        let held = self.core.state.rollout_held.clone();
+        let permit = self
+            .gatekeeper
+            .permit(&desired.revision, held.as_ref())
+            .await;
+        let now = util::now();
+        match permit {
+            Permit::Wait(waiting_for, reason) => {
+                let first = self.core.waiting.as_ref().map(|w| w.waiting_for) != Some(waiting_for);
+                if self
+                    .core
+                    .set_waiting(Some((waiting_for, reason.clone())), now)
+                    && first
+                {
+                    tracing::info!(revision = %desired.revision.short(), waiting_for = waiting_for.as_str(),
+                        reason = %reason, "waiting to apply");
+                }
+                false
+            }
+            Permit::Granted(lock) => {
+                self.core.set_waiting(None, now);
+                if lock != self.core.state.rollout_held
+                    && let Err(e) = self.change_persisted(|c| c.state.rollout_held = lock)
+                {
+                    tracing::error!(error = %e, "cannot record the rollout lock; not applying");
+                    return false;
+                }
+                if gated(desired.goal) {
+                    self.gatekeeper.new_gate();
+                    self.baseline = gate::baseline(&self.gatekeeper.baseline_checks().await);
+                }
+                true
+            }
+        }
+    }
+
+    /// Releases the lock once nothing needs it: no attempt running, no gate open, no failed
+    /// gate keeping it, and no apply of the revision it was taken for about to start.
+    pub(super) async fn settle_lock(&mut self, decision: &Decision) {
+        let Some(held) = self.core.state.rollout_held.clone() else {
+            return;
+        };
+        if self.lock_retry_at.is_some_and(|t| t > Instant::now()) {
+            return;
+        }
+        let st = &self.core.state;
+        let kept = st.gate_failure.as_ref().is_some_and(|g| {
+            matches!(
+                g.next,
+                AfterGate::RollBack | AfterGate::RollbackUnhealthy | AfterGate::Manual
+            )
+        });
+        let about_to = matches!(decision, Decision::Start(d) if d.revision == held.revision);
+        let needed = st.in_flight.is_some() || st.verifying.is_some() || kept || about_to;
+        if needed {
+            if self.gatekeeper.held().is_none() {
+                // After a restart: take the slot up again (and renew it from now on).
+                if let Err(e) = self.gatekeeper.resume(&held).await {
+                    tracing::debug!(error = %e, "cannot resume the rollout lock yet");
+                    self.lock_retry_at = Some(Instant::now() + crate::rollout::RECHECK);
+                } else {
+                    self.lock_retry_at = None;
+                }
+            }
+            return;
+        }
+        match self.gatekeeper.release(&held).await {
+            Ok(()) => {
+                self.lock_retry_at = None;
+                let _ = self.change_persisted(|c| c.state.rollout_held = None);
+            }
+            Err(e) => {
+                tracing::warn!(error = %e, "cannot release the rollout lock; trying again");
+                self.lock_retry_at = Some(Instant::now() + crate::rollout::RECHECK);
+            }
+        }
+    }
+
+    /// Writes the halt of a revision whose gate failed, until it is written.
+    pub(super) async fn write_halt(&mut self) {
+        let Some(g) = self.core.state.gate_failure.clone() else {
+            return;
+        };
+        if g.halted || !self.gatekeeper.can_halt() {
+            return;
+        }
+        if self.lock_retry_at.is_some_and(|t| t > Instant::now()) {
+            return;
+        }
+        let node = self.config.borrow().node_name().to_owned();
+        let reason = format!(
+            "health gate failed: {}",
+            g.failing
+                .iter()
+                .map(|(k, m)| format!("{k} ({m})"))
+                .collect::<Vec<_>>()
+                .join("; ")
+        );
+        let halt = Halt {
+            revision: g.revision.clone(),
+            node,
+            probes: g.failing.clone(),
+            reason,
+            at: g.at,
+        };
+        match self.gatekeeper.halt(halt).await {
+            Ok(()) => {
+                tracing::warn!(revision = %g.revision.short(), "revision halted cluster-wide: no other node applies it");
+                let _ = self.change_persisted(|c| {
+                    if let Some(g) = c.state.gate_failure.as_mut() {
+                        g.halted = true;
+                    }
+                });
+            }
+            Err(e) => {
+                tracing::warn!(error = %e, "cannot halt the revision cluster-wide; trying again");
+                self.lock_retry_at = Some(Instant::now() + crate::rollout::RECHECK);
+            }
+        }
+    }
+
+    /// Opens the health gate after a successful activation (of a revision, or of the
+    /// rolled-back system). Returns whether one was opened.
+    pub(super) fn open_gate(&mut self, kind: AttemptKind, goal: Goal) -> bool {
+        let cfg = std::sync::Arc::clone(&self.config.borrow());
+        let now = util::now();
+        let v = match kind {
+            AttemptKind::Apply if gated(goal) => self
+                .core
+                .state
+                .applied
+                .as_ref()
+                .map(|a| (a.revision.clone(), false)),
+            AttemptKind::Rollback
+                if self
+                    .core
+                    .state
+                    .gate_failure
+                    .as_ref()
+                    .is_some_and(|g| g.next == AfterGate::RolledBack) =>
+            {
+                self.core.state.rolled_back.clone().map(|r| (r, true))
+            }
+            _ => None,
+        };
+        let Some((revision, rollback)) = v else {
+            return false;
+        };
+        let verifying = Verifying {
+            revision: revision.clone(),
+            rollback,
+            started_at: now,
+            deadline: util::after(now, cfg.rollout.gate.timeout.get()),
+            healthy_since: None,
+            baseline: match (rollback, &self.core.state.gate_failure) {
+                (true, Some(g)) => g.baseline.clone(),
+                _ => std::mem::take(&mut self.baseline),
+            },
+        };
+        let before = verifying
+            .baseline
+            .iter()
+            .map(|(n, s)| format!("{n}={}", s.as_str()))
+            .collect::<Vec<_>>()
+            .join(",");
+        match self.core.begin_verifying(verifying) {
+            Ok(()) => {
+                tracing::info!(revision = %revision.short(), rollback, settle = %cfg.rollout.gate.settle,
+                    timeout = %cfg.rollout.gate.timeout, baseline = %before, "health gate open");
+                self.gatekeeper.new_gate();
+                self.gatekeeper.fast_probes(true);
+                self.gate_failing.clear();
+                true
+            }
+            Err(e) => {
+                tracing::error!(error = %e, "cannot open the health gate");
+                false
+            }
+        }
+    }
+
+    /// One look at the open gate. Returns whether it closed (passed or failed).
+    pub(super) async fn step_gate(&mut self) -> bool {
+        let cfg = std::sync::Arc::clone(&self.config.borrow());
+        let checks = self.gatekeeper.checks().await;
+        let now = util::now();
+        let required: &[&str] = if cfg.node.role == Role::ControlPlane {
+            CONTROL_PLANE_REQUIRED
+        } else {
+            &[]
+        };
+        let rules = Rules {
+            require: cfg.rollout.gate.require,
+            settle: cfg.rollout.gate.settle.get(),
+            required,
+        };
+        let Some(v) = self.core.verifying_mut() else {
+            return false;
+        };
+        let before = v.healthy_since;
+        let rollback = v.rollback;
+        let revision = v.revision.clone();
+        let verdict = gate::step(v, &checks, &rules, now);
+        let label = if rollback { "rollback-" } else { "" };
+        match verdict {
+            Verdict::Pending { failing, .. } => {
+                self.gate_failing = failing;
+                let after = self
+                    .core
+                    .state
+                    .verifying
+                    .as_ref()
+                    .and_then(|v| v.healthy_since);
+                if after != before {
+                    let _ = self.save_state();
+                }
+                false
+            }
+            Verdict::Passed => {
+                self.gatekeeper.fast_probes(false);
+                self.gate_failing.clear();
+                if self.change_persisted(|c| c.gate_passed()).is_err() {
+                    return false;
+                }
+                self.metrics.gate(&format!("{label}passed"));
+                if rollback {
+                    tracing::warn!(revision = %revision.short(), "the rolled-back system passed its health gate; the revision stays rolled back");
+                } else {
+                    tracing::info!(revision = %revision.short(), "health gate passed");
+                }
+                true
+            }
+            Verdict::Failed { failing } => {
+                self.gatekeeper.fast_probes(false);
+                let policy = cfg.rollout.rollback;
+                let list = failing
+                    .iter()
+                    .map(|(k, m)| format!("{k} ({m})"))
+                    .collect::<Vec<_>>()
+                    .join("; ");
+                self.gate_failing = failing.clone();
+                let Ok(Ok(next)) = self.change_persisted(|c| c.gate_failed(failing, now, policy))
+                else {
+                    return false;
+                };
+                self.metrics.gate(&format!("{label}failed"));
+                match next {
+                    AfterGate::RollBack => {
+                        tracing::error!(revision = %revision.short(), failing = %list,
+                        "health gate failed; rolling back to the previous generation and halting the revision")
+                    }
+                    AfterGate::Manual => {
+                        tracing::error!(revision = %revision.short(), failing = %list,
+                        "health gate failed; halting the revision and keeping the slot (rollout.rollback = \"manual\")")
+                    }
+                    AfterGate::RollbackUnhealthy => {
+                        tracing::error!(revision = %revision.short(), failing = %list,
+                        "the rolled-back system is unhealthy too: keeping the rollout slot so that no other node proceeds; fix the node, then `ginxctl retry` or push a fix")
+                    }
+                    AfterGate::RolledBack => {}
+                }
+                true
+            }
+        }
+    }
+
+    /// The rollback a failed gate asks for (`rollback = "auto"`).
+    pub(super) async fn roll_back_after_gate(&mut self) -> Option<Attempting> {
+        if self.config.borrow().rollout.rollback == RollbackPolicy::Manual {
+            return None;
+        }
+        match self.start_rollback().await {
+            Ok((id, a)) => {
+                self.metrics.rolled_back();
+                tracing::warn!(
+                    attempt = id,
+                    "automatic rollback after a failed health gate"
+                );
+                a
+            }
+            Err(e) => {
+                tracing::error!(error = %e, "cannot roll back after the failed health gate; the node keeps its slot");
+                let _ = self.change_persisted(|c| {
+                    if let Some(g) = c.state.gate_failure.as_mut() {
+                        g.next = AfterGate::RollbackUnhealthy;
+                    }
+                });
+                None
+            }
+        }
+    }
+}
+
+/// Whether an apply with `goal` activates something the gate must verify.
+fn gated(goal: Goal) -> bool {
+    matches!(goal, Goal::Switch | Goal::Test)
+}

@@ -1,0 +1,457 @@
+//! `ginxctl cluster`: the fleet as the API has it, in one [`ClusterView`] — every node ginx
+//! reports on (a `<prefix>version` annotation or a heartbeat Lease) and every control-plane
+//! node, with its readiness, `GinxHealthy`, ginx's annotations, the age of its heartbeat and
+//! the rollout slot it holds; the slots; the fleet state of the `ginx-rollout` ConfigMap.
+//!
+//! Three reads (the Nodes, the Leases of `kubernetes.namespace`, the ConfigMap), then
+//! [`build`], a pure function of what was read and the time. Owns nothing in the cluster and
+//! writes nothing.
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use jiff::Timestamp;
+use k8s_openapi::api::coordination::v1::Lease;
+use k8s_openapi::api::core::v1::Node;
+use kube::Api;
+use kube::api::ListParams;
+
+use super::fleet::Fleet;
+use super::lease::{GROUP_LABEL, LeaseLock};
+use crate::config::Config;
+use crate::status::{ClusterNode, ClusterView, FleetState};
+use crate::types::Role;
+use crate::types::api::{code, describe};
+
+/// The label kubeadm puts on control-plane nodes.
+pub const CONTROL_PLANE_LABEL: &str = "node-role.kubernetes.io/control-plane";
+/// The prefix of slot Leases: `ginx-rollout-<group>-<slot>`.
+const SLOT_PREFIX: &str = "ginx-rollout-";
+
+/// Reads the Nodes, the Leases and the ConfigMap, and builds the view at the current time.
+pub async fn view(client: &kube::Client, cfg: &Config) -> Result<ClusterView, String> {
+    let k = &cfg.kubernetes;
+    let forbidden = |what: &str, e: &kube::Error, needs: &str| match code(e) {
+        Some(403) => format!(
+            "cannot list {what}: {}; ginx needs {needs} — apply packaging/kubernetes/rbac.yaml",
+            describe(e)
+        ),
+        _ => format!("cannot list {what}: {}", describe(e)),
+    };
+    let nodes = Api::<Node>::all(client.clone())
+        .list(&ListParams::default())
+        .await
+        .map_err(|e| forbidden("nodes", &e, "list on nodes (ClusterRole ginx-node-report)"))?
+        .items;
+    let leases = Api::<Lease>::namespaced(client.clone(), &k.namespace)
+        .list(&ListParams::default())
+        .await
+        .map_err(|e| {
+            forbidden(
+                &format!("leases in {}", k.namespace),
+                &e,
+                "list on leases (Role ginx-rollout)",
+            )
+        })?
+        .items;
+    let fleet = Fleet::new(client.clone(), &k.namespace, &cfg.rollout.configmap);
+    let state = fleet.read().await.map_err(|e| {
+        let what = format!("cannot read ConfigMap {}: {}", fleet.object(), describe(&e));
+        match code(&e) {
+            Some(403) => format!(
+                "{what}; ginx needs get on it (Role ginx-rollout) — apply \
+                 packaging/kubernetes/rbac.yaml"
+            ),
+            _ => what,
+        }
+    })?;
+    Ok(build(&nodes, &leases, state, cfg, crate::util::now()))
+}
+
+/// The view of `nodes`, `leases` and `fleet` at `now`.
+pub fn build(
+    nodes: &[Node],
+    leases: &[Lease],
+    fleet: FleetState,
+    cfg: &Config,
+    now: Timestamp,
+) -> ClusterView {
+    let k = &cfg.kubernetes;
+    let prefix = k.annotation_prefix.as_str();
+    let by_name: BTreeMap<&str, &Lease> = leases
+        .iter()
+        .filter_map(|l| Some((l.metadata.name.as_deref()?, l)))
+        .collect();
+
+    // Held slots: group/slot → holder, and holder → its slots.
+    let mut slots = BTreeMap::new();
+    let mut held: BTreeMap<String, Vec<String>> = BTreeMap::new();
+    for (name, lease) in &by_name {
+        let Some((group, slot)) = slot_of(name, lease) else {
+            continue;
+        };
+        if let Some(holder) = live_holder(lease, slot, now) {
+            let key = format!("{group}/{slot}");
+            held.entry(holder.clone()).or_default().push(key.clone());
+            slots.insert(key, holder);
+        }
+    }
+
+    let mut out = Vec::new();
+    let mut seen = BTreeSet::new();
+    for node in nodes {
+        let Some(name) = node.metadata.name.as_deref() else {
+            continue;
+        };
+        let annotations = node.metadata.annotations.clone().unwrap_or_default();
+        let annotation = |key: &str| annotations.get(&format!("{prefix}{key}")).cloned();
+        let heartbeat = by_name.get(k.lease_name_for(name).as_str()).copied();
+        let control_plane = node
+            .metadata
+            .labels
+            .as_ref()
+            .is_some_and(|l| l.contains_key(CONTROL_PLANE_LABEL));
+        let reported = annotation("version").is_some() || heartbeat.is_some();
+        if !(reported || control_plane) {
+            continue;
+        }
+        let role = if control_plane {
+            Some(Role::ControlPlane)
+        } else {
+            match annotation("role").as_deref() {
+                Some("control-plane") => Some(Role::ControlPlane),
+                Some("worker") => Some(Role::Worker),
+                _ => None,
+            }
+        };
+        let conditions = node
+            .status
+            .as_ref()
+            .and_then(|s| s.conditions.as_deref())
+            .unwrap_or_default();
+        let condition = |t: &str| conditions.iter().find(|c| c.type_ == t);
+        let ready = condition("Ready").and_then(|c| match c.status.as_str() {
+            "True" => Some(true),
+            "False" => Some(false),
+            _ => None,
+        });
+        let healthy = condition(&k.condition_type);
+        seen.insert(name.to_owned());
+        out.push(ClusterNode {
+            name: name.to_owned(),
+            role,
+            ready,
+            healthy: healthy.map(|c| c.status.clone()),
+            health_reason: healthy.and_then(|c| c.reason.clone()),
+            applied_revision: annotation("applied-revision"),
+            target_revision: annotation("target-revision"),
+            apply_state: annotation("apply-state"),
+            rollout_phase: annotation("rollout-phase"),
+            heartbeat_age_secs: heartbeat.and_then(|l| age_secs(l, now)),
+            slot: held.get(name).map(|s| s.join(",")),
+        });
+    }
+    // A ginx whose kubelet has not registered the Node yet (a node being set up) still
+    // renews its heartbeat: it is part of the fleet.
+    for (name, lease) in &by_name {
+        if slot_of(name, lease).is_some() {
+            continue;
+        }
+        let Some(node) = heartbeat_node(&k.lease_name, name, lease) else {
+            continue;
+        };
+        if !seen.insert(node.to_owned()) {
+            continue;
+        }
+        out.push(ClusterNode {
+            name: node.to_owned(),
+            role: None,
+            ready: None,
+            healthy: None,
+            health_reason: None,
+            applied_revision: None,
+            target_revision: None,
+            apply_state: None,
+            rollout_phase: None,
+            heartbeat_age_secs: age_secs(lease, now),
+            slot: held.get(node).map(|s| s.join(",")),
+        });
+    }
+    out.sort_by(|a, b| a.name.cmp(&b.name));
+    ClusterView {
+        nodes: out,
+        slots,
+        fleet,
+        at: Some(now),
+    }
+}
+
+/// `(group, slot)` of a slot Lease: the group from its label as the lock writes it (else from
+/// the name), the slot from the name `ginx-rollout-<group>-<slot>`.
+fn slot_of<'a>(name: &'a str, lease: &'a Lease) -> Option<(&'a str, u32)> {
+    let rest = name.strip_prefix(SLOT_PREFIX)?;
+    let labelled = lease
+        .metadata
+        .labels
+        .as_ref()
+        .and_then(|l| l.get(GROUP_LABEL))
+        .map(String::as_str);
+    let (group, slot) = match labelled {
+        Some(g) => (g, rest.strip_prefix(g)?.strip_prefix('-')?),
+        None => rest.rsplit_once('-')?,
+    };
+    if group.is_empty() || slot.is_empty() || !slot.bytes().all(|b| b.is_ascii_digit()) {
+        return None;
+    }
+    Some((group, slot.parse().ok()?))
+}
+
+/// The holder of slot `index`'s `lease` unless the slot is free, by the lock's own rule
+/// ([`super::slots::Slot::live_holder`]).
+fn live_holder(lease: &Lease, index: u32, now: Timestamp) -> Option<String> {
+    LeaseLock::view(&BTreeMap::from([(index, lease.clone())]))
+        .first()?
+        .live_holder(now)
+        .map(str::to_owned)
+}
+
+/// Seconds since `lease` was renewed (never negative: a clock ahead of ours is "just now").
+fn age_secs(lease: &Lease, now: Timestamp) -> Option<i64> {
+    let renewed = lease.spec.as_ref()?.renew_time.as_ref()?.0;
+    Some(now.duration_since(renewed).as_secs().max(0))
+}
+
+/// The node whose heartbeat Lease `name` is, by `pattern` (`kubernetes.lease_name`, with
+/// `{node}`): the name fits the pattern and the holder is that node, as ginx writes it.
+fn heartbeat_node<'a>(pattern: &str, name: &'a str, lease: &Lease) -> Option<&'a str> {
+    let (before, after) = pattern.split_once("{node}")?;
+    let node = name.strip_prefix(before)?.strip_suffix(after)?;
+    let holder = lease.spec.as_ref()?.holder_identity.as_deref()?;
+    (!node.is_empty() && holder == node).then_some(node)
+}
+
+#[cfg(test)]
+mod tests {
+    use k8s_openapi::api::coordination::v1::LeaseSpec;
+    use k8s_openapi::api::core::v1::{NodeCondition, NodeStatus};
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::{MicroTime, ObjectMeta};
+
+    use super::*;
+
+    const NOW: &str = "2026-12-01T12:00:00Z";
+    const REV: &str = "0123456789abcdef0123456789abcdef01234567";
+
+    fn now() -> Timestamp {
+        NOW.parse().unwrap()
+    }
+
+    fn node(
+        name: &str,
+        labels: &[&str],
+        annotations: &[(&str, &str)],
+        conds: &[(&str, &str, &str)],
+    ) -> Node {
+        Node {
+            metadata: ObjectMeta {
+                name: Some(name.to_owned()),
+                labels: Some(
+                    labels
+                        .iter()
+                        .map(|l| ((*l).to_owned(), String::new()))
+                        .collect(),
+                ),
+                annotations: Some(
+                    annotations
+                        .iter()
+                        .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+                        .collect(),
+                ),
+                ..ObjectMeta::default()
+            },
+            status: Some(NodeStatus {
+                conditions: Some(
+                    conds
+                        .iter()
+                        .map(|(t, s, r)| NodeCondition {
+                            type_: (*t).to_owned(),
+                            status: (*s).to_owned(),
+                            reason: Some((*r).to_owned()),
+                            ..NodeCondition::default()
+                        })
+                        .collect(),
+                ),
+                ..NodeStatus::default()
+            }),
+            ..Node::default()
+        }
+    }
+
+    fn lease(name: &str, holder: &str, secs_ago: i64, duration: i32) -> Lease {
+        let renewed = now() - jiff::SignedDuration::from_secs(secs_ago);
+        Lease {
+            metadata: ObjectMeta {
+                name: Some(name.to_owned()),
+                ..ObjectMeta::default()
+            },
+            spec: Some(LeaseSpec {
+                holder_identity: Some(holder.to_owned()),
+                lease_duration_seconds: Some(duration),
+                renew_time: Some(MicroTime(renewed)),
+                ..LeaseSpec::default()
+            }),
+        }
+    }
+
+    #[test]
+    fn nodes_carry_role_readiness_health_annotations_heartbeat_and_slot() {
+        let nodes = [
+            node(
+                "lucy",
+                &[CONTROL_PLANE_LABEL],
+                &[
+                    ("ginx.io/version", "0.1.0"),
+                    ("ginx.io/applied-revision", REV),
+                    ("ginx.io/target-revision", REV),
+                    ("ginx.io/apply-state", "succeeded"),
+                    ("ginx.io/rollout-phase", "applying"),
+                ],
+                &[
+                    ("Ready", "True", "KubeletReady"),
+                    ("GinxHealthy", "True", "AllProbesOk"),
+                ],
+            ),
+            node(
+                "w1",
+                &[],
+                &[("ginx.io/version", "0.1.0"), ("ginx.io/role", "worker")],
+                &[
+                    ("Ready", "Unknown", "NodeStatusUnknown"),
+                    ("GinxHealthy", "False", "ProbesFailed"),
+                ],
+            ),
+        ];
+        let leases = [
+            lease("ginx-lucy", "lucy", 3, 40),
+            lease("ginx-w1", "w1", 120, 40),
+            lease("ginx-rollout-control-plane-0", "lucy", 5, 60),
+        ];
+        let v = build(
+            &nodes,
+            &leases,
+            FleetState::default(),
+            &Config::default(),
+            now(),
+        );
+        assert_eq!(v.at, Some(now()));
+        let [lucy, w1] = v.nodes.as_slice() else {
+            panic!("{:?}", v.nodes);
+        };
+        assert_eq!(lucy.name, "lucy");
+        assert_eq!(lucy.role, Some(Role::ControlPlane));
+        assert_eq!(lucy.ready, Some(true));
+        assert_eq!(lucy.healthy.as_deref(), Some("True"));
+        assert_eq!(lucy.health_reason.as_deref(), Some("AllProbesOk"));
+        assert_eq!(lucy.applied_revision.as_deref(), Some(REV));
+        assert_eq!(lucy.target_revision.as_deref(), Some(REV));
+        assert_eq!(lucy.apply_state.as_deref(), Some("succeeded"));
+        assert_eq!(lucy.rollout_phase.as_deref(), Some("applying"));
+        assert_eq!(lucy.heartbeat_age_secs, Some(3));
+        assert_eq!(lucy.slot.as_deref(), Some("control-plane/0"));
+        assert_eq!(w1.role, Some(Role::Worker));
+        assert_eq!(w1.ready, None, "Unknown is neither");
+        assert_eq!(w1.healthy.as_deref(), Some("False"));
+        assert_eq!(w1.heartbeat_age_secs, Some(120));
+        assert_eq!(w1.slot, None);
+        assert_eq!(
+            v.slots,
+            BTreeMap::from([("control-plane/0".to_owned(), "lucy".to_owned())])
+        );
+    }
+
+    #[test]
+    fn only_nodes_ginx_reports_on_and_control_plane_nodes_are_shown() {
+        let nodes = [
+            node("plain-worker", &[], &[], &[("Ready", "True", "")]),
+            node("cp-without-ginx", &[CONTROL_PLANE_LABEL], &[], &[]),
+            node("annotated", &[], &[("ginx.io/version", "0.1.0")], &[]),
+            node("heartbeating", &[], &[], &[]),
+        ];
+        let leases = [
+            lease("ginx-heartbeating", "heartbeating", 1, 40),
+            // A ginx whose Node is not registered yet.
+            lease("ginx-newcomer", "newcomer", 2, 40),
+            // Not a heartbeat: the holder is not the node the name says.
+            lease("ginx-something", "someone-else", 2, 40),
+        ];
+        let v = build(
+            &nodes,
+            &leases,
+            FleetState::default(),
+            &Config::default(),
+            now(),
+        );
+        let names: Vec<&str> = v.nodes.iter().map(|n| n.name.as_str()).collect();
+        assert_eq!(
+            names,
+            ["annotated", "cp-without-ginx", "heartbeating", "newcomer"]
+        );
+        let cp = &v.nodes[1];
+        assert_eq!(cp.role, Some(Role::ControlPlane));
+        assert_eq!(cp.heartbeat_age_secs, None);
+        let newcomer = &v.nodes[3];
+        assert_eq!((newcomer.role, newcomer.ready), (None, None));
+        assert_eq!(newcomer.heartbeat_age_secs, Some(2));
+        assert_eq!(v.nodes[0].role, None, "no label, no role annotation");
+    }
+
+    #[test]
+    fn a_slot_is_free_when_unheld_or_expired() {
+        let leases = [
+            lease("ginx-rollout-worker-0", "w1", 10, 60),
+            lease("ginx-rollout-worker-1", "w2", 61, 60),
+            lease("ginx-rollout-worker-2", "", 1, 60),
+            lease("ginx-rollout-edge-nodes-12", "e1", 0, 60),
+            // Renewed exactly one duration ago: expired, as the lock sees it.
+            lease("ginx-rollout-worker-3", "w4", 60, 60),
+            lease("ginx-rollout-worker-x", "w3", 0, 60),
+        ];
+        let v = build(
+            &[],
+            &leases,
+            FleetState::default(),
+            &Config::default(),
+            now(),
+        );
+        assert_eq!(
+            v.slots,
+            BTreeMap::from([
+                ("edge-nodes/12".to_owned(), "e1".to_owned()),
+                ("worker/0".to_owned(), "w1".to_owned()),
+            ])
+        );
+        // Slot Leases are not heartbeats, even though their names fit ginx-{node}.
+        assert!(v.nodes.is_empty(), "{:?}", v.nodes);
+    }
+
+    #[test]
+    fn the_configured_names_are_used() {
+        let mut cfg = Config::default();
+        cfg.kubernetes.annotation_prefix = "example.com/".into();
+        cfg.kubernetes.lease_name = "hb-{node}-ginx".into();
+        cfg.kubernetes.condition_type = "FleetHealthy".into();
+        let nodes = [node(
+            "n1",
+            &[],
+            &[
+                ("example.com/apply-state", "failed"),
+                ("ginx.io/version", "x"),
+            ],
+            &[("FleetHealthy", "False", "ProbesFailed")],
+        )];
+        let leases = [lease("hb-n1-ginx", "n1", 4, 40)];
+        let v = build(&nodes, &leases, FleetState::default(), &cfg, now());
+        let n = &v.nodes[0];
+        assert_eq!(n.apply_state.as_deref(), Some("failed"));
+        assert_eq!(n.healthy.as_deref(), Some("False"));
+        assert_eq!(n.heartbeat_age_secs, Some(4));
+    }
+}

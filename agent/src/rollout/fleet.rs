@@ -1,0 +1,683 @@
+//! The cluster-wide rollout state in the ConfigMap `ginx-rollout` (`rollout.configmap`, in
+//! `kubernetes.namespace`): the fleet pause, the halted revisions and the latest changes, as a
+//! [`FleetState`].
+//!
+//! The layout is meant to be read with `kubectl get configmap ginx-rollout -o yaml`, one key per
+//! fact, each value JSON:
+//!
+//! ```text
+//! paused:                   {"by":"alice@lucy","at":"2026-12-01T11:46:29Z"}   (absent: not paused)
+//! halted.<full revision>:   {"revision":…,"node":…,"probes":{…},"reason":…,"at":…}
+//! events:                   [{"by":…,"at":…,"action":"pause"}, …]   (the newest 50)
+//! ```
+//!
+//! Other keys are left as they are. Writes are read-modify-write with optimistic concurrency
+//! on `resourceVersion`: a 409 means someone else wrote in between, so the object is read again
+//! and the change applied to what is there now, a bounded number of times (as the heartbeat
+//! does). Owns the encoding and these writes; what a halt or a pause means for applying is the
+//! gate's business.
+
+use std::collections::BTreeMap;
+
+use jiff::Timestamp;
+use k8s_openapi::api::core::v1::ConfigMap;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+use kube::Api;
+use kube::api::PostParams;
+
+use crate::status::{FleetEvent, FleetState, Halt, Pause};
+use crate::types::Revision;
+use crate::types::api::{code, describe};
+
+/// The key of the fleet pause.
+pub const PAUSED_KEY: &str = "paused";
+/// The prefix of a halt's key; the full revision follows.
+pub const HALTED_PREFIX: &str = "halted.";
+/// The key of the change log.
+pub const EVENTS_KEY: &str = "events";
+/// Events kept in the ConfigMap; older ones are dropped.
+pub const MAX_EVENTS: usize = 50;
+/// Writes tried per update when the ConfigMap keeps changing under us.
+pub const MAX_CONFLICT_RETRIES: usize = 5;
+/// The shortest revision prefix `ginxctl rollout clear` accepts (as `git` abbreviates).
+pub const MIN_PREFIX: usize = 7;
+
+/// The ConfigMap's `data` for `state`: only ginx's keys, events cut to the newest
+/// [`MAX_EVENTS`].
+pub fn encode(state: &FleetState) -> BTreeMap<String, String> {
+    let mut data = BTreeMap::new();
+    if let Some(p) = &state.paused {
+        data.insert(PAUSED_KEY.to_owned(), json(p));
+    }
+    for (revision, halt) in &state.halted {
+        data.insert(format!("{HALTED_PREFIX}{revision}"), json(halt));
+    }
+    let skip = state.events.len().saturating_sub(MAX_EVENTS);
+    let events: Vec<&FleetEvent> = state.events.iter().skip(skip).collect();
+    if !events.is_empty() {
+        data.insert(EVENTS_KEY.to_owned(), json(&events));
+    }
+    data
+}
+
+/// The JSON of a value: the status types are plain structs with string keys, which always
+/// encode.
+fn json<T: serde::Serialize>(v: &T) -> String {
+    serde_json::to_string(v).unwrap_or_default()
+}
+
+/// The state in `data`. A value that cannot be read is an error naming its key and what is
+/// wrong with it; keys that are not ginx's are ignored.
+pub fn decode(data: &BTreeMap<String, String>) -> Result<FleetState, String> {
+    let (state, problems) = decode_lenient(data);
+    if problems.is_empty() {
+        Ok(state)
+    } else {
+        Err(problems.join("; "))
+    }
+}
+
+/// The state in `data`, reading past bad values, and what was wrong with them. Errs on the side
+/// of holding back: a `halted.<revision>` key whose value cannot be read still halts that
+/// revision, and a `paused` key whose value cannot be read still pauses the fleet.
+pub fn decode_lenient(data: &BTreeMap<String, String>) -> (FleetState, Vec<String>) {
+    let mut state = FleetState::default();
+    let mut problems = Vec::new();
+    for (key, value) in data {
+        if key == PAUSED_KEY {
+            match serde_json::from_str::<Pause>(value) {
+                Ok(p) => state.paused = Some(p),
+                Err(e) => {
+                    problems.push(format!(
+                        "key {key}: not a pause {{\"by\": \"user@node\", \"at\": \"<RFC 3339>\"}}: {e}"
+                    ));
+                    state.paused = Some(Pause {
+                        by: format!("? (unreadable {key} key)"),
+                        at: Timestamp::UNIX_EPOCH,
+                    });
+                }
+            }
+        } else if key == EVENTS_KEY {
+            match serde_json::from_str::<Vec<FleetEvent>>(value) {
+                Ok(events) => state.events = events,
+                Err(e) => problems.push(format!(
+                    "key {key}: not a JSON array of {{\"by\", \"at\", \"action\"}}: {e}"
+                )),
+            }
+        } else if let Some(rest) = key.strip_prefix(HALTED_PREFIX) {
+            let revision: Revision = match rest.parse() {
+                Ok(r) => r,
+                Err(e) => {
+                    problems.push(format!("key {key}: {e} after \"{HALTED_PREFIX}\""));
+                    continue;
+                }
+            };
+            let halt = match serde_json::from_str::<Halt>(value) {
+                Ok(h) if h.revision == revision => h,
+                Ok(h) => {
+                    problems.push(format!(
+                        "key {key}: the halt inside is of another revision, {}",
+                        h.revision
+                    ));
+                    unreadable(revision.clone(), key)
+                }
+                Err(e) => {
+                    problems.push(format!(
+                        "key {key}: not a halt {{\"revision\", \"node\", \"probes\", \"reason\", \"at\"}}: {e}"
+                    ));
+                    unreadable(revision.clone(), key)
+                }
+            };
+            state.halted.insert(revision.to_string(), halt);
+        }
+    }
+    (state, problems)
+}
+
+fn unreadable(revision: Revision, key: &str) -> Halt {
+    Halt {
+        revision,
+        node: "?".to_owned(),
+        probes: BTreeMap::new(),
+        reason: format!("the {key} key cannot be read; see the ConfigMap"),
+        at: Timestamp::UNIX_EPOCH,
+    }
+}
+
+/// `data` with ginx's keys replaced by `ours` and everyone else's kept.
+fn merge(
+    existing: Option<&BTreeMap<String, String>>,
+    ours: BTreeMap<String, String>,
+) -> BTreeMap<String, String> {
+    let mut data: BTreeMap<String, String> = existing
+        .into_iter()
+        .flatten()
+        .filter(|(k, _)| !is_ours(k))
+        .map(|(k, v)| (k.clone(), v.clone()))
+        .collect();
+    data.extend(ours);
+    data
+}
+
+fn is_ours(key: &str) -> bool {
+    key == PAUSED_KEY || key == EVENTS_KEY || key.starts_with(HALTED_PREFIX)
+}
+
+/// Why `ginxctl rollout clear REVISION` names no halt.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum RevisionError {
+    #[error(
+        "{0:?} is not a revision: give the full commit id or at least {MIN_PREFIX} of its hex digits"
+    )]
+    Malformed(String),
+    #[error("{revision} is not halted{}", halted_list(.halted))]
+    NotHalted {
+        revision: String,
+        halted: Vec<String>,
+    },
+    #[error("{prefix} names more than one halted revision ({}); give more digits", .matches.join(", "))]
+    Ambiguous {
+        prefix: String,
+        matches: Vec<String>,
+    },
+}
+
+fn halted_list(halted: &[String]) -> String {
+    if halted.is_empty() {
+        " (no revision is halted)".to_owned()
+    } else {
+        format!("; halted: {}", halted.join(", "))
+    }
+}
+
+/// The full revision of the halt that `given` names: a full commit id, or a prefix of at least
+/// [`MIN_PREFIX`] hex digits that only one halted revision starts with.
+pub fn resolve(state: &FleetState, given: &str) -> Result<String, RevisionError> {
+    let wanted = given.trim().to_ascii_lowercase();
+    if wanted.len() < MIN_PREFIX || !wanted.bytes().all(|b| b.is_ascii_hexdigit()) {
+        return Err(RevisionError::Malformed(given.to_owned()));
+    }
+    let matches: Vec<&String> = state
+        .halted
+        .keys()
+        .filter(|r| r.starts_with(&wanted))
+        .collect();
+    match matches.as_slice() {
+        [one] => Ok((*one).clone()),
+        [] => Err(RevisionError::NotHalted {
+            revision: wanted,
+            halted: state.halted.keys().cloned().collect(),
+        }),
+        many => Err(RevisionError::Ambiguous {
+            prefix: wanted,
+            matches: many
+                .iter()
+                .map(|r| r[..12.min(r.len())].to_owned())
+                .collect(),
+        }),
+    }
+}
+
+/// The fleet pause, by `by` at `at`; `false` when it was paused already (by whoever paused
+/// first: that pause stands).
+pub fn apply_pause(state: &mut FleetState, by: &str, at: Timestamp) -> bool {
+    if state.paused.is_some() {
+        return false;
+    }
+    state.paused = Some(Pause {
+        by: by.to_owned(),
+        at,
+    });
+    record(state, by, at, "pause".to_owned());
+    true
+}
+
+/// Lifts the fleet pause; `false` when there was none.
+pub fn apply_resume(state: &mut FleetState, by: &str, at: Timestamp) -> bool {
+    if state.paused.take().is_none() {
+        return false;
+    }
+    record(state, by, at, "resume".to_owned());
+    true
+}
+
+/// Removes the halt `given` names (see [`resolve`]) and returns it.
+pub fn apply_clear(
+    state: &mut FleetState,
+    given: &str,
+    by: &str,
+    at: Timestamp,
+) -> Result<Halt, RevisionError> {
+    let revision = resolve(state, given)?;
+    let halt = state
+        .halted
+        .remove(&revision)
+        .ok_or_else(|| RevisionError::NotHalted {
+            revision: revision.clone(),
+            halted: Vec::new(),
+        })?;
+    record(state, by, at, format!("clear {revision}"));
+    Ok(halt)
+}
+
+/// Halts `halt.revision` fleet-wide; `false` when it was halted already (the first failure
+/// stands: it says where the revision failed first).
+pub fn apply_halt(state: &mut FleetState, halt: Halt) -> bool {
+    let key = halt.revision.to_string();
+    if state.halted.contains_key(&key) {
+        return false;
+    }
+    let by = format!("ginx@{}", halt.node);
+    let at = halt.at;
+    state.halted.insert(key.clone(), halt);
+    record(state, &by, at, format!("halt {key}"));
+    true
+}
+
+fn record(state: &mut FleetState, by: &str, at: Timestamp, action: String) {
+    state.events.push(FleetEvent {
+        by: by.to_owned(),
+        at,
+        action,
+    });
+    let extra = state.events.len().saturating_sub(MAX_EVENTS);
+    state.events.drain(..extra);
+}
+
+/// The result of a change that may have found nothing to do.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Updated {
+    /// The state as it is now in the ConfigMap.
+    pub state: FleetState,
+    /// `false`: it already was so, nothing was written.
+    pub changed: bool,
+}
+
+/// Why `clear` did not clear.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum ClearError {
+    #[error(transparent)]
+    Revision(#[from] RevisionError),
+    #[error("{0}")]
+    Api(String),
+}
+
+/// Reads and writes the ConfigMap.
+#[derive(Clone)]
+pub struct Fleet {
+    api: Api<ConfigMap>,
+    namespace: String,
+    name: String,
+}
+
+impl Fleet {
+    pub fn new(client: kube::Client, namespace: &str, name: &str) -> Self {
+        Self {
+            api: Api::namespaced(client, namespace),
+            namespace: namespace.to_owned(),
+            name: name.to_owned(),
+        }
+    }
+
+    /// `namespace/name`, for messages.
+    pub fn object(&self) -> String {
+        format!("{}/{}", self.namespace, self.name)
+    }
+
+    /// The state as the ConfigMap has it (the default when there is none). A value that cannot
+    /// be read is logged and read the cautious way (see [`decode_lenient`]).
+    pub async fn read(&self) -> Result<FleetState, kube::Error> {
+        Ok(match self.api.get_opt(&self.name).await? {
+            Some(cm) => self.decode_logged(&cm),
+            None => FleetState::default(),
+        })
+    }
+
+    fn decode_logged(&self, cm: &ConfigMap) -> FleetState {
+        let (state, problems) = decode_lenient(&cm.data.clone().unwrap_or_default());
+        for p in problems {
+            tracing::warn!(configmap = %self.object(), problem = %p, "unreadable rollout state; held back on it");
+        }
+        state
+    }
+
+    /// Reads the state, lets `f` change it (`false`: nothing to change, nothing is written) and
+    /// writes it back conditionally on the `resourceVersion` read, creating the ConfigMap when
+    /// there is none. On a conflict it starts again from a fresh read, at most
+    /// [`MAX_CONFLICT_RETRIES`] times, so `f` may run more than once. Returns the state written
+    /// (or found). A ConfigMap with a value ginx cannot read is not overwritten: the error
+    /// names the key.
+    pub async fn update(
+        &self,
+        mut f: impl FnMut(&mut FleetState) -> bool,
+    ) -> Result<FleetState, String> {
+        for _ in 0..MAX_CONFLICT_RETRIES {
+            let existing = self
+                .api
+                .get_opt(&self.name)
+                .await
+                .map_err(|e| self.api_error("get", &e))?;
+            let mut state = match &existing {
+                Some(cm) => decode(&cm.data.clone().unwrap_or_default()).map_err(|e| {
+                    format!(
+                        "ConfigMap {}: {e}; fix or remove that key (kubectl -n {} edit configmap {}) \
+                         and try again",
+                        self.object(),
+                        self.namespace,
+                        self.name
+                    )
+                })?,
+                None => FleetState::default(),
+            };
+            if !f(&mut state) {
+                return Ok(state);
+            }
+            let written = match existing {
+                Some(mut cm) => {
+                    cm.data = Some(merge(cm.data.as_ref(), encode(&state)));
+                    self.api
+                        .replace(&self.name, &PostParams::default(), &cm)
+                        .await
+                        .map_err(|e| ("update", e))
+                }
+                None => {
+                    let cm = ConfigMap {
+                        metadata: ObjectMeta {
+                            name: Some(self.name.clone()),
+                            namespace: Some(self.namespace.clone()),
+                            labels: Some(BTreeMap::from([(
+                                "app.kubernetes.io/managed-by".to_owned(),
+                                "ginx".to_owned(),
+                            )])),
+                            ..ObjectMeta::default()
+                        },
+                        data: Some(encode(&state)),
+                        ..ConfigMap::default()
+                    };
+                    self.api
+                        .create(&PostParams::default(), &cm)
+                        .await
+                        .map_err(|e| ("create", e))
+                }
+            };
+            match written {
+                Ok(_) => return Ok(state),
+                // A stale resourceVersion, created or deleted by someone else meanwhile: read
+                // again and apply the change to what is there now.
+                Err((_, e)) if matches!(code(&e), Some(409 | 404)) => {}
+                Err((verb, e)) => return Err(self.api_error(verb, &e)),
+            }
+        }
+        Err(format!(
+            "ConfigMap {} changed under ginx on each of {MAX_CONFLICT_RETRIES} tries (others \
+             writing at once?); try again",
+            self.object()
+        ))
+    }
+
+    fn api_error(&self, verb: &str, e: &kube::Error) -> String {
+        let what = format!("cannot {verb} ConfigMap {}: {}", self.object(), describe(e));
+        match code(e) {
+            Some(403) => format!(
+                "{what}; ginx needs get, create and update on it (Role ginx-rollout, which names \
+                 the ConfigMap ginx-rollout; another rollout.configmap needs the Role changed) — \
+                 apply packaging/kubernetes/rbac.yaml"
+            ),
+            Some(404) => format!(
+                "{what}; does namespace {} exist? apply packaging/kubernetes/rbac.yaml",
+                self.namespace
+            ),
+            _ => what,
+        }
+    }
+
+    /// Pauses the fleet; `changed` is `false` when it was paused already.
+    pub async fn pause(&self, by: &str) -> Result<Updated, String> {
+        let at = crate::util::now();
+        self.changed(|s| apply_pause(s, by, at)).await
+    }
+
+    /// Lifts the fleet pause; `changed` is `false` when there was none.
+    pub async fn resume(&self, by: &str) -> Result<Updated, String> {
+        let at = crate::util::now();
+        self.changed(|s| apply_resume(s, by, at)).await
+    }
+
+    /// Halts a revision fleet-wide; `changed` is `false` when it was halted already.
+    pub async fn halt(&self, halt: Halt) -> Result<Updated, String> {
+        self.changed(|s| apply_halt(s, halt.clone())).await
+    }
+
+    /// Removes the halt `revision` names (full, or a unique prefix of a halted one) and returns
+    /// it.
+    pub async fn clear(&self, revision: &str, by: &str) -> Result<Halt, ClearError> {
+        let at = crate::util::now();
+        let mut outcome = None;
+        self.update(|s| match apply_clear(s, revision, by, at) {
+            Ok(h) => {
+                outcome = Some(Ok(h));
+                true
+            }
+            Err(e) => {
+                outcome = Some(Err(e));
+                false
+            }
+        })
+        .await
+        .map_err(ClearError::Api)?;
+        match outcome {
+            Some(Ok(h)) => Ok(h),
+            Some(Err(e)) => Err(ClearError::Revision(e)),
+            None => Err(ClearError::Api(format!(
+                "ConfigMap {}: the change was never applied",
+                self.object()
+            ))),
+        }
+    }
+
+    async fn changed(&self, mut f: impl FnMut(&mut FleetState) -> bool) -> Result<Updated, String> {
+        let mut changed = false;
+        let state = self
+            .update(|s| {
+                changed = f(s);
+                changed
+            })
+            .await?;
+        Ok(Updated { state, changed })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const A: &str = "0123456789abcdef0123456789abcdef01234567";
+    const B: &str = "0123456789abffff0123456789abcdef01234567";
+
+    fn t(s: &str) -> Timestamp {
+        s.parse().unwrap()
+    }
+
+    fn halt(rev: &str, node: &str) -> Halt {
+        Halt {
+            revision: rev.parse().unwrap(),
+            node: node.to_owned(),
+            probes: BTreeMap::from([("kubelet".to_owned(), "healthz answered 500".to_owned())]),
+            reason: "health gate failed".to_owned(),
+            at: t("2026-12-01T10:00:00Z"),
+        }
+    }
+
+    fn state() -> FleetState {
+        let mut s = FleetState::default();
+        apply_pause(&mut s, "alice@lucy", t("2026-12-01T11:00:00Z"));
+        apply_halt(&mut s, halt(A, "makise"));
+        s
+    }
+
+    #[test]
+    fn the_layout_is_one_key_per_fact_and_round_trips() {
+        let s = state();
+        let data = encode(&s);
+        let keys: Vec<&str> = data.keys().map(String::as_str).collect();
+        assert_eq!(keys, ["events", &format!("halted.{A}"), "paused"]);
+        let paused: serde_json::Value = serde_json::from_str(&data["paused"]).unwrap();
+        assert_eq!(
+            paused,
+            serde_json::json!({"by": "alice@lucy", "at": "2026-12-01T11:00:00Z"})
+        );
+        let h: serde_json::Value = serde_json::from_str(&data[&format!("halted.{A}")]).unwrap();
+        assert_eq!(h["node"], "makise");
+        assert_eq!(h["probes"]["kubelet"], "healthz answered 500");
+        assert_eq!(decode(&data).unwrap(), s);
+        // Nothing paused, nothing halted, no events: no keys at all.
+        assert!(encode(&FleetState::default()).is_empty());
+        assert_eq!(decode(&BTreeMap::new()).unwrap(), FleetState::default());
+    }
+
+    #[test]
+    fn events_keep_the_newest_fifty() {
+        let mut s = FleetState::default();
+        for i in 0..60 {
+            let at = Timestamp::from_second(1_800_000_000 + i).unwrap();
+            apply_pause(&mut s, &format!("u{i}@lucy"), at);
+            apply_resume(&mut s, &format!("u{i}@lucy"), at);
+        }
+        assert_eq!(s.events.len(), MAX_EVENTS);
+        assert_eq!(s.events.last().unwrap().by, "u59@lucy");
+        assert_eq!(s.events.last().unwrap().action, "resume");
+        // A longer list written by hand is cut when ginx writes it.
+        s.events.extend(s.events.clone());
+        let back = decode(&encode(&s)).unwrap();
+        assert_eq!(back.events.len(), MAX_EVENTS);
+        assert_eq!(back.events.last(), s.events.last());
+    }
+
+    #[test]
+    fn unknown_keys_are_ignored_and_kept_on_write() {
+        let mut data = encode(&state());
+        data.insert("note".into(), "ask bob before resuming".into());
+        assert_eq!(decode(&data).unwrap(), state());
+        let merged = merge(Some(&data), encode(&FleetState::default()));
+        assert_eq!(
+            merged,
+            BTreeMap::from([("note".to_owned(), "ask bob before resuming".to_owned())])
+        );
+    }
+
+    #[test]
+    fn a_bad_value_names_its_key_and_what_is_wrong() {
+        let bad = |k: &str, v: &str| {
+            let mut data = encode(&state());
+            data.insert(k.to_owned(), v.to_owned());
+            decode(&data).unwrap_err()
+        };
+        let e = bad("paused", "yes");
+        assert!(e.starts_with("key paused: not a pause"), "{e}");
+        let e = bad("events", "{}");
+        assert!(e.starts_with("key events: not a JSON array"), "{e}");
+        let e = bad("halted.abc", "{}");
+        assert!(
+            e.starts_with("key halted.abc: \"abc\" is not a full commit id"),
+            "{e}"
+        );
+        let e = bad(&format!("halted.{B}"), "{\"node\": 1}");
+        assert!(e.starts_with(&format!("key halted.{B}: not a halt")), "{e}");
+        let e = bad(
+            &format!("halted.{B}"),
+            &serde_json::to_string(&halt(A, "x")).unwrap(),
+        );
+        assert!(e.contains("of another revision"), "{e}");
+    }
+
+    #[test]
+    fn what_cannot_be_read_still_holds_back() {
+        let data = BTreeMap::from([
+            ("paused".to_owned(), "yes".to_owned()),
+            (format!("halted.{A}"), "broken".to_owned()),
+            ("halted.zz".to_owned(), "{}".to_owned()),
+        ]);
+        let (s, problems) = decode_lenient(&data);
+        assert_eq!(problems.len(), 3, "{problems:?}");
+        assert!(s.paused.is_some());
+        assert!(s.halt_of(&A.parse().unwrap()).is_some());
+        assert_eq!(s.halted.len(), 1);
+    }
+
+    #[test]
+    fn pause_and_resume_change_only_what_is_not_so_and_record_who() {
+        let mut s = FleetState::default();
+        assert!(apply_pause(&mut s, "alice@lucy", t("2026-12-01T11:00:00Z")));
+        assert!(!apply_pause(&mut s, "bob@quinn", t("2026-12-01T11:05:00Z")));
+        assert_eq!(
+            s.paused.as_ref().unwrap().by,
+            "alice@lucy",
+            "the first pause stands"
+        );
+        assert!(apply_resume(&mut s, "bob@quinn", t("2026-12-01T11:10:00Z")));
+        assert!(!apply_resume(
+            &mut s,
+            "bob@quinn",
+            t("2026-12-01T11:11:00Z")
+        ));
+        assert!(s.paused.is_none());
+        let log: Vec<(&str, &str)> = s
+            .events
+            .iter()
+            .map(|e| (e.by.as_str(), e.action.as_str()))
+            .collect();
+        assert_eq!(log, [("alice@lucy", "pause"), ("bob@quinn", "resume")]);
+    }
+
+    #[test]
+    fn a_second_halt_of_a_revision_keeps_the_first() {
+        let mut s = FleetState::default();
+        assert!(apply_halt(&mut s, halt(A, "makise")));
+        assert!(!apply_halt(&mut s, halt(A, "quinn")));
+        assert_eq!(s.halted[A].node, "makise");
+        assert_eq!(s.events.len(), 1);
+        assert_eq!(s.events[0].by, "ginx@makise");
+        assert_eq!(s.events[0].action, format!("halt {A}"));
+    }
+
+    #[test]
+    fn clear_takes_a_full_revision_or_a_unique_prefix() {
+        let mut s = state();
+        apply_halt(&mut s, halt(B, "quinn"));
+        let at = t("2026-12-01T12:00:00Z");
+        // "0123456789ab" starts both.
+        let e = apply_clear(&mut s, "0123456789ab", "root@lucy", at).unwrap_err();
+        assert!(
+            matches!(&e, RevisionError::Ambiguous { matches, .. } if matches.len() == 2),
+            "{e}"
+        );
+        assert!(matches!(
+            apply_clear(&mut s, "012345", "root@lucy", at),
+            Err(RevisionError::Malformed(_))
+        ));
+        assert!(matches!(
+            apply_clear(&mut s, "not-hex!", "root@lucy", at),
+            Err(RevisionError::Malformed(_))
+        ));
+        let e = apply_clear(&mut s, "fedcba9", "root@lucy", at).unwrap_err();
+        assert!(
+            e.to_string().starts_with("fedcba9 is not halted; halted: "),
+            "{e}"
+        );
+        let h = apply_clear(&mut s, "0123456789abF", "root@lucy", at).unwrap();
+        assert_eq!(h.revision.as_str(), B);
+        let h = apply_clear(&mut s, &A.to_uppercase(), "root@lucy", at).unwrap();
+        assert_eq!(h.node, "makise");
+        assert!(s.halted.is_empty());
+        assert_eq!(
+            s.events.last().unwrap().action,
+            format!("clear {A}"),
+            "the full revision is recorded"
+        );
+        let e = apply_clear(&mut s, A, "root@lucy", at).unwrap_err();
+        assert_eq!(
+            e.to_string(),
+            format!("{A} is not halted (no revision is halted)")
+        );
+    }
+}

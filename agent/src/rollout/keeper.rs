@@ -1,0 +1,778 @@
+//! [`Gatekeeper`]: the one interface `reconcile` asks — may this node apply this revision now
+//! (fleet pause, halt, API, quorum, a slot), release the lock, halt a revision, the gate's
+//! checks. It owns the lock it holds (renewing a slot Lease in the background) and the watch
+//! that wakes a waiting node the moment a slot or the fleet state changes.
+
+use std::collections::BTreeMap;
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
+
+use k8s_openapi::api::core::v1::ConfigMap;
+use tokio::sync::watch;
+
+use super::fleet::Fleet;
+use super::fleetlock::{FleetLock, FleetLockError};
+use super::gate::Check;
+use super::lease::{self, Acquired, LeaseLock};
+use crate::config::{Config, LockBackend, OnApiUnavailable};
+use crate::metrics::Metrics;
+use crate::state::Held;
+use crate::status::{FleetState, Halt, HealthMap, HealthStatus, STATE_HEALTH, WaitingFor};
+use crate::types::api::{KubeClients, readyz};
+use crate::types::{Revision, Role};
+use crate::util;
+
+/// Checks that the node can still fetch its apply source (a fetch of it), handed in by the
+/// daemon.
+pub type Reach =
+    Arc<dyn Fn() -> Pin<Box<dyn Future<Output = Result<(), String>> + Send>> + Send + Sync>;
+
+/// While waiting, the verdict is looked at again this often even if no watch fired (another
+/// node's health is not watched).
+pub const RECHECK: Duration = Duration::from_secs(5);
+
+/// The longest the gate's baseline waits for a fresh round of the probes.
+const FRESH_ROUND: Duration = Duration::from_secs(15);
+
+/// The source is fetched at most this often while a gate is open.
+const REACH_EVERY: Duration = Duration::from_secs(10);
+
+/// The control plane's own checks, which hold a gate on a control-plane node even when they
+/// failed before the activation.
+pub const CONTROL_PLANE_REQUIRED: &[&str] = &["apiserver", "kube-vip", "node-ready"];
+
+pub struct Wiring {
+    pub config: watch::Receiver<Arc<Config>>,
+    pub kube: watch::Receiver<Option<KubeClients>>,
+    pub health: watch::Receiver<HealthMap>,
+    /// Set while a gate is open: the probes run at this interval.
+    pub fast_probes: watch::Sender<Option<Duration>>,
+    pub reach_source: Option<Reach>,
+    pub metrics: Arc<Metrics>,
+}
+
+/// The answer to "may I apply?".
+#[derive(Debug)]
+pub enum Permit {
+    /// Go ahead; with the lock held (to be recorded in the state), or with none.
+    Granted(Option<Held>),
+    Wait(WaitingFor, String),
+}
+
+/// The backend in effect, `auto` resolved.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Effective {
+    None,
+    /// `auto` before the cluster exists.
+    Bootstrap,
+    Kubernetes,
+    Fleetlock,
+}
+
+impl Effective {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Effective::None | Effective::Bootstrap => "none",
+            Effective::Kubernetes => "kubernetes",
+            Effective::Fleetlock => "fleetlock",
+        }
+    }
+}
+
+/// The backend `cfg` asks for, given whether its kubeconfig file exists.
+pub fn effective(cfg: &Config) -> Effective {
+    let cluster = cfg
+        .kubernetes
+        .kubeconfig
+        .as_deref()
+        .is_some_and(|p| p.exists());
+    match cfg.rollout.lock {
+        LockBackend::None => Effective::None,
+        LockBackend::Auto if cluster => Effective::Kubernetes,
+        LockBackend::Auto => Effective::Bootstrap,
+        LockBackend::Kubernetes => Effective::Kubernetes,
+        LockBackend::Fleetlock => Effective::Fleetlock,
+    }
+}
+
+struct Holding {
+    held: Held,
+    /// The slot's renewal (Lease backend).
+    renew: Option<tokio::task::JoinHandle<()>>,
+    /// Set when a renewal found another holder.
+    lost: Arc<AtomicBool>,
+}
+
+impl Drop for Holding {
+    fn drop(&mut self) {
+        if let Some(t) = self.renew.take() {
+            t.abort();
+        }
+    }
+}
+
+/// What is being watched, to restart the watches when it changes.
+#[derive(Clone, PartialEq, Eq)]
+struct WatchKey {
+    namespace: String,
+    group: String,
+    configmap: String,
+    clients: usize,
+}
+
+pub struct Gatekeeper {
+    w: Wiring,
+    changes_tx: watch::Sender<u64>,
+    changes: watch::Receiver<u64>,
+    watching: Option<(WatchKey, watch::Sender<bool>)>,
+    /// Bumped whenever the API clients are rebuilt.
+    clients_generation: usize,
+    holding: Option<Holding>,
+    bootstrap_logged: bool,
+    /// The group's holders as last read.
+    pub holders: BTreeMap<u32, String>,
+    /// The fleet state as last read.
+    pub fleet: Option<FleetState>,
+    /// When the node started waiting for a slot.
+    waiting_since: Option<Instant>,
+    last_reach: Option<(Instant, Check)>,
+    /// The FleetLock client, kept while its configuration, group and timeout stay the same
+    /// (one connection pool, the machine id read once).
+    fleetlock: Option<(FleetLockKey, Arc<FleetLock>)>,
+}
+
+type FleetLockKey = (crate::config::FleetLockConfig, String, Duration);
+
+impl Gatekeeper {
+    pub fn new(w: Wiring) -> Self {
+        let (changes_tx, changes) = watch::channel(0);
+        Self {
+            w,
+            changes_tx,
+            changes,
+            watching: None,
+            clients_generation: 0,
+            holding: None,
+            bootstrap_logged: false,
+            holders: BTreeMap::new(),
+            fleet: None,
+            waiting_since: None,
+            last_reach: None,
+            fleetlock: None,
+        }
+    }
+
+    /// The FleetLock client for `f` and `group`, built once per configuration.
+    fn fleetlock_client(
+        &mut self,
+        f: &crate::config::FleetLockConfig,
+        group: &str,
+        timeout: Duration,
+    ) -> Result<Arc<FleetLock>, String> {
+        let key = (f.clone(), group.to_owned(), timeout);
+        if let Some((k, c)) = &self.fleetlock
+            && *k == key
+        {
+            return Ok(Arc::clone(c));
+        }
+        let c = Arc::new(FleetLock::new(f, group, timeout)?);
+        self.fleetlock = Some((key, Arc::clone(&c)));
+        Ok(c)
+    }
+
+    fn cfg(&self) -> Arc<Config> {
+        Arc::clone(&self.w.config.borrow())
+    }
+
+    pub fn group(&self) -> String {
+        let cfg = self.cfg();
+        cfg.rollout.group_for(cfg.node.role)
+    }
+
+    fn clients(&mut self) -> Option<KubeClients> {
+        if self.w.kube.has_changed().unwrap_or(false) {
+            self.clients_generation += 1;
+        }
+        self.w.kube.borrow_and_update().clone()
+    }
+
+    /// Starts (or restarts) the watches of the group's slots and the fleet ConfigMap.
+    fn ensure_watch(&mut self, cfg: &Config, clients: &KubeClients) {
+        let key = WatchKey {
+            namespace: cfg.kubernetes.namespace.clone(),
+            group: cfg.rollout.group_for(cfg.node.role),
+            configmap: cfg.rollout.configmap.clone(),
+            clients: self.clients_generation,
+        };
+        if self.watching.as_ref().is_some_and(|(k, _)| *k == key) {
+            return;
+        }
+        let (stop_tx, stop) = watch::channel(false);
+        let watching = KubeClients {
+            main: clients.watch.clone(),
+            ..clients.clone()
+        };
+        let lock = self.lease_lock(cfg, &watching);
+        tokio::spawn(lock.watch(self.changes_tx.clone(), stop.clone()));
+        let api = kube::Api::<ConfigMap>::namespaced(clients.watch.clone(), &key.namespace);
+        let fields = format!("metadata.name={}", key.configmap);
+        let changes = self.changes_tx.clone();
+        let mut stop_cm = stop;
+        tokio::spawn(async move {
+            tokio::select! {
+                () = lease::watch_objects(api, String::new(), Some(fields), changes) => {}
+                _ = stop_cm.changed() => {}
+            }
+        });
+        self.watching = Some((key, stop_tx));
+    }
+
+    fn lease_lock(&self, cfg: &Config, clients: &KubeClients) -> LeaseLock {
+        LeaseLock::new(
+            clients.main.clone(),
+            &cfg.kubernetes.namespace,
+            &cfg.rollout.group_for(cfg.node.role),
+            cfg.node_name(),
+            &cfg.rollout,
+        )
+    }
+
+    /// Waits until something that may change a verdict changed: a slot, the fleet state, the
+    /// API clients; or [`RECHECK`] passed.
+    pub async fn changed(&mut self) {
+        tokio::select! {
+            _ = self.changes.changed() => {}
+            _ = self.w.kube.changed() => {}
+            () = tokio::time::sleep(util::jitter(RECHECK, 0.1)) => {}
+        }
+    }
+
+    /// The lock held, if any.
+    pub fn held(&self) -> Option<&Held> {
+        self.holding.as_ref().map(|h| &h.held)
+    }
+
+    /// Whether a renewal found the slot taken by another node.
+    pub fn lost(&self) -> bool {
+        self.holding
+            .as_ref()
+            .is_some_and(|h| h.lost.load(Ordering::Relaxed))
+    }
+
+    /// The API is needed but not there: wait, or go on without a lock.
+    fn api_unavailable(&self, cfg: &Config, why: String) -> Permit {
+        match cfg.rollout.on_api_unavailable {
+            OnApiUnavailable::Wait => Permit::Wait(
+                WaitingFor::Api,
+                format!(
+                    "{why}; nothing is applied until the API answers (rollout.on_api_unavailable = \"wait\")"
+                ),
+            ),
+            OnApiUnavailable::Proceed => {
+                tracing::warn!(reason = %why, "the Kubernetes API is unavailable; applying without the rollout lock (rollout.on_api_unavailable = \"proceed\")");
+                Permit::Granted(None)
+            }
+        }
+    }
+
+    /// May this node apply `revision` now? `held` is the lock the state says it holds (after
+    /// a restart): resumed, never a second one taken.
+    pub async fn permit(&mut self, revision: &Revision, held: Option<&Held>) -> Permit {
+        let cfg = self.cfg();
+        let backend = effective(&cfg);
+        if backend == Effective::None {
+            return Permit::Granted(None);
+        }
+        if backend == Effective::Bootstrap {
+            if !self.bootstrap_logged {
+                self.bootstrap_logged = true;
+                tracing::info!(
+                    "no cluster yet (no kubeconfig): applying without the rollout lock (bootstrap)"
+                );
+            }
+            return Permit::Granted(None);
+        }
+        let kube_configured = cfg
+            .kubernetes
+            .kubeconfig
+            .as_deref()
+            .is_some_and(|p| p.exists());
+        let clients = self.clients();
+        if kube_configured {
+            let Some(clients) = clients.clone() else {
+                return self
+                    .api_unavailable(&cfg, "no connection to the Kubernetes API yet".into());
+            };
+            self.ensure_watch(&cfg, &clients);
+            let fleet = Fleet::new(
+                clients.main.clone(),
+                &cfg.kubernetes.namespace,
+                &cfg.rollout.configmap,
+            );
+            let state = match fleet.read().await {
+                Ok(s) => s,
+                Err(e) => {
+                    return self.api_unavailable(
+                        &cfg,
+                        format!(
+                            "cannot read the rollout state {}: {}",
+                            fleet.object(),
+                            crate::types::api::describe(&e)
+                        ),
+                    );
+                }
+            };
+            self.fleet = Some(state.clone());
+            if let Some(p) = &state.paused {
+                return Permit::Wait(
+                    WaitingFor::Paused,
+                    format!(
+                        "the fleet is paused by {} since {}; `ginxctl rollout resume` lifts it",
+                        p.by, p.at
+                    ),
+                );
+            }
+            if let Some(h) = state.halt_of(revision) {
+                return Permit::Wait(
+                    WaitingFor::Halted,
+                    format!(
+                        "revision {} is halted: its health gate failed on {} at {} ({}); a new \
+                         revision rolls out normally, `ginxctl rollout clear {}` lifts the halt",
+                        revision.short(),
+                        h.node,
+                        h.at,
+                        h.reason,
+                        revision.short()
+                    ),
+                );
+            }
+        }
+        let resuming = held.is_some() || self.holding.is_some();
+        if !resuming
+            && cfg.node.role == Role::ControlPlane
+            && cfg.rollout.quorum_guard
+            && let Some(clients) = &clients
+        {
+            match super::quorum::check(clients, &cfg).await {
+                Ok(None) => {}
+                Ok(Some(why)) => return Permit::Wait(WaitingFor::Quorum, why),
+                Err(e) => return self.api_unavailable(&cfg, e),
+            }
+        }
+        if let Some(h) = &self.holding
+            && !h.lost.load(Ordering::Relaxed)
+        {
+            return Permit::Granted(Some(h.held.clone()));
+        }
+        let started_waiting = *self.waiting_since.get_or_insert_with(Instant::now);
+        let granted = match backend {
+            Effective::Kubernetes => {
+                let Some(clients) = clients else {
+                    return self
+                        .api_unavailable(&cfg, "no connection to the Kubernetes API".into());
+                };
+                let lock = self.lease_lock(&cfg, &clients);
+                match lock.acquire().await {
+                    Ok(Acquired::Full(holders)) => {
+                        let list: Vec<String> = holders
+                            .iter()
+                            .map(|(i, h)| format!("slot {i} by {h}"))
+                            .collect();
+                        self.holders = holders;
+                        return Permit::Wait(
+                            WaitingFor::Lock,
+                            format!(
+                                "all {} slot(s) of group {} are held: {}",
+                                cfg.rollout.max_concurrent,
+                                lock.group,
+                                list.join(", ")
+                            ),
+                        );
+                    }
+                    Ok(Acquired::Slot { index, resumed }) => {
+                        tracing::info!(group = %lock.group, slot = index, resumed, revision = %revision.short(), "rollout slot held");
+                        self.holders.insert(index, lock.node.clone());
+                        let lost = Arc::new(AtomicBool::new(false));
+                        let renew = tokio::spawn(renew(lock.clone(), index, Arc::clone(&lost)));
+                        Holding {
+                            held: Held {
+                                backend: "kubernetes".into(),
+                                group: lock.group.clone(),
+                                slot: Some(index),
+                                revision: revision.clone(),
+                                since: util::now(),
+                            },
+                            renew: Some(renew),
+                            lost,
+                        }
+                    }
+                    Err(e) => return self.api_unavailable(&cfg, e),
+                }
+            }
+            Effective::Fleetlock => {
+                let Some(f) = &cfg.rollout.fleetlock else {
+                    return Permit::Wait(WaitingFor::Lock, "rollout.fleetlock is not set".into());
+                };
+                let group = f.group.clone().unwrap_or_else(|| self.group());
+                let client =
+                    match self.fleetlock_client(f, &group, cfg.kubernetes.request_timeout.get()) {
+                        Ok(c) => c,
+                        Err(e) => return Permit::Wait(WaitingFor::Lock, e),
+                    };
+                match client.pre_reboot().await {
+                    Ok(()) => {
+                        tracing::info!(group = %group, id = client.id(), revision = %revision.short(), "FleetLock held");
+                        Holding {
+                            held: Held {
+                                backend: "fleetlock".into(),
+                                group,
+                                slot: None,
+                                revision: revision.clone(),
+                                since: util::now(),
+                            },
+                            renew: None,
+                            lost: Arc::new(AtomicBool::new(false)),
+                        }
+                    }
+                    Err(e) if e.is_refused() => {
+                        return Permit::Wait(WaitingFor::Lock, e.to_string());
+                    }
+                    Err(e) => return self.api_unavailable(&cfg, e.to_string()),
+                }
+            }
+            Effective::None | Effective::Bootstrap => return Permit::Granted(None),
+        };
+        self.waiting_since = None;
+        self.w
+            .metrics
+            .lock_waited(started_waiting.elapsed().as_secs_f64());
+        self.w.metrics.lock_held(true);
+        let held = granted.held.clone();
+        self.holding = Some(granted);
+        Permit::Granted(Some(held))
+    }
+
+    /// After a restart, the lock the state says this node holds: its slot taken up again
+    /// (renewed from now on), or found lost to another node. `Ok(true)` when it is held.
+    pub async fn resume(&mut self, held: &Held) -> Result<bool, String> {
+        if self.holding.is_some() {
+            return Ok(true);
+        }
+        let cfg = self.cfg();
+        if held.backend != "kubernetes" {
+            // A FleetLock is held by the server until steady-state; nothing to renew.
+            self.holding = Some(Holding {
+                held: held.clone(),
+                renew: None,
+                lost: Arc::new(AtomicBool::new(false)),
+            });
+            return Ok(true);
+        }
+        let Some(clients) = self.clients() else {
+            return Err("no connection to the Kubernetes API yet".into());
+        };
+        self.ensure_watch(&cfg, &clients);
+        let lock = self.lease_lock(&cfg, &clients);
+        match lock.acquire().await? {
+            Acquired::Slot { index, resumed } => {
+                if !resumed {
+                    tracing::warn!(
+                        slot = index,
+                        "the slot held before the restart had expired; took a free one"
+                    );
+                } else {
+                    tracing::info!(
+                        slot = index,
+                        "resumed the rollout slot held before the restart"
+                    );
+                }
+                let lost = Arc::new(AtomicBool::new(false));
+                let renew = tokio::spawn(renew(lock.clone(), index, Arc::clone(&lost)));
+                self.holding = Some(Holding {
+                    held: Held {
+                        slot: Some(index),
+                        ..held.clone()
+                    },
+                    renew: Some(renew),
+                    lost,
+                });
+                self.w.metrics.lock_held(true);
+                Ok(true)
+            }
+            Acquired::Full(holders) => {
+                tracing::warn!(
+                    ?holders,
+                    "the slot held before the restart expired and was taken; going on without it"
+                );
+                self.holders = holders;
+                Ok(false)
+            }
+        }
+    }
+
+    /// Releases the lock held; an error leaves it held (the caller tries again).
+    pub async fn release(&mut self, held: &Held) -> Result<(), String> {
+        let cfg = self.cfg();
+        let result = match held.backend.as_str() {
+            "kubernetes" => {
+                let Some(clients) = self.clients() else {
+                    return Err("no connection to the Kubernetes API".into());
+                };
+                let lock = self.lease_lock(&cfg, &clients);
+                match held.slot {
+                    Some(i) => lock.release(i).await,
+                    None => Ok(()),
+                }
+            }
+            "fleetlock" => match &cfg.rollout.fleetlock {
+                Some(f) => {
+                    let group = f.group.clone().unwrap_or_else(|| held.group.clone());
+                    match self.fleetlock_client(f, &group, cfg.kubernetes.request_timeout.get()) {
+                        Ok(c) => match c.steady_state().await {
+                            Ok(()) => Ok(()),
+                            // poseidon/fleetlock answers 423 to a steady-state from an id
+                            // that does not hold the group's slot: there is nothing of this
+                            // node's to give back, and asking again would never end.
+                            Err(FleetLockError::Refused {
+                                status: 409 | 423, ..
+                            }) => {
+                                tracing::warn!(group = %group, id = c.id(),
+                                    "the FleetLock server says another node holds the group's slot; this node holds nothing to release");
+                                Ok(())
+                            }
+                            Err(e) => Err(e.to_string()),
+                        },
+                        Err(e) => Err(e),
+                    }
+                }
+                None => Ok(()),
+            },
+            _ => Ok(()),
+        };
+        if result.is_ok() {
+            tracing::info!(backend = %held.backend, group = %held.group, slot = ?held.slot, "rollout lock released");
+            if let Some(i) = held.slot {
+                self.holders.remove(&i);
+            }
+            self.holding = None;
+            self.w.metrics.lock_held(false);
+        }
+        result
+    }
+
+    /// Halts `halt.revision` cluster-wide.
+    pub async fn halt(&mut self, halt: Halt) -> Result<(), String> {
+        let cfg = self.cfg();
+        let Some(clients) = self.clients() else {
+            return Err("no connection to the Kubernetes API".into());
+        };
+        let fleet = Fleet::new(
+            clients.main.clone(),
+            &cfg.kubernetes.namespace,
+            &cfg.rollout.configmap,
+        );
+        let u = fleet.halt(halt).await?;
+        self.fleet = Some(u.state);
+        if u.changed {
+            self.w.metrics.halted();
+        }
+        Ok(())
+    }
+
+    /// Whether halts can be written at all (a cluster to write them to).
+    pub fn can_halt(&self) -> bool {
+        let cfg = self.cfg();
+        cfg.kubernetes
+            .kubeconfig
+            .as_deref()
+            .is_some_and(|p| p.exists())
+    }
+
+    /// Runs the probes at the gate's interval while a gate is open.
+    pub fn fast_probes(&self, on: bool) {
+        let interval = on.then(|| self.cfg().rollout.gate.interval.get());
+        self.w.fast_probes.send_if_modified(|v| {
+            let changed = *v != interval;
+            *v = interval;
+            changed
+        });
+    }
+
+    /// Every check the gate looks at now: the probes, the API (when there is a client), the
+    /// apply source, and the operator's command.
+    pub async fn checks(&mut self) -> BTreeMap<String, Check> {
+        let cfg = self.cfg();
+        let mut out: BTreeMap<String, Check> = self
+            .w
+            .health
+            .borrow()
+            .iter()
+            // ginx's own state file is not the node's health: a write that fails says
+            // nothing about the activation, and it has no result to be fresh.
+            .filter(|(n, _)| n.as_str() != STATE_HEALTH)
+            .map(|(n, p)| {
+                (
+                    n.clone(),
+                    Check {
+                        status: p.status,
+                        message: p.message.clone(),
+                        checked_at: p.checked_at,
+                    },
+                )
+            })
+            .collect();
+        if let Some(clients) = self.clients() {
+            let t = cfg.kubernetes.request_timeout.get();
+            let (status, message) = match tokio::time::timeout(t, readyz(&clients.main)).await {
+                Ok(Ok(())) => (HealthStatus::Ok, "the API answers /readyz".to_owned()),
+                Ok(Err(e)) => (HealthStatus::Failed, e),
+                Err(_) => (HealthStatus::Failed, "the API does not answer".to_owned()),
+            };
+            out.insert(
+                "api".into(),
+                Check {
+                    status,
+                    message,
+                    checked_at: Some(util::now()),
+                },
+            );
+        }
+        if let Some(reach) = &self.w.reach_source {
+            let fresh = self
+                .last_reach
+                .as_ref()
+                .filter(|(at, _)| at.elapsed() < REACH_EVERY)
+                .map(|(_, c)| c.clone());
+            let check = match fresh {
+                Some(c) => c,
+                None => {
+                    let (status, message) = match reach().await {
+                        Ok(()) => (
+                            HealthStatus::Ok,
+                            format!("{} can be fetched", cfg.apply.source),
+                        ),
+                        Err(e) => (
+                            HealthStatus::Failed,
+                            format!("cannot fetch {}: {e}", cfg.apply.source),
+                        ),
+                    };
+                    let c = Check {
+                        status,
+                        message,
+                        checked_at: Some(util::now()),
+                    };
+                    self.last_reach = Some((Instant::now(), c.clone()));
+                    c
+                }
+            };
+            out.insert("source".into(), check);
+        }
+        if let Some(argv) = &cfg.rollout.gate.command {
+            out.insert(
+                "command".into(),
+                run_command(argv, cfg.rollout.gate.command_timeout.get()).await,
+            );
+        }
+        out
+    }
+
+    /// Every check after one fresh round of the probes: the baseline a gate compares with
+    /// must be evidence from just before the activation, not whatever the probes said last
+    /// (right after startup, before the API connection, the API-based ones say "unknown",
+    /// which no later failure would count as a regression of). Waits at most
+    /// [`FRESH_ROUND`]; a probe slower than that keeps its last result.
+    pub async fn baseline_checks(&mut self) -> BTreeMap<String, Check> {
+        let since = util::now();
+        self.fast_probes(true);
+        // Polled: the health watch wakes nobody for a new `checked_at` alone.
+        let started = Instant::now();
+        loop {
+            let stale: Vec<String> = self
+                .w
+                .health
+                .borrow()
+                .iter()
+                .filter(|(_, p)| p.checked_at.is_none_or(|t| t < since))
+                .map(|(n, _)| n.clone())
+                .collect();
+            if stale.is_empty() {
+                break;
+            }
+            if started.elapsed() >= FRESH_ROUND {
+                tracing::info!(probes = %stale.join(","), "no fresh result before the activation; the gate's baseline keeps their last ones");
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        self.fast_probes(false);
+        self.checks().await
+    }
+
+    /// Forgets the cached source check (a new gate wants fresh evidence).
+    pub fn new_gate(&mut self) {
+        self.last_reach = None;
+    }
+}
+
+/// Renews slot `index` at a third of its duration until aborted.
+async fn renew(lock: LeaseLock, index: u32, lost: Arc<AtomicBool>) {
+    let every = lock.duration / 3;
+    loop {
+        tokio::time::sleep(every).await;
+        match lock.renew(index).await {
+            Ok(true) => lost.store(false, Ordering::Relaxed),
+            Ok(false) => {
+                if !lost.swap(true, Ordering::Relaxed) {
+                    tracing::error!(slot = index, lease = %lock.name(index),
+                        "the rollout slot was taken by another node (it expired: ginx could not renew it in time)");
+                }
+            }
+            Err(e) => {
+                tracing::warn!(slot = index, error = %e, "cannot renew the rollout slot; trying again")
+            }
+        }
+    }
+}
+
+/// `rollout.gate.command`: exit 0 within `timeout` is healthy.
+async fn run_command(argv: &[String], timeout: Duration) -> Check {
+    let now = util::now();
+    let mut cmd = tokio::process::Command::new(&argv[0]);
+    cmd.args(&argv[1..])
+        .stdin(std::process::Stdio::null())
+        .kill_on_drop(true);
+    let (status, message) = match tokio::time::timeout(timeout, cmd.output()).await {
+        Err(_) => (
+            HealthStatus::Failed,
+            format!("{} did not finish within {}s", argv[0], timeout.as_secs()),
+        ),
+        Ok(Err(e)) => (HealthStatus::Failed, format!("cannot run {}: {e}", argv[0])),
+        Ok(Ok(out)) if out.status.success() => (HealthStatus::Ok, "exit 0".to_owned()),
+        Ok(Ok(out)) => {
+            let text = String::from_utf8_lossy(if out.stderr.is_empty() {
+                &out.stdout
+            } else {
+                &out.stderr
+            });
+            let last = text
+                .lines()
+                .rev()
+                .find(|l| !l.trim().is_empty())
+                .unwrap_or("")
+                .trim();
+            let last: String = last.chars().take(200).collect();
+            (
+                HealthStatus::Failed,
+                format!("{} exited with {}: {last}", argv[0], out.status),
+            )
+        }
+    };
+    Check {
+        status,
+        message,
+        checked_at: Some(now),
+    }
+}

@@ -1,0 +1,21 @@
+//! Coordinated rollouts: the lock that lets at most `max_concurrent` nodes of a group apply at
+//! once (slot Leases in the cluster, or a FleetLock server), the control-plane quorum guard,
+//! the health gate's verdict, and the cluster-wide halt and pause in the `ginx-rollout`
+//! ConfigMap.
+//!
+//! A worker (layer 5): imports `types`, `config`, `status`, `metrics`, `util`, never another
+//! worker. The API clients and the probes' reports come from the daemon. `reconcile` asks it
+//! for permission through [`Gatekeeper`].
+
+pub mod cluster;
+pub mod fleet;
+pub mod fleetlock;
+pub mod gate;
+mod keeper;
+pub mod lease;
+pub mod quorum;
+pub mod slots;
+
+pub use keeper::{
+    CONTROL_PLANE_REQUIRED, Effective, Gatekeeper, Permit, RECHECK, Reach, Wiring, effective,
+};

@@ -1,0 +1,197 @@
+//! The rollout's part of status: the lock (backend, group, slot), what a waiting node waits
+//! for, the health gate's progress, and the cluster-wide state of the `ginx-rollout` ConfigMap
+//! (halted revisions, the fleet pause). The reconciler fills in [`RolloutStatus`]; the rollout
+//! worker reads and writes [`FleetState`]; `ginxctl cluster` prints a [`ClusterView`].
+
+use std::collections::BTreeMap;
+
+use jiff::Timestamp;
+use serde::{Deserialize, Serialize};
+
+use crate::types::{Revision, Role};
+
+/// `rollout.waiting_for`: the one thing that holds a wanted revision back.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum WaitingFor {
+    /// `ginxctl suspend` on this node.
+    Suspended,
+    /// `ginxctl rollout pause`: the whole fleet.
+    Paused,
+    /// The revision's health gate failed on another node.
+    Halted,
+    /// Every slot of the group is held by other nodes.
+    Lock,
+    /// Another control-plane node is not Ready and healthy, or the VIP does not answer.
+    Quorum,
+    /// The cluster exists but its API cannot be reached (`on_api_unavailable = "wait"`).
+    Api,
+}
+
+impl WaitingFor {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            WaitingFor::Suspended => "suspended",
+            WaitingFor::Paused => "paused",
+            WaitingFor::Halted => "halted",
+            WaitingFor::Lock => "lock",
+            WaitingFor::Quorum => "quorum",
+            WaitingFor::Api => "api",
+        }
+    }
+}
+
+/// Where a node is in the rollout of its target revision (`ginx.io/rollout-phase`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Phase {
+    /// Nothing to roll out: the target is applied, or there is none.
+    #[default]
+    Idle,
+    Waiting,
+    Applying,
+    /// The health gate after the activation.
+    Verifying,
+    /// The gate failed; the previous generation is being activated.
+    RollingBack,
+    /// The health gate of the rolled-back system.
+    VerifyingRollback,
+    /// The rolled-back system is unhealthy too: the slot is kept, nobody else proceeds.
+    RollbackUnhealthy,
+    /// The gate failed and `rollback = "manual"`: the slot is kept until an operator acts.
+    Failed,
+    Succeeded,
+    RolledBack,
+}
+
+impl Phase {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Phase::Idle => "idle",
+            Phase::Waiting => "waiting",
+            Phase::Applying => "applying",
+            Phase::Verifying => "verifying",
+            Phase::RollingBack => "rolling-back",
+            Phase::VerifyingRollback => "verifying-rollback",
+            Phase::RollbackUnhealthy => "rollback-unhealthy",
+            Phase::Failed => "failed",
+            Phase::Succeeded => "succeeded",
+            Phase::RolledBack => "rolled-back",
+        }
+    }
+}
+
+/// The health gate's progress.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct GateProgress {
+    /// What is being verified: the new revision, or the rolled-back system.
+    pub revision: Option<Revision>,
+    pub rollback: bool,
+    pub started_at: Option<Timestamp>,
+    /// Healthy without a break since then; `null` while unhealthy.
+    pub healthy_since: Option<Timestamp>,
+    /// Passes at `healthy_since + settle`, fails at `deadline`.
+    pub deadline: Option<Timestamp>,
+    /// Probes (or checks) that block the gate now, with their messages.
+    pub failing: BTreeMap<String, String>,
+}
+
+/// A revision whose health gate failed: nodes refuse it until a new revision or
+/// `ginxctl rollout clear`.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Halt {
+    pub revision: Revision,
+    /// The node whose gate failed.
+    pub node: String,
+    /// The failing probes and their messages.
+    pub probes: BTreeMap<String, String>,
+    pub reason: String,
+    pub at: Timestamp,
+}
+
+/// `ginxctl rollout pause`: no node starts applying until `resume`.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Pause {
+    /// `user@node` of who paused.
+    pub by: String,
+    pub at: Timestamp,
+}
+
+/// A change of the fleet state made by a person: who, when, what.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct FleetEvent {
+    pub by: String,
+    pub at: Timestamp,
+    /// `pause`, `resume`, `clear <revision>`, `halt <revision>`.
+    pub action: String,
+}
+
+/// The `ginx-rollout` ConfigMap's contents.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct FleetState {
+    pub paused: Option<Pause>,
+    /// Halted revisions, by full revision.
+    pub halted: BTreeMap<String, Halt>,
+    /// The latest changes, newest last (a bounded list).
+    pub events: Vec<FleetEvent>,
+}
+
+impl FleetState {
+    pub fn halt_of(&self, revision: &Revision) -> Option<&Halt> {
+        self.halted.get(revision.as_str())
+    }
+}
+
+/// `rollout` in `ginxctl status --json`.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RolloutStatus {
+    /// The backend in effect: `kubernetes`, `fleetlock` or `none` (`auto` resolved).
+    pub lock: String,
+    pub group: String,
+    pub max_concurrent: u32,
+    pub phase: Phase,
+    /// The revision being rolled out to this node.
+    pub target_revision: Option<Revision>,
+    /// The slot this node holds, and its Lease (`namespace/name`).
+    pub slot: Option<u32>,
+    pub lease: Option<String>,
+    /// Who holds the slots of the group, slot → node (as last seen).
+    pub holders: BTreeMap<u32, String>,
+    pub waiting_for: Option<WaitingFor>,
+    /// Why, in words (which node is unhealthy, which revision is halted and by whom).
+    pub reason: Option<String>,
+    pub waiting_since: Option<Timestamp>,
+    pub gate: Option<GateProgress>,
+    /// The halt that concerns this node's target revision, if any.
+    pub halt: Option<Halt>,
+    pub paused: Option<Pause>,
+}
+
+/// One node in `ginxctl cluster`.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ClusterNode {
+    pub name: String,
+    pub role: Option<Role>,
+    pub ready: Option<bool>,
+    /// `GinxHealthy`: status and reason.
+    pub healthy: Option<String>,
+    pub health_reason: Option<String>,
+    pub applied_revision: Option<String>,
+    pub target_revision: Option<String>,
+    pub apply_state: Option<String>,
+    pub rollout_phase: Option<String>,
+    /// Seconds since the heartbeat Lease was renewed.
+    pub heartbeat_age_secs: Option<i64>,
+    /// `group/slot` held.
+    pub slot: Option<String>,
+}
+
+/// `ginxctl cluster --json`: the fleet as the API has it.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ClusterView {
+    pub nodes: Vec<ClusterNode>,
+    /// `group/slot` → holder.
+    pub slots: BTreeMap<String, String>,
+    pub fleet: FleetState,
+    pub at: Option<Timestamp>,
+}

@@ -1,0 +1,667 @@
+//! Coordinated rollouts across several real ginx daemons, one Git remote and the real control
+//! plane (tests/support/control_plane.rs): the slot Leases, the health gate, the automatic
+//! rollback and the cluster-wide halt, the quorum guard, the API being away, a holder killed.
+//!
+//! Each node is an [`Env`] of its own whose source points at one shared repository; the
+//! stand-in colmena of every node appends `start`/`end` to one journal, and the gate command
+//! appends `verify`, so the order in which nodes applied and verified is read from one file.
+//! Group and node names are unique per test: the control plane is shared by every test.
+
+use std::path::Path;
+
+use serde_json::Value;
+
+use crate::kubernetes::use_cluster;
+use crate::support::control_plane::{self, AuditEvent, ControlPlane, RbacGuard};
+use crate::support::daemon::Daemon;
+use crate::support::kubelet::Kubelet;
+use crate::support::{Env, wait_for};
+
+/// A node of a test fleet.
+struct Node {
+    env: Env,
+}
+
+/// Makes a node `name` in rollout group `group`, fetching from `origin`'s repository, every
+/// activation and gate step recorded in `journal`.
+fn node(
+    cp: &ControlPlane,
+    origin: &Path,
+    journal: &Path,
+    name: &str,
+    role: &str,
+    group: &str,
+    extra: &str,
+) -> Node {
+    let env = Env::new();
+    env.dropin(
+        "20-remote.toml",
+        &format!("[sources.hephaestus]\nurl = \"{}\"\n", origin.display()),
+    );
+    use_cluster(&env, cp, name, "");
+    env.dropin(
+        "80-rollout.toml",
+        &format!(
+            "[node]\nrole = \"{role}\"\n\n[health.node_ready]\nenabled = true\n\n\
+             [rollout]\nlock = \"auto\"\ngroup = \"{group}\"\nlease_duration = \"3s\"\n{extra}\n\n\
+             [rollout.gate]\nsettle = \"1s\"\ninterval = \"200ms\"\n\
+             command = [\"sh\", \"-c\", \"echo verify {name} >> {journal}\"]\n",
+            journal = journal.display()
+        ),
+    );
+    env.stub("journal", &journal.display().to_string());
+    env.stub("sleep", "0.5");
+    Node { env }
+}
+
+/// The journal's lines as (what, node).
+fn journal(path: &Path) -> Vec<(String, String)> {
+    std::fs::read_to_string(path)
+        .unwrap_or_default()
+        .lines()
+        .filter_map(|l| {
+            let mut w = l.split_whitespace();
+            Some((w.next()?.to_owned(), w.next()?.to_owned()))
+        })
+        .collect()
+}
+
+/// The most nodes that were between their `start` and their last `verify` (or `end`) at once:
+/// applying or verifying.
+fn most_at_once(lines: &[(String, String)]) -> usize {
+    let mut spans: std::collections::BTreeMap<&str, Vec<(usize, usize)>> = Default::default();
+    for (i, (what, node)) in lines.iter().enumerate() {
+        let s = spans.entry(node).or_default();
+        match what.as_str() {
+            "start" => s.push((i, i)),
+            _ => {
+                if let Some(last) = s.last_mut() {
+                    last.1 = i;
+                }
+            }
+        }
+    }
+    let all: Vec<(usize, usize)> = spans.values().flatten().copied().collect();
+    (0..lines.len())
+        .map(|i| all.iter().filter(|(a, b)| *a <= i && i <= *b).count())
+        .max()
+        .unwrap_or(0)
+}
+
+/// The journal as runs of consecutive lines of one node: each run's `what`s.
+fn runs(lines: &[(String, String)]) -> Vec<Vec<String>> {
+    let mut out: Vec<(String, Vec<String>)> = Vec::new();
+    for (what, node) in lines {
+        match out.last_mut() {
+            Some((n, r)) if n == node => r.push(what.clone()),
+            _ => out.push((node.clone(), vec![what.clone()])),
+        }
+    }
+    out.into_iter().map(|(_, r)| r).collect()
+}
+
+/// The users that wrote the slot Lease `name`, in order, consecutive repeats folded.
+fn writers(events: &[AuditEvent], name: &str) -> Vec<String> {
+    let mut out: Vec<String> = Vec::new();
+    for e in events.iter().filter(|e| {
+        e.resource == "leases"
+            && e.name == name
+            && matches!(e.verb.as_str(), "create" | "update")
+            && e.code < 300
+    }) {
+        if out.last() != Some(&e.user) {
+            out.push(e.user.clone());
+        }
+    }
+    out
+}
+
+fn start_all(nodes: &[Node]) -> Vec<Daemon> {
+    nodes.iter().map(|n| n.env.start()).collect()
+}
+
+#[test]
+fn one_commit_rolls_through_three_control_plane_nodes_one_at_a_time() {
+    let Some(cp) = control_plane::shared() else {
+        return;
+    };
+    let mut rbac = RbacGuard::new(cp);
+    let origin = Env::new();
+    let journal_path = origin.root.join("journal");
+    let names = ["ro3-lucy", "ro3-makise", "ro3-quinn"];
+    let _kubelets: Vec<Kubelet> = names
+        .iter()
+        .map(|n| Kubelet::start(cp, n, "control-plane"))
+        .collect();
+    let nodes: Vec<Node> = names
+        .iter()
+        .map(|n| {
+            rbac.watch(n);
+            node(
+                cp,
+                &origin.repo.path,
+                &journal_path,
+                n,
+                "control-plane",
+                "ro3",
+                "",
+            )
+        })
+        .collect();
+    let daemons = start_all(&nodes);
+    let first = origin.repo.head();
+    for d in &daemons {
+        d.wait_applied(&first);
+    }
+    let second = origin
+        .repo
+        .commit("hive.nix", "{ second = true; }", "second");
+    for d in &daemons {
+        d.ctl_ok(&["sync"]);
+    }
+    for d in &daemons {
+        d.wait_applied(&second);
+    }
+    let lines = journal(&journal_path);
+    assert_eq!(
+        lines.iter().filter(|(w, _)| w == "start").count(),
+        6,
+        "{lines:?}"
+    );
+    // With one slot, each node's lines (the gate's baseline check, start, end, the gate's
+    // checks) form one uninterrupted run: nobody else starts before the holder's gate passed.
+    let runs = runs(&lines);
+    assert!(
+        runs.iter()
+            .all(|r| r.iter().filter(|w| *w == "start").count() == 1),
+        "two nodes applied or verified at once: {lines:?}"
+    );
+    // The Lease's history in the real audit log: one holder after the other, each one
+    // writing (take, renew, release) without another's write in between.
+    let w = writers(&rbac.requests(), "ginx-rollout-ro3-0");
+    assert!(w.len() >= 6, "six holds, one after the other: {w:?}");
+    for pair in w.windows(2) {
+        assert_ne!(pair[0], pair[1]);
+    }
+    for d in &daemons {
+        let s = d.wait_status("the slot released", |s| s["rollout"]["slot"].is_null());
+        assert_eq!(s["rollout"]["lock"], "kubernetes");
+        assert_eq!(s["rollout"]["group"], "ro3");
+        assert_eq!(s["rollout"]["phase"], "succeeded");
+    }
+    let lease = cp.lease("ginx-system", "ginx-rollout-ro3-0").unwrap();
+    assert!(lease["spec"]["holderIdentity"].is_null(), "{lease:#}");
+    wait_for("the phase and target on the node", || {
+        let n = cp.node("ro3-lucy")?;
+        let a = &n["metadata"]["annotations"];
+        (a["ginx.io/rollout-phase"] == "succeeded"
+            && a["ginx.io/target-revision"] == second.as_str())
+        .then_some(())
+    });
+}
+
+#[test]
+fn five_workers_never_more_than_two_at_once() {
+    let Some(cp) = control_plane::shared() else {
+        return;
+    };
+    let mut rbac = RbacGuard::new(cp);
+    let origin = Env::new();
+    let journal_path = origin.root.join("journal");
+    let nodes: Vec<Node> = (1..=5)
+        .map(|i| {
+            let name = format!("ro5-w{i}");
+            rbac.watch(&name);
+            node(
+                cp,
+                &origin.repo.path,
+                &journal_path,
+                &name,
+                "worker",
+                "ro5",
+                "max_concurrent = 2",
+            )
+        })
+        .collect();
+    let daemons = start_all(&nodes);
+    let head = origin.repo.head();
+    for d in &daemons {
+        d.wait_applied(&head);
+    }
+    let lines = journal(&journal_path);
+    assert_eq!(
+        lines.iter().filter(|(w, _)| w == "start").count(),
+        5,
+        "{lines:?}"
+    );
+    let most = most_at_once(&lines);
+    assert!(most <= 2, "{most} at once: {lines:?}");
+    drop(daemons);
+}
+
+/// Makes `n` break when `revision` is activated: its gate command fails while the fake
+/// system's current revision is `revision`. `heals` says whether the rollback restores a system
+/// the gate accepts (the stand-in switch marks the running system as the previous one) or not.
+fn breaks_on(n: &Node, revision: &str, heals: bool) {
+    let nix = n.env.fake_nix();
+    let current = nix.join("run/current-system/revision");
+    let switch = if heals {
+        format!(
+            "[\"sh\", \"-c\", \"echo previous > {}\"]",
+            current.display()
+        )
+    } else {
+        "[\"true\"]".to_owned()
+    };
+    n.env.dropin(
+        "85-gate.toml",
+        &format!(
+            "[system]\nrollback_command = [\"true\"]\nswitch_command = {switch}\n\n\
+             [rollout.gate]\nsettle = \"1s\"\ntimeout = \"4s\"\n\
+             command = [\"sh\", \"-c\", \"test \\\"$(cat {c} 2>/dev/null)\\\" != {revision}\"]\n",
+            c = current.display()
+        ),
+    );
+}
+
+#[test]
+fn a_failed_gate_rolls_back_halts_the_revision_and_a_later_one_rolls_out() {
+    let Some(cp) = control_plane::shared() else {
+        return;
+    };
+    let mut rbac = RbacGuard::new(cp);
+    let origin = Env::new();
+    let journal_path = origin.root.join("journal");
+    let a = node(
+        cp,
+        &origin.repo.path,
+        &journal_path,
+        "rog-a",
+        "worker",
+        "rog",
+        "",
+    );
+    let b = node(
+        cp,
+        &origin.repo.path,
+        &journal_path,
+        "rog-b",
+        "worker",
+        "rog",
+        "",
+    );
+    rbac.watch("rog-a");
+    rbac.watch("rog-b");
+    let kubelet = Kubelet::start(cp, "rog-a", "worker");
+    // A system generation to roll back to.
+    a.env.fake_nix();
+    a.env.dropin(
+        "85-gate.toml",
+        "[system]\nrollback_command = [\"true\"]\nswitch_command = [\"true\"]\n\n\
+         [rollout.gate]\nsettle = \"1s\"\ntimeout = \"4s\"\n\n\
+         [metrics]\nlisten = \"127.0.0.1:0\"\n",
+    );
+    let x = origin.repo.commit("hive.nix", "{ broken = true; }", "x");
+    let da = a.env.start();
+    // Revision X breaks a's kubelet: its node goes NotReady when X is activated, and is Ready
+    // again once the rolled-back system is up. The node-ready probe is what the gate sees.
+    let s = std::thread::scope(|scope| {
+        scope.spawn(|| {
+            // X is the first revision a applies: its first `start` is X's activation.
+            wait_for("x activated on a", || {
+                journal(&journal_path)
+                    .iter()
+                    .any(|(w, n)| w == "start" && n == "rog-a")
+                    .then_some(())
+            });
+            kubelet.set_ready(false);
+        });
+        da.wait_status("the rolled-back system's gate", |s| {
+            s["rollout"]["gate"]["rollback"] == true
+        });
+        kubelet.set_ready(true);
+        da.wait_status("x rolled back", |s| s["rollout"]["phase"] == "rolled-back")
+    });
+    assert_eq!(s["apply"]["state"], "rolled-back");
+    assert_eq!(s["rollout"]["halt"]["revision"], x.as_str(), "{s:#}");
+    let cm = wait_for("the halt in ginx-rollout", || {
+        let cm = cp.get_path("/api/v1/namespaces/ginx-system/configmaps/ginx-rollout")?;
+        cm["data"].get(format!("halted.{x}"))?;
+        Some(cm)
+    });
+    let halt: Value =
+        serde_json::from_str(cm["data"][format!("halted.{x}")].as_str().unwrap()).unwrap();
+    assert_eq!(halt["node"], "rog-a");
+    assert!(halt["probes"]["node-ready"].is_string(), "{halt:#}");
+    wait_for("the rolled-back phase on the node", || {
+        let n = cp.node("rog-a")?;
+        (n["metadata"]["annotations"]["ginx.io/rollout-phase"] == "rolled-back").then_some(())
+    });
+    let addr = s["metrics_listen"].as_str().unwrap().to_owned();
+    let metrics = crate::kubernetes::scrape(&addr);
+    for line in [
+        "ginx_rollout_gates_total{result=\"failed\"} 1",
+        "ginx_rollout_gates_total{result=\"rollback-passed\"} 1",
+        "ginx_rollout_rollbacks_total 1",
+        "ginx_rollout_halts_total 1",
+        "ginx_rollout_lock_held 0",
+    ] {
+        assert!(metrics.lines().any(|l| l == line), "{line} in\n{metrics}");
+    }
+    // b never applies X: it waits, saying why.
+    let db = b.env.start();
+    let s = db.wait_status("b held back by the halt", |s| {
+        s["rollout"]["waiting_for"] == "halted"
+    });
+    assert!(
+        s["apply"]["reason"].as_str().unwrap().contains("halted"),
+        "{s:#}"
+    );
+    assert!(
+        b.env
+            .calls()
+            .iter()
+            .all(|c| c.env.get("GINX_REVISION") != Some(&x)),
+        "b applied the halted revision"
+    );
+    // A later commit rolls out everywhere.
+    let y = origin.repo.commit("hive.nix", "{ fixed = true; }", "y");
+    da.ctl_ok(&["sync"]);
+    db.ctl_ok(&["sync"]);
+    da.wait_applied(&y);
+    db.wait_applied(&y);
+    // a's gate command is its own (it writes no journal lines): its activations and b's
+    // never overlap.
+    let starts_ends: Vec<&str> = journal(&journal_path)
+        .iter()
+        .filter(|(w, _)| w != "verify")
+        .map(|(w, _)| if w == "start" { "start" } else { "end" })
+        .collect();
+    assert!(
+        starts_ends.chunks(2).all(|c| c == ["start", "end"]),
+        "{starts_ends:?}"
+    );
+}
+
+#[test]
+fn an_unhealthy_rolled_back_system_keeps_the_slot() {
+    let Some(cp) = control_plane::shared() else {
+        return;
+    };
+    let mut rbac = RbacGuard::new(cp);
+    let origin = Env::new();
+    let journal_path = origin.root.join("journal");
+    let a = node(
+        cp,
+        &origin.repo.path,
+        &journal_path,
+        "rou-a",
+        "worker",
+        "rou",
+        "",
+    );
+    let b = node(
+        cp,
+        &origin.repo.path,
+        &journal_path,
+        "rou-b",
+        "worker",
+        "rou",
+        "",
+    );
+    rbac.watch("rou-a");
+    rbac.watch("rou-b");
+    let _kubelet = Kubelet::start(cp, "rou-a", "worker");
+    let x = origin.repo.commit("hive.nix", "{ broken = true; }", "x");
+    breaks_on(&a, &x, false);
+    let da = a.env.start();
+    let s = da.wait_status("rollback unhealthy", |s| {
+        s["rollout"]["phase"] == "rollback-unhealthy"
+    });
+    assert_eq!(s["rollout"]["slot"], 0, "{s:#}");
+    assert_eq!(s["apply"]["state"], "failed", "{s:#}");
+    assert!(
+        s["apply"]["reason"]
+            .as_str()
+            .is_some_and(|r| r.contains("unhealthy too")),
+        "{s:#}"
+    );
+    let lease = cp.lease("ginx-system", "ginx-rollout-rou-0").unwrap();
+    assert_eq!(lease["spec"]["holderIdentity"], "rou-a");
+    let cond = wait_for("RollbackUnhealthy on the node", || {
+        let n = cp.node("rou-a")?;
+        let c = n["status"]["conditions"]
+            .as_array()?
+            .iter()
+            .find(|c| c["type"] == "GinxHealthy")?
+            .clone();
+        (c["reason"] == "RollbackUnhealthy").then_some(c)
+    });
+    assert_eq!(cond["status"], "False");
+    // b has the old revision to apply (it never ran) and must wait for the slot.
+    let db = b.env.start();
+    let s = db.wait_status("b waiting", |s| s["apply"]["state"] == "waiting");
+    assert!(
+        matches!(
+            s["rollout"]["waiting_for"].as_str(),
+            Some("lock" | "halted")
+        ),
+        "{s:#}"
+    );
+    assert!(b.env.calls().is_empty(), "no other node proceeds");
+}
+
+#[test]
+fn with_the_api_away_nothing_is_applied_and_before_the_cluster_no_lock_is_taken() {
+    let Some(_cp) = control_plane::shared() else {
+        return;
+    };
+    // A kubeconfig whose server does not answer: the cluster exists, its API is away.
+    let env = Env::new();
+    let closed = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = closed.local_addr().unwrap().port();
+    drop(closed);
+    let kc = env.root.join("kubeconfig");
+    std::fs::write(
+        &kc,
+        format!(
+            "apiVersion: v1\nkind: Config\nclusters:\n- name: c\n  cluster:\n    server: https://127.0.0.1:{port}\n    insecure-skip-tls-verify: true\nusers:\n- name: u\n  user:\n    token: t\ncontexts:\n- name: c\n  context: {{cluster: c, user: u}}\ncurrent-context: c\n"
+        ),
+    )
+    .unwrap();
+    crate::kubernetes::kube_dropin(&env, &kc, "request_timeout = \"1s\"");
+    env.dropin("80-rollout.toml", "[rollout]\nlock = \"auto\"\n");
+    let d = env.start();
+    let s = d.wait_status("waiting for the API", |s| {
+        s["rollout"]["waiting_for"] == "api"
+    });
+    assert_eq!(s["apply"]["state"], "waiting");
+    assert!(
+        env.calls().is_empty(),
+        "nothing applied while the API is away"
+    );
+    drop(d);
+
+    // Before the kubeconfig exists (a fresh node, before kubeadm init): applied, no lock.
+    let fresh = Env::new();
+    crate::kubernetes::kube_dropin(&fresh, &fresh.root.join("not-yet/kubeconfig"), "");
+    fresh.dropin("80-rollout.toml", "[rollout]\nlock = \"auto\"\n");
+    let d = fresh.start();
+    let s = d.wait_applied(&fresh.repo.head());
+    assert_eq!(s["rollout"]["lock"], "none");
+    assert!(
+        d.log()
+            .contains("applying without the rollout lock (bootstrap)")
+    );
+}
+
+#[test]
+fn the_quorum_guard_holds_a_control_plane_node_while_another_is_not_ready() {
+    let Some(cp) = control_plane::shared() else {
+        return;
+    };
+    let mut rbac = RbacGuard::new(cp);
+    let origin = Env::new();
+    let journal_path = origin.root.join("journal");
+    let lucy = node(
+        cp,
+        &origin.repo.path,
+        &journal_path,
+        "roq-lucy",
+        "control-plane",
+        "roq",
+        "",
+    );
+    let makise = node(
+        cp,
+        &origin.repo.path,
+        &journal_path,
+        "roq-makise",
+        "control-plane",
+        "roq",
+        "",
+    );
+    rbac.watch("roq-lucy");
+    rbac.watch("roq-makise");
+    let _kl = Kubelet::start(cp, "roq-lucy", "control-plane");
+    let km = Kubelet::start(cp, "roq-makise", "control-plane");
+    // makise runs ginx (reporting its group), applies what there is (lucy has no ginx yet,
+    // so without the guard), then goes NotReady.
+    makise
+        .env
+        .dropin("90-noguard.toml", "[rollout]\nquorum_guard = false\n");
+    let dm = makise.env.start();
+    dm.wait_applied(&origin.repo.head());
+    km.set_ready(false);
+    wait_for("makise NotReady", || {
+        let n = cp.node("roq-makise")?;
+        n["status"]["conditions"]
+            .as_array()?
+            .iter()
+            .any(|c| c["type"] == "Ready" && c["status"] == "False")
+            .then_some(())
+    });
+    let dl = lucy.env.start();
+    let s = dl.wait_status("lucy held by the quorum guard", |s| {
+        s["rollout"]["waiting_for"] == "quorum"
+    });
+    assert!(
+        s["rollout"]["reason"]
+            .as_str()
+            .unwrap()
+            .contains("roq-makise is not Ready"),
+        "{s:#}"
+    );
+    assert!(lucy.env.calls().is_empty());
+    km.set_ready(true);
+    dl.wait_applied(&origin.repo.head());
+}
+
+#[test]
+fn a_killed_holder_s_slot_expires_and_it_never_takes_a_second() {
+    let Some(cp) = control_plane::shared() else {
+        return;
+    };
+    let mut rbac = RbacGuard::new(cp);
+    let origin = Env::new();
+    let journal_path = origin.root.join("journal");
+    let a = node(
+        cp,
+        &origin.repo.path,
+        &journal_path,
+        "rok-a",
+        "worker",
+        "rok",
+        "max_concurrent = 2",
+    );
+    let b = node(
+        cp,
+        &origin.repo.path,
+        &journal_path,
+        "rok-b",
+        "worker",
+        "rok",
+        "max_concurrent = 2",
+    );
+    rbac.watch("rok-a");
+    rbac.watch("rok-b");
+    // a's apply hangs while it holds its slot; it is SIGKILLed and restarted at once.
+    let gate = a.env.root.join("go");
+    a.env.stub("wait_for", &gate.display().to_string());
+    let da = a.env.start();
+    wait_for("a holding a slot", || {
+        let l = cp.lease("ginx-system", "ginx-rollout-rok-0")?;
+        (l["spec"]["holderIdentity"] == "rok-a").then_some(())
+    });
+    da.crash();
+    let da = a.env.start();
+    std::fs::write(&gate, "").unwrap();
+    da.wait_applied(&origin.repo.head());
+    // It resumed slot 0: slot 1 was never created by it.
+    assert!(
+        cp.lease("ginx-system", "ginx-rollout-rok-1")
+            .is_none_or(|l| l["spec"]["holderIdentity"] != "rok-a"),
+        "a took a second slot"
+    );
+    drop(da);
+
+    // Killed for good while holding: the slot expires and the next node proceeds.
+    let x = origin.repo.commit("hive.nix", "{ x = true; }", "x");
+    let _ = std::fs::remove_file(&gate);
+    let da = a.env.start();
+    da.ctl_ok(&["sync"]);
+    wait_for("a holding a slot for x", || {
+        let l = cp.lease("ginx-system", "ginx-rollout-rok-0")?;
+        (l["spec"]["holderIdentity"] == "rok-a").then_some(())
+    });
+    da.crash();
+    let b_cfg = "max_concurrent = 1";
+    b.env
+        .dropin("81-one.toml", &format!("[rollout]\n{b_cfg}\n"));
+    let db = b.env.start();
+    db.wait_applied(&x);
+}
+
+/// The lock's watches are not cut by `kubernetes.request_timeout`: a quiet watch stays open
+/// (its own client's read timeout outlasts the watch request), so an idle node neither lists
+/// nor watches again every few seconds.
+#[test]
+fn a_quiet_watch_outlasts_the_request_timeout() {
+    let Some(cp) = control_plane::shared() else {
+        return;
+    };
+    let mut rbac = RbacGuard::new(cp);
+    let origin = Env::new();
+    let journal_path = origin.root.join("journal");
+    let n = node(
+        cp,
+        &origin.repo.path,
+        &journal_path,
+        "row-quiet",
+        "worker",
+        "row",
+        "",
+    );
+    n.env.dropin(
+        "90-timeout.toml",
+        "[kubernetes]\nrequest_timeout = \"1s\"\n",
+    );
+    rbac.watch("row-quiet");
+    let _kubelet = Kubelet::start(cp, "row-quiet", "worker");
+    let d = n.env.start();
+    d.wait_applied(&origin.repo.head());
+    let mark = cp.audit_mark();
+    // Five request timeouts of quiet.
+    std::thread::sleep(std::time::Duration::from_secs(5));
+    let again: Vec<String> = cp
+        .audit_since(mark)
+        .into_iter()
+        .filter(|e| {
+            e.user == "ginx:row-quiet"
+                && matches!(e.verb.as_str(), "list" | "watch")
+                && matches!(e.resource.as_str(), "leases" | "configmaps")
+        })
+        .map(|e| format!("{} {} {}", e.verb, e.resource, e.time))
+        .collect();
+    assert!(again.is_empty(), "watches made again while idle: {again:?}");
+}
