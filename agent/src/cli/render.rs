@@ -509,16 +509,7 @@ mod tests {
         let at: Timestamp = "2026-12-01T12:00:00Z".parse().unwrap();
         let node = |name: &str| ClusterNode {
             name: name.to_owned(),
-            role: None,
-            ready: None,
-            healthy: None,
-            health_reason: None,
-            applied_revision: None,
-            target_revision: None,
-            apply_state: None,
-            rollout_phase: None,
-            heartbeat_age_secs: None,
-            slot: None,
+            ..ClusterNode::default()
         };
         let mut fleet = FleetState {
             paused: Some(Pause {

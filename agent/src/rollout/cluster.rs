@@ -164,16 +164,9 @@ pub fn build(
         }
         out.push(ClusterNode {
             name: node.to_owned(),
-            role: None,
-            ready: None,
-            healthy: None,
-            health_reason: None,
-            applied_revision: None,
-            target_revision: None,
-            apply_state: None,
-            rollout_phase: None,
             heartbeat_age_secs: age_secs(lease, now),
             slot: held.get(node).map(|s| s.join(",")),
+            ..ClusterNode::default()
         });
     }
     out.sort_by(|a, b| a.name.cmp(&b.name));

@@ -168,7 +168,7 @@ pub struct RolloutStatus {
 }
 
 /// One node in `ginxctl cluster`.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ClusterNode {
     pub name: String,
     pub role: Option<Role>,
