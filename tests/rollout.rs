@@ -67,25 +67,74 @@ fn journal(path: &Path) -> Vec<(String, String)> {
 }
 
 /// The most nodes that were between their `start` and their last `verify` (or `end`) at once:
-/// applying or verifying.
+/// applying or verifying. The gate command also runs once for the gate's baseline, just
+/// before the activation and with the slot already held: the `verify` right before a node's
+/// `start` opens that activation's span instead of extending the previous one.
 fn most_at_once(lines: &[(String, String)]) -> usize {
-    let mut spans: std::collections::BTreeMap<&str, Vec<(usize, usize)>> = Default::default();
+    let mut own: std::collections::BTreeMap<&str, Vec<(usize, &str)>> = Default::default();
     for (i, (what, node)) in lines.iter().enumerate() {
-        let s = spans.entry(node).or_default();
-        match what.as_str() {
-            "start" => s.push((i, i)),
-            _ => {
-                if let Some(last) = s.last_mut() {
-                    last.1 = i;
+        own.entry(node).or_default().push((i, what));
+    }
+    let mut all: Vec<(usize, usize)> = Vec::new();
+    for entries in own.values() {
+        let mut span: Option<(usize, usize)> = None;
+        for (k, &(i, what)) in entries.iter().enumerate() {
+            if what == "start" {
+                let baseline = k
+                    .checked_sub(1)
+                    .map(|p| entries[p])
+                    .filter(|(_, w)| *w == "verify");
+                if let Some(mut s) = span.take() {
+                    if baseline.is_some() && k >= 2 {
+                        s.1 = s.1.min(entries[k - 2].0);
+                    }
+                    all.push(s);
                 }
+                span = Some((baseline.map_or(i, |(b, _)| b), i));
+            } else if let Some(s) = span.as_mut() {
+                s.1 = i;
             }
         }
+        all.extend(span);
     }
-    let all: Vec<(usize, usize)> = spans.values().flatten().copied().collect();
     (0..lines.len())
         .map(|i| all.iter().filter(|(a, b)| *a <= i && i <= *b).count())
         .max()
         .unwrap_or(0)
+}
+
+#[test]
+fn most_at_once_counts_a_baseline_check_with_the_activation_after_it() {
+    let l = |v: &[(&str, &str)]| -> Vec<(String, String)> {
+        v.iter()
+            .map(|(a, b)| ((*a).to_owned(), (*b).to_owned()))
+            .collect()
+    };
+    // One at a time, each with its baseline check before its start.
+    let serial = l(&[
+        ("verify", "a"),
+        ("start", "a"),
+        ("end", "a"),
+        ("verify", "a"),
+        ("verify", "b"),
+        ("start", "b"),
+        ("end", "b"),
+        ("verify", "b"),
+        ("verify", "a"),
+        ("start", "a"),
+        ("end", "a"),
+    ]);
+    assert_eq!(most_at_once(&serial), 1);
+    // b starts while a is still in its gate.
+    let overlap = l(&[
+        ("start", "a"),
+        ("end", "a"),
+        ("verify", "a"),
+        ("start", "b"),
+        ("verify", "a"),
+        ("end", "b"),
+    ]);
+    assert_eq!(most_at_once(&overlap), 2);
 }
 
 /// The journal as runs of consecutive lines of one node: each run's `what`s.
