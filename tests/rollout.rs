@@ -714,3 +714,90 @@ fn a_quiet_watch_outlasts_the_request_timeout() {
         .collect();
     assert!(again.is_empty(), "watches made again while idle: {again:?}");
 }
+
+/// Issue 15.1: a maintenance window that opens a few seconds after the start. Nothing starts
+/// before it (`waiting_for: window`, status says when it opens), the apply starts in it, runs on
+/// past its end, and the next revision waits for the next window.
+#[test]
+fn a_window_gates_the_start_of_an_apply_and_never_cuts_one_off() {
+    let env = Env::new();
+    let opens = jiff::Timestamp::now()
+        .checked_add(jiff::SignedDuration::from_secs(8))
+        .unwrap()
+        .round(jiff::Unit::Second)
+        .unwrap();
+    let local = opens.to_zoned(jiff::tz::TimeZone::UTC);
+    let day = match local.weekday() {
+        jiff::civil::Weekday::Monday => "mon",
+        jiff::civil::Weekday::Tuesday => "tue",
+        jiff::civil::Weekday::Wednesday => "wed",
+        jiff::civil::Weekday::Thursday => "thu",
+        jiff::civil::Weekday::Friday => "fri",
+        jiff::civil::Weekday::Saturday => "sat",
+        jiff::civil::Weekday::Sunday => "sun",
+    };
+    let start = local.strftime("%H:%M:%S").to_string();
+    env.dropin(
+        "80-window.toml",
+        &format!("[[rollout.windows]]\ndays = [\"{day}\"]\nstart = \"{start}\"\nlength = \"4s\"\n"),
+    );
+    // An apply that outlasts the window.
+    env.stub("sleep", "6");
+    let d = env.start();
+    let s = d.wait_status("waiting for the window", |s| {
+        s["rollout"]["waiting_for"] == "window"
+    });
+    assert_eq!(s["apply"]["state"], "waiting", "{s:#}");
+    assert_eq!(s["rollout"]["window"]["open"], false, "{s:#}");
+    let opens_at: jiff::Timestamp = s["rollout"]["window"]["opens_at"]
+        .as_str()
+        .unwrap()
+        .parse()
+        .unwrap();
+    assert_eq!(opens_at, opens, "{s:#}");
+    assert!(
+        s["apply"]["reason"]
+            .as_str()
+            .is_some_and(|r| r.contains("maintenance windows")),
+        "{s:#}"
+    );
+    assert!(env.calls().is_empty(), "nothing before the window opens");
+
+    let s = d.wait_applied(&env.repo.head());
+    let history: Value = serde_json::from_str(&d.ctl_ok(&["history", "--json"])).unwrap();
+    let attempt = &history["attempts"][0];
+    let started: jiff::Timestamp = attempt["started_at"].as_str().unwrap().parse().unwrap();
+    let finished: jiff::Timestamp = attempt["finished_at"].as_str().unwrap().parse().unwrap();
+    let closes = opens
+        .checked_add(jiff::SignedDuration::from_secs(4))
+        .unwrap();
+    assert!(
+        started >= opens && started < closes,
+        "started {started}: {s:#}"
+    );
+    assert!(
+        finished > closes,
+        "the apply ran past the window's end: {s:#}"
+    );
+    assert_eq!(attempt["outcome"], "succeeded", "{history:#}");
+
+    // The window is over: a new revision waits for next week's.
+    let next = env.repo.commit("b.nix", "{ }\n", "after the window");
+    d.ctl_ok(&["sync"]);
+    let s = d.wait_status("the next revision to wait", |s| {
+        s["sources"]["hephaestus"]["revision"] == next.as_str()
+            && s["rollout"]["waiting_for"] == "window"
+    });
+    let next_opens: jiff::Timestamp = s["rollout"]["window"]["opens_at"]
+        .as_str()
+        .unwrap()
+        .parse()
+        .unwrap();
+    assert_eq!(
+        next_opens,
+        opens
+            .checked_add(jiff::SignedDuration::from_hours(7 * 24))
+            .unwrap()
+    );
+    assert_eq!(env.calls().len(), 1);
+}

@@ -65,6 +65,15 @@ pub fn status(s: &Status) -> String {
             "no"
         }
     );
+    if let Some(w) = &s.rollout.window {
+        let line = match (w.open, w.closes_at, w.opens_at) {
+            (true, Some(c), _) => format!("open, closes at {c}"),
+            (false, _, Some(t)) => format!("closed, the next opens at {t}"),
+            (true, ..) => "open".to_owned(),
+            (false, ..) => "closed".to_owned(),
+        };
+        let _ = writeln!(o, "window     {line}");
+    }
     let sys = &s.system;
     if let Some(g) = &sys.generation {
         let n = g.number.map_or_else(|| "?".to_owned(), |n| n.to_string());

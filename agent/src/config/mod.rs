@@ -24,6 +24,7 @@ mod node;
 mod rollout;
 mod sources;
 mod system;
+mod window;
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -49,6 +50,7 @@ pub use rollout::{
 };
 pub use sources::SourceConfig;
 pub use system::SystemConfig;
+pub use window::{ClockTime, Day, Window};
 
 /// The longest path a unix socket can be bound at: `sun_path` holds 108 bytes with the
 /// terminating NUL.
@@ -394,6 +396,47 @@ url = "ssh://git@git.example.com/infra/hephaestus.git"
 
     fn err_text(text: &str) -> String {
         load_text(text).unwrap_err().to_string()
+    }
+
+    #[test]
+    fn maintenance_windows_load_and_bad_ones_are_named_where_they_are() {
+        let ok = format!(
+            "{BASE}\n[[rollout.windows]]\ndays = [\"sat\", \"sun\"]\nstart = \"02:00\"\n\
+             length = \"3h\"\ntime_zone = \"Europe/Berlin\"\n\n\
+             [[rollout.windows]]\ndays = [\"wed\"]\nstart = \"23:30:15\"\nlength = \"1h\"\n"
+        );
+        let c = load_text(&ok).unwrap();
+        assert_eq!(c.rollout.windows.len(), 2);
+        assert_eq!(c.rollout.windows[1].time_zone, "UTC");
+        assert_eq!(String::from(c.rollout.windows[1].start), "23:30:15");
+
+        let tz = err_text(&format!(
+            "{BASE}\n[[rollout.windows]]\ndays = [\"sat\"]\nstart = \"02:00\"\nlength = \"3h\"\n\
+             time_zone = \"Mars/Olympus_Mons\"\n"
+        ));
+        assert!(tz.contains("rollout.windows[0].time_zone"), "{tz}");
+        assert!(tz.contains("config.toml:"), "{tz}");
+        assert!(tz.contains("Mars/Olympus_Mons"), "{tz}");
+
+        let start = err_text(&format!(
+            "{BASE}\n[[rollout.windows]]\ndays = [\"sat\"]\nstart = \"25:00\"\nlength = \"3h\"\n"
+        ));
+        assert!(start.contains("rollout.windows[0].start"), "{start}");
+        assert!(start.contains("HH:MM"), "{start}");
+
+        let day = err_text(&format!(
+            "{BASE}\n[[rollout.windows]]\ndays = [\"someday\"]\nstart = \"02:00\"\nlength = \"3h\"\n"
+        ));
+        assert!(day.contains("rollout.windows[0].days"), "{day}");
+
+        let none = err_text(&format!(
+            "{BASE}\n[[rollout.windows]]\ndays = []\nstart = \"02:00\"\nlength = \"3h\"\n"
+        ));
+        assert!(none.contains("at least one day"), "{none}");
+        let long = err_text(&format!(
+            "{BASE}\n[[rollout.windows]]\ndays = [\"mon\"]\nstart = \"02:00\"\nlength = \"8d\"\n"
+        ));
+        assert!(long.contains("rollout.windows[0].length"), "{long}");
     }
 
     #[test]

@@ -136,6 +136,9 @@ pub struct RolloutConfig {
     pub gate: GateConfig,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub fleetlock: Option<FleetLockConfig>,
+    /// `[[rollout.windows]]`: when an apply may start; none means always.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub windows: Vec<super::Window>,
 }
 
 impl Default for RolloutConfig {
@@ -151,6 +154,7 @@ impl Default for RolloutConfig {
             configmap: "ginx-rollout".to_owned(),
             gate: GateConfig::default(),
             fleetlock: None,
+            windows: Vec::new(),
         }
     }
 }
@@ -247,6 +251,6 @@ impl RolloutConfig {
             }
             _ => {}
         }
-        Ok(())
+        super::window::validate(&self.windows, "rollout.windows", ctx)
     }
 }

@@ -2,12 +2,14 @@
 
 use super::Reconciler;
 use crate::apply::system;
+use crate::rollout::window::WindowState;
 use crate::state::{AfterGate, AttemptKind, Held};
 use crate::status::{
     ApplyState, ApplyStatus, GateProgress, Halt, Phase, Published, RolloutStatus, SystemStatus,
-    WaitingFor,
+    WaitingFor, WindowStatus,
 };
 use crate::types::Revision;
+use crate::util;
 
 fn h_group(held: Option<&Held>) -> String {
     held.map(|h| h.group.clone()).unwrap_or_default()
@@ -131,6 +133,19 @@ impl Reconciler {
                     })
                 }),
             paused: fleet.and_then(|f| f.paused.clone()),
+            window: match crate::rollout::window::state(&cfg.rollout.windows, util::now()) {
+                WindowState::Always => None,
+                WindowState::Open { closes_at } => Some(WindowStatus {
+                    open: true,
+                    closes_at: Some(closes_at),
+                    opens_at: None,
+                }),
+                WindowState::Closed { opens_at } => Some(WindowStatus {
+                    open: false,
+                    closes_at: None,
+                    opens_at,
+                }),
+            },
         }
     }
 

@@ -17,6 +17,7 @@ use super::fleet::Fleet;
 use super::fleetlock::{FleetLock, FleetLockError};
 use super::gate::Check;
 use super::lease::{self, Acquired, LeaseLock};
+use super::window::{self, WindowState};
 use crate::config::{Config, LockBackend, OnApiUnavailable};
 use crate::metrics::Metrics;
 use crate::state::Held;
@@ -142,6 +143,8 @@ pub struct Gatekeeper {
     /// The FleetLock client, kept while its configuration, group and timeout stay the same
     /// (one connection pool, the machine id read once).
     fleetlock: Option<(FleetLockKey, Arc<FleetLock>)>,
+    /// When the next maintenance window opens, while waiting for one.
+    window_opens: Option<jiff::Timestamp>,
 }
 
 type FleetLockKey = (crate::config::FleetLockConfig, String, Duration);
@@ -162,6 +165,7 @@ impl Gatekeeper {
             waiting_since: None,
             last_reach: None,
             fleetlock: None,
+            window_opens: None,
         }
     }
 
@@ -243,10 +247,25 @@ impl Gatekeeper {
     /// Waits until something that may change a verdict changed: a slot, the fleet state, the
     /// API clients; or [`RECHECK`] passed.
     pub async fn changed(&mut self) {
+        let window = self.window_opens.map(|t| {
+            let d = util::now().duration_until(t);
+            if d.is_negative() {
+                Duration::ZERO
+            } else {
+                d.unsigned_abs()
+            }
+        });
         tokio::select! {
             _ = self.changes.changed() => {}
             _ = self.w.kube.changed() => {}
             () = tokio::time::sleep(util::jitter(RECHECK, 0.1)) => {}
+            // The next window opening, to the moment.
+            () = async {
+                match window {
+                    Some(d) => tokio::time::sleep(d).await,
+                    None => std::future::pending().await,
+                }
+            } => {}
         }
     }
 
@@ -280,13 +299,41 @@ impl Gatekeeper {
 
     /// May this node apply `revision` now? `held` is the lock the state says it holds (after
     /// a restart): resumed, never a second one taken.
+    /// Outside every window, the wait (and when the next opens); `None` inside one, or when
+    /// the node already holds its lock (a window gates the start of an apply only).
+    fn outside_window(&mut self, cfg: &Config, held: Option<&Held>) -> Option<Permit> {
+        if held.is_some() || self.holding.is_some() {
+            return None;
+        }
+        let WindowState::Closed { opens_at } = window::state(&cfg.rollout.windows, util::now())
+        else {
+            return None;
+        };
+        self.window_opens = opens_at;
+        Some(Permit::Wait(
+            WaitingFor::Window,
+            match opens_at {
+                Some(t) => format!(
+                    "outside the maintenance windows (rollout.windows); the next opens at {t}"
+                ),
+                None => "outside the maintenance windows (rollout.windows)".to_owned(),
+            },
+        ))
+    }
+
     pub async fn permit(&mut self, revision: &Revision, held: Option<&Held>) -> Permit {
         let cfg = self.cfg();
+        self.window_opens = None;
         let backend = effective(&cfg);
         if backend == Effective::None {
-            return Permit::Granted(None);
+            return self
+                .outside_window(&cfg, held)
+                .unwrap_or(Permit::Granted(None));
         }
         if backend == Effective::Bootstrap {
+            if let Some(wait) = self.outside_window(&cfg, held) {
+                return wait;
+            }
             if !self.bootstrap_logged {
                 self.bootstrap_logged = true;
                 tracing::info!(
@@ -349,6 +396,9 @@ impl Gatekeeper {
                     ),
                 );
             }
+        }
+        if let Some(wait) = self.outside_window(&cfg, held) {
+            return wait;
         }
         let resuming = held.is_some() || self.holding.is_some();
         if !resuming

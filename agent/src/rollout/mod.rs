@@ -15,6 +15,7 @@ mod keeper;
 pub mod lease;
 pub mod quorum;
 pub mod slots;
+pub mod window;
 
 pub use keeper::{
     CONTROL_PLANE_REQUIRED, Effective, Gatekeeper, Permit, RECHECK, Reach, Wiring, effective,

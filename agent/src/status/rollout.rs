@@ -26,6 +26,8 @@ pub enum WaitingFor {
     Quorum,
     /// The cluster exists but its API cannot be reached (`on_api_unavailable = "wait"`).
     Api,
+    /// Outside every `[[rollout.windows]]`.
+    Window,
 }
 
 impl WaitingFor {
@@ -37,6 +39,7 @@ impl WaitingFor {
             WaitingFor::Lock => "lock",
             WaitingFor::Quorum => "quorum",
             WaitingFor::Api => "api",
+            WaitingFor::Window => "window",
         }
     }
 }
@@ -165,6 +168,17 @@ pub struct RolloutStatus {
     /// The halt that concerns this node's target revision, if any.
     pub halt: Option<Halt>,
     pub paused: Option<Pause>,
+    /// The maintenance windows (`[[rollout.windows]]`) now; absent when none are configured.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub window: Option<WindowStatus>,
+}
+
+/// Whether a maintenance window is open: when it closes, or when the next one opens.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct WindowStatus {
+    pub open: bool,
+    pub closes_at: Option<Timestamp>,
+    pub opens_at: Option<Timestamp>,
 }
 
 /// One node in `ginxctl cluster`.
