@@ -216,7 +216,8 @@ impl NodeReport {
             .annotations
             .unwrap_or_default()
             .into_iter()
-            .filter(|(k, _)| k.starts_with(&self.prefix))
+            // The cordon mark belongs to the reboot, not to the report.
+            .filter(|(k, _)| k.starts_with(&self.prefix) && k != crate::types::api::CORDONED_BY)
             .collect();
         let written = node
             .status

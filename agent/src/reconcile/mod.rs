@@ -399,6 +399,18 @@ impl Reconciler {
                     None => std::future::pending().await,
                 }
             };
+            // `reboot.sentinel` appears without telling anyone: looked at every few seconds
+            // while ginx may reboot.
+            let sentinel_poll = self.config.borrow().reboot.mode
+                == crate::config::RebootMode::WhenRequired
+                && self.core.state.rebooting.is_none();
+            let sentinel = async {
+                if sentinel_poll {
+                    tokio::time::sleep(reboot::SENTINEL_POLL).await;
+                } else {
+                    std::future::pending::<()>().await;
+                }
+            };
             let persist_again = async {
                 if self.unsaved.is_some() {
                     tokio::time::sleep(PERSIST_RETRY).await;
@@ -409,6 +421,7 @@ impl Reconciler {
             tokio::select! {
                 () = retry => {}
                 () = rollout => {}
+                () = sentinel => {}
                 () = persist_again => {
                     let _ = self.save_state();
                 }

@@ -36,6 +36,8 @@ use crate::status::WaitingFor;
 use crate::types::Revision;
 use crate::util;
 
+/// How often `reboot.sentinel` is looked for.
+pub(super) const SENTINEL_POLL: Duration = Duration::from_secs(5);
 /// An eviction a PodDisruptionBudget refused is tried again this often.
 pub(super) const EVICT_AGAIN: Duration = Duration::from_secs(5);
 /// While draining, the node's pods are looked at this often.

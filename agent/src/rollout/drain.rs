@@ -26,9 +26,7 @@ use serde_json::json;
 
 use crate::types::api::{code, describe};
 
-/// Written on a node that ginx made unschedulable (value: when). Only such a node is
-/// uncordoned by ginx.
-pub const CORDONED_BY: &str = "ginx.io/cordoned-by-ginx";
+pub use crate::types::api::CORDONED_BY;
 
 /// The kubelet's annotation on a static pod's mirror.
 pub const MIRROR: &str = "kubernetes.io/config.mirror";
