@@ -134,7 +134,9 @@ impl Reconciler {
         if let Some(r) = &st.rebooting {
             return match r.phase {
                 RebootPhase::Draining | RebootPhase::Rebooting | RebootPhase::Finishing => true,
-                RebootPhase::Verifying => false,
+                // The gate is the loop's (Decision::Verify); with none open and no rollback
+                // coming (one that could not start), what comes next is decided here.
+                RebootPhase::Verifying => st.verifying.is_none(),
                 RebootPhase::Held => st.gate_failure.is_none(),
             };
         }
@@ -198,7 +200,10 @@ impl Reconciler {
             RebootPhase::Draining => self.drain_step(r).await,
             RebootPhase::Rebooting => self.reboot_step(r).await,
             RebootPhase::Finishing | RebootPhase::Held => self.finish_reboot(r).await,
-            RebootPhase::Verifying => Step::Rollout,
+            RebootPhase::Verifying => {
+                self.after_reboot_gate(false);
+                Step::Again
+            }
         }
     }
 
@@ -682,10 +687,10 @@ impl Reconciler {
     pub(super) fn after_reboot_gate(&mut self, passed: bool) {
         let next = self.core.state.gate_failure.as_ref().map(|g| g.next);
         let phase = match (passed, next) {
-            (true, _) | (false, Some(AfterGate::RolledBack)) => RebootPhase::Finishing,
+            (true, _) | (false, None | Some(AfterGate::RolledBack)) => RebootPhase::Finishing,
             // Rolled back by a reboot into the previous generation (see `finish`).
             (false, Some(AfterGate::RollBack)) => RebootPhase::Verifying,
-            _ => RebootPhase::Held,
+            (false, Some(AfterGate::RollbackUnhealthy | AfterGate::Manual)) => RebootPhase::Held,
         };
         if phase == RebootPhase::Held {
             tracing::error!(
