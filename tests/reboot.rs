@@ -245,6 +245,7 @@ fn a_drain_respects_the_pod_disruption_budget_and_gives_the_node_back_after_the_
         .wait_status("b's slot released", |s| s["rollout"]["slot"].is_null());
     assert!(nodes[1].reboots().is_empty(), "b was not rebooted");
     assert!(metric(&nodes[1], "ginx_evictions_refused_total") >= 1.0);
+    assert_eq!(metric(&nodes[1], "ginx_drain_duration_seconds_count"), 1.0);
     // Never deleted past the budget: b's pod is the same pod.
     assert!(
         pods(cp, ns, "web").iter().any(|p| p.1 == on_b.1),
@@ -267,6 +268,32 @@ fn a_drain_respects_the_pod_disruption_budget_and_gives_the_node_back_after_the_
             .iter()
             .any(|e| e.code < 300 && e.user == "ginx:rb-pdb-a"),
         "{evictions:?}"
+    );
+    // What the drain asked of the API beyond what ginx did before: exactly the rules of
+    // rbac.yaml's ginx-drain (and RbacGuard fails the test on any 403).
+    let mut used: Vec<String> = rbac
+        .requests()
+        .into_iter()
+        .filter(|e| matches!(e.resource.as_str(), "pods" | "poddisruptionbudgets"))
+        .map(|e| {
+            let sub = if e.subresource.is_empty() {
+                String::new()
+            } else {
+                format!("/{}", e.subresource)
+            };
+            format!("{} {}{sub}", e.verb, e.resource)
+        })
+        .collect();
+    used.sort();
+    used.dedup();
+    assert_eq!(
+        used,
+        [
+            "create pods/eviction",
+            "list poddisruptionbudgets",
+            "list pods"
+        ],
+        "{used:?}"
     );
     cp.kubectl(&["delete", "namespace", ns, "--wait=false"]);
 }
@@ -583,9 +610,10 @@ fn a_gate_failing_after_the_reboot_rolls_back_reboots_again_and_halts() {
     let last = h["attempts"][0].clone();
     assert_eq!(last["kind"], "rollback", "{last:#}");
     assert_eq!(last["goal"], "boot", "{last:#}");
-    // Counters are per process: this ginx counted the second reboot; the one before it (its
-    // log) the rollback into the previous generation.
+    // Counters are per process and count in the new boot: this ginx counted the second
+    // reboot, the one into the previous generation.
     assert_eq!(metric(&nodes[0], "ginx_reboots_total"), 1.0);
+    assert_eq!(metric(&nodes[0], "ginx_reboots_rolled_back_total"), 1.0);
     let before: String = std::fs::read_to_string(nodes[0].env.root.join("ginx-1.log")).unwrap();
     assert!(before.contains("rebooting into it"), "{before}");
     assert!(before.contains("health gate failed"), "{before}");

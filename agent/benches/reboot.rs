@@ -23,7 +23,7 @@ use serde_json::json;
 use support::Env;
 use support::control_plane;
 use support::kubelet::{Kubelet, STOP_SECONDS};
-use support::reboot::{Node, Unschedulable, node, tend_until};
+use support::reboot::{Node, Unschedulable, node, tend_within};
 
 const GROUP: &str = "bench-reboot";
 const SLOTS: u64 = 2;
@@ -101,17 +101,23 @@ fn main() {
     for n in &nodes {
         n.require_reboot();
     }
-    tend_until(&mut nodes, "every node rebooted and back", |nodes| {
-        nodes.iter().all(|n| {
-            n.boots == 1
-                && n.daemon.as_ref().is_some_and(|d| {
-                    let out = d.ctl(&["status", "--json"]);
-                    let s: serde_json::Value =
-                        serde_json::from_slice(&out.stdout).unwrap_or_default();
-                    s["rollout"]["reboot"]["phase"].is_null() && s["rollout"]["slot"].is_null()
-                })
-        })
-    });
+    let patience = Duration::from_secs(count.div_ceil(SLOTS) * (drain + down + 60) + 120);
+    tend_within(
+        &mut nodes,
+        "every node rebooted and back",
+        patience,
+        |nodes| {
+            nodes.iter().all(|n| {
+                n.boots == 1
+                    && n.daemon.as_ref().is_some_and(|d| {
+                        let out = d.ctl(&["status", "--json"]);
+                        let s: serde_json::Value =
+                            serde_json::from_slice(&out.stdout).unwrap_or_default();
+                        s["rollout"]["reboot"]["phase"].is_null() && s["rollout"]["slot"].is_null()
+                    })
+            })
+        },
+    );
     let total = t0.elapsed().as_secs_f64();
     let rounds = count.div_ceil(SLOTS);
     let ideal = (rounds * (drain + down + SETTLE_SECONDS)) as f64;
@@ -125,6 +131,20 @@ fn main() {
     println!(
         "  most nodes unschedulable at once: {} (limit {SLOTS})",
         watch.most()
+    );
+    let mut downs: Vec<f64> = nodes
+        .iter()
+        .flat_map(|n| {
+            n.went_down
+                .iter()
+                .map(|t| t.duration_since(t0).as_secs_f64())
+        })
+        .collect();
+    downs.sort_by(f64::total_cmp);
+    let list: Vec<String> = downs.iter().map(|d| format!("{d:.1}")).collect();
+    println!(
+        "  each reboot (ginx gone), seconds after the request: {}",
+        list.join(", ")
     );
     assert!(
         watch.most() as u64 <= SLOTS,

@@ -27,6 +27,8 @@ pub struct Node {
     pub down_for: Duration,
     /// Since when ginx is down, and the node's slot Lease as it was then.
     pub down: Option<(Instant, Option<Value>)>,
+    /// When ginx was seen gone for each stand-in reboot.
+    pub went_down: Vec<Instant>,
     /// The slot Lease (`namespace/name` in ginx-system) looked at when ginx goes down.
     pub slot_lease: Option<(&'static ControlPlane, String)>,
 }
@@ -91,6 +93,7 @@ pub fn node(
         boots: 0,
         down_for: Duration::ZERO,
         down: None,
+        went_down: Vec::new(),
         slot_lease: None,
     }
 }
@@ -120,6 +123,7 @@ impl Node {
                 .as_ref()
                 .and_then(|(cp, name)| cp.lease("ginx-system", name));
             self.down = Some((Instant::now(), lease));
+            self.went_down.push(Instant::now());
         }
         if self
             .down
@@ -154,7 +158,17 @@ impl Node {
 }
 
 /// Tends every node until `done` holds (checked between tends), failing after the patience.
-pub fn tend_until(nodes: &mut [Node], what: &str, mut done: impl FnMut(&mut [Node]) -> bool) {
+pub fn tend_until(nodes: &mut [Node], what: &str, done: impl FnMut(&mut [Node]) -> bool) {
+    tend_within(nodes, what, Duration::from_secs(180), done);
+}
+
+/// [`tend_until`] with a patience of its own (a benchmark's run is longer than a test's).
+pub fn tend_within(
+    nodes: &mut [Node],
+    what: &str,
+    patience: Duration,
+    mut done: impl FnMut(&mut [Node]) -> bool,
+) {
     let start = Instant::now();
     loop {
         for n in nodes.iter_mut() {
@@ -163,7 +177,7 @@ pub fn tend_until(nodes: &mut [Node], what: &str, mut done: impl FnMut(&mut [Nod
         if done(nodes) {
             return;
         }
-        if start.elapsed() > Duration::from_secs(180) {
+        if start.elapsed() > patience {
             let logs: Vec<String> = nodes
                 .iter()
                 .map(|n| {

@@ -228,7 +228,7 @@ impl Metrics {
         );
         registry.register(
             "reboots_rolled_back",
-            "Reboots into the previous generation after a health gate failed after a reboot",
+            "Reboots into the previous generation after a health gate failed after a reboot (counted in the new boot)",
             m.reboots_rolled_back.clone(),
         );
         Arc::new(Self { registry, ..m })

@@ -76,6 +76,17 @@ pub(super) struct RebootView {
     commanded_at: Option<Instant>,
 }
 
+impl RebootView {
+    /// The refused pods and why, on one line.
+    fn refused_list(&self) -> String {
+        self.refused
+            .iter()
+            .map(|(p, why)| format!("{p}: {why}"))
+            .collect::<Vec<_>>()
+            .join("; ")
+    }
+}
+
 impl Reconciler {
     /// Why a reboot is required now: what an activation left, and the sentinel file.
     pub(super) fn reboot_reasons(&self) -> Vec<String> {
@@ -444,15 +455,7 @@ impl Reconciler {
                         self.reboot_view.evicting.join(", ")
                     )
                 } else {
-                    format!(
-                        "draining: {}",
-                        self.reboot_view
-                            .refused
-                            .iter()
-                            .map(|(p, why)| format!("{p}: {why}"))
-                            .collect::<Vec<_>>()
-                            .join("; ")
-                    )
+                    format!("draining: {}", self.reboot_view.refused_list())
                 };
                 self.reboot_view.waiting = Some((WaitingFor::Pods, what));
             }
@@ -472,12 +475,7 @@ impl Reconciler {
         let held = if self.reboot_view.refused.is_empty() {
             format!("pods still going: {}", self.reboot_view.evicting.join(", "))
         } else {
-            self.reboot_view
-                .refused
-                .iter()
-                .map(|(p, why)| format!("{p}: {why}"))
-                .collect::<Vec<_>>()
-                .join("; ")
+            self.reboot_view.refused_list()
         };
         let reason = format!(
             "drain given up after {} (reboot.drain_timeout): {held}; the node is uncordoned and \
@@ -627,6 +625,9 @@ impl Reconciler {
     pub(super) fn booted(&mut self, r: Rebooting) {
         let cfg = Arc::clone(&self.config.borrow());
         self.metrics.rebooted();
+        if r.rollback {
+            self.metrics.reboot_rolled_back();
+        }
         tracing::info!(
             previous_boot = r.boot_id.as_deref().unwrap_or("-"),
             rollback = r.rollback,
@@ -707,7 +708,6 @@ impl Reconciler {
     /// The rollback after a failed gate after a reboot made the previous generation the boot
     /// default: reboot into it, in the same slot.
     pub(super) fn reboot_into_rollback(&mut self) {
-        self.metrics.reboot_rolled_back();
         tracing::warn!("the previous generation is the boot default now; rebooting into it");
         self.reboot_view.cordon_checked = false;
         self.reboot_view.commanded_at = None;

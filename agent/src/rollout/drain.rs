@@ -305,19 +305,8 @@ pub async fn cordon(client: &kube::Client, node: &str) -> Result<bool, String> {
             },
             "spec": { "unschedulable": true },
         });
-        match api
-            .patch(node, &PatchParams::default(), &Patch::Merge(&patch))
-            .await
-        {
-            Ok(_) => return Ok(true),
-            Err(e) if code(&e) == Some(409) => continue,
-            Err(e) => {
-                return Err(forbidden_or(
-                    &e,
-                    &format!("cordon node {node}"),
-                    "nodes patch",
-                ));
-            }
+        if patch_node(&api, node, &patch, "cordon").await? {
+            return Ok(true);
         }
     }
     Err(format!("node {node} kept changing while ginx cordoned it"))
@@ -350,24 +339,35 @@ pub async fn uncordon(client: &kube::Client, node: &str) -> Result<bool, String>
             },
             "spec": { "unschedulable": null },
         });
-        match api
-            .patch(node, &PatchParams::default(), &Patch::Merge(&patch))
-            .await
-        {
-            Ok(_) => return Ok(true),
-            Err(e) if code(&e) == Some(409) => continue,
-            Err(e) => {
-                return Err(forbidden_or(
-                    &e,
-                    &format!("uncordon node {node}"),
-                    "nodes patch",
-                ));
-            }
+        if patch_node(&api, node, &patch, "uncordon").await? {
+            return Ok(true);
         }
     }
     Err(format!(
         "node {node} kept changing while ginx uncordoned it"
     ))
+}
+
+/// Merge-patches `node` with `patch` (which carries the `resourceVersion` read); `Ok(false)`
+/// when another writer came first (409) and the node must be read again.
+async fn patch_node(
+    api: &Api<Node>,
+    node: &str,
+    patch: &serde_json::Value,
+    what: &str,
+) -> Result<bool, String> {
+    match api
+        .patch(node, &PatchParams::default(), &Patch::Merge(patch))
+        .await
+    {
+        Ok(_) => Ok(true),
+        Err(e) if code(&e) == Some(409) => Ok(false),
+        Err(e) => Err(forbidden_or(
+            &e,
+            &format!("{what} node {node}"),
+            "nodes patch",
+        )),
+    }
 }
 
 /// "cannot WHAT: …", with the RBAC rule to add when the API says 403.
