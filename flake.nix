@@ -43,6 +43,7 @@
           vm-single-node = vmTest ./vm-tests/single-node.nix;
           vm-self-update = vmTest ./vm-tests/self-update.nix;
           vm-cluster = vmTest ./vm-tests/cluster.nix;
+          vm-reboot = vmTest ./vm-tests/reboot.nix;
 
           fmt =
             pkgs.runCommand "ginx-fmt"

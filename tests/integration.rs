@@ -11,5 +11,6 @@ mod fleetlock;
 mod kubeadm;
 mod kubernetes;
 mod packaging;
+mod reboot;
 mod rollout;
 mod sources;

@@ -58,6 +58,7 @@ fn every_nix_file_parses_without_undefined_variables() {
         "vm-tests/single-node.nix",
         "vm-tests/self-update.nix",
         "vm-tests/cluster.nix",
+        "vm-tests/reboot.nix",
     ] {
         assert!(names.iter().any(|n| n == want), "{want} missing: {names:?}");
     }

@@ -430,6 +430,13 @@ impl Daemon {
         self.wait_exit()
     }
 
+    /// The exit status, if ginx has exited.
+    pub fn exited(&mut self) -> Option<ExitStatus> {
+        self.child
+            .as_mut()
+            .and_then(|c| c.try_wait().ok().flatten())
+    }
+
     pub fn wait_exit(&mut self) -> ExitStatus {
         let child = self.child.as_mut().expect("ginx already reaped");
         let status = wait_for("ginx to exit", || child.try_wait().unwrap());

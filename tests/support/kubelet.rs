@@ -11,7 +11,8 @@
 //!   its grace period, as for a dead kubelet;
 //! - watches the pods bound to the node (`spec.nodeName`), marks them Running and Ready, and
 //!   deletes (grace period 0) those being deleted, as a kubelet does once their containers
-//!   stopped.
+//!   stopped; a pod annotated [`STOP_SECONDS`] takes that long to stop (a container that
+//!   uses its grace period), so that a drain takes a known time.
 //!
 //! What it does not imitate: containers, images, volumes, probes, restarts, resource
 //! accounting or eviction, the kubelet's HTTP endpoints, status updates beyond the conditions
@@ -28,6 +29,9 @@ use serde_json::json;
 use tokio::sync::watch;
 
 use super::control_plane::ControlPlane;
+
+/// On a pod: its containers take this many seconds to stop once it is deleted.
+pub const STOP_SECONDS: &str = "stand-in.ginx.io/stop-seconds";
 
 /// One runtime for every stand-in kubelet of the test binary, on threads that live as long as
 /// the process.
@@ -271,29 +275,46 @@ async fn run_pods(client: kube::Client, name: String) {
     }
 }
 
+/// Deletes the pod for good (grace period 0), as a kubelet does once its containers stopped.
+async fn finalize(client: &kube::Client, ns: &str, name: &str, uid: Option<String>) {
+    let pods: Api<Pod> = Api::namespaced(client.clone(), ns);
+    let _ = pods
+        .delete(
+            name,
+            &DeleteParams {
+                grace_period_seconds: Some(0),
+                preconditions: uid.map(|uid| kube::api::Preconditions {
+                    uid: Some(uid),
+                    resource_version: None,
+                }),
+                ..Default::default()
+            },
+        )
+        .await;
+}
+
 async fn tend(client: &kube::Client, pod: &Pod) {
     let (Some(ns), Some(name)) = (&pod.metadata.namespace, &pod.metadata.name) else {
         return;
     };
     let pods: Api<Pod> = Api::namespaced(client.clone(), ns);
     if pod.metadata.deletion_timestamp.is_some() {
-        let _ = pods
-            .delete(
-                name,
-                &DeleteParams {
-                    grace_period_seconds: Some(0),
-                    preconditions: pod
-                        .metadata
-                        .uid
-                        .clone()
-                        .map(|uid| kube::api::Preconditions {
-                            uid: Some(uid),
-                            resource_version: None,
-                        }),
-                    ..Default::default()
-                },
-            )
-            .await;
+        let stop = pod
+            .metadata
+            .annotations
+            .as_ref()
+            .and_then(|a| a.get(STOP_SECONDS))
+            .and_then(|s| s.parse::<u64>().ok());
+        if let Some(secs) = stop {
+            let client = client.clone();
+            let (ns, name, uid) = (ns.clone(), name.clone(), pod.metadata.uid.clone());
+            tokio::spawn(async move {
+                tokio::time::sleep(Duration::from_secs(secs)).await;
+                finalize(&client, &ns, &name, uid).await;
+            });
+            return;
+        }
+        finalize(client, ns, name, pod.metadata.uid.clone()).await;
         return;
     }
     let status = pod.status.as_ref();

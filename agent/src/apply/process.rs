@@ -496,7 +496,7 @@ mod tests {
             "exec >/dev/null 2>&1; trap 'sleep 0.1; touch {}; exit 0' TERM; while :; do sleep 0.01; done",
             mark.display()
         );
-        let f = run(&script, Duration::from_millis(300)).await;
+        let f = run(&script, Duration::from_millis(1000)).await;
         assert_eq!(f.exit, Exit::TimedOut);
         assert!(
             mark.exists(),
@@ -521,7 +521,7 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let pidfile = dir.path().join("grandchild.pid");
         let script = format!("sleep 1000 & echo $! > {}; wait", pidfile.display());
-        let f = run(&script, Duration::from_millis(300)).await;
+        let f = run(&script, Duration::from_millis(1000)).await;
         assert_eq!(f.exit, Exit::TimedOut);
         let pid: i32 = std::fs::read_to_string(&pidfile)
             .unwrap()

@@ -24,6 +24,15 @@ pub fn resolve(p: &Path) -> Option<PathBuf> {
     std::fs::canonicalize(p).ok()
 }
 
+/// The boot id read from `path` (`system.boot_id`, the kernel's
+/// `/proc/sys/kernel/random/boot_id` by default): a reboot happened when it changed.
+pub fn boot_id(path: &Path) -> Option<String> {
+    std::fs::read_to_string(path)
+        .ok()
+        .map(|s| s.trim().to_owned())
+        .filter(|s| !s.is_empty())
+}
+
 /// The parts of a system that only a reboot brings into use.
 const BOOT_PARTS: [&str; 3] = ["kernel", "initrd", "kernel-modules"];
 

@@ -84,8 +84,24 @@ pub fn status(s: &Status) -> String {
             a.isolation
         );
     }
+    let rb = &s.rollout.reboot;
     if sys.reboot_required {
         let _ = writeln!(o, "reboot     required: {}", sys.reboot_reasons.join("; "));
+    } else if rb.required && rb.phase.is_none() {
+        let _ = writeln!(o, "reboot     required (reboot.sentinel)");
+    }
+    if let Some(phase) = &rb.phase {
+        let cordoned = if rb.cordoned {
+            ", cordoned by ginx"
+        } else {
+            ""
+        };
+        let _ = writeln!(o, "           {phase}{cordoned}");
+    } else if rb.required && rb.mode == "never" {
+        let _ = writeln!(o, "           reboot.mode = \"never\": reboot by hand");
+    }
+    if let (Some(w), Some(why)) = (&rb.waiting_for, &rb.reason) {
+        let _ = writeln!(o, "           waiting for {w}: {why}");
     }
     if let Some(d) = &sys.drift {
         let _ = writeln!(

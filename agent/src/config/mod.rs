@@ -21,6 +21,7 @@ mod kubernetes;
 mod load;
 mod metrics;
 mod node;
+mod reboot;
 mod rollout;
 mod sources;
 mod system;
@@ -44,6 +45,7 @@ pub use load::{Location, config_files};
 use load::{Origins, join_index, join_key};
 pub use metrics::MetricsConfig;
 pub use node::NodeConfig;
+pub use reboot::{RebootConfig, RebootMode};
 pub use rollout::{
     FleetLockConfig, GateConfig, GateRequire, LockBackend, OnApiUnavailable, RollbackPolicy,
     RolloutConfig,
@@ -78,6 +80,7 @@ pub struct Config {
     pub metrics: MetricsConfig,
     pub kubeadm: KubeadmConfig,
     pub rollout: RolloutConfig,
+    pub reboot: RebootConfig,
 }
 
 impl Default for Config {
@@ -95,6 +98,7 @@ impl Default for Config {
             metrics: MetricsConfig::default(),
             kubeadm: KubeadmConfig::default(),
             rollout: RolloutConfig::default(),
+            reboot: RebootConfig::default(),
         }
     }
 }
@@ -340,6 +344,7 @@ impl Config {
             .map_err(|(key, m)| ctx.error(key, m))?;
         }
         self.rollout.validate(ctx)?;
+        self.reboot.validate(&self.rollout, ctx)?;
         if self.rollout.lock == LockBackend::Kubernetes && self.kubernetes.kubeconfig.is_none() {
             return Err(ctx.error(
                 "rollout.lock",
@@ -437,6 +442,59 @@ url = "ssh://git@git.example.com/infra/hephaestus.git"
             "{BASE}\n[[rollout.windows]]\ndays = [\"mon\"]\nstart = \"02:00\"\nlength = \"8d\"\n"
         ));
         assert!(long.contains("rollout.windows[0].length"), "{long}");
+    }
+
+    #[test]
+    fn reboot_settings_load_default_to_the_rollout_windows_and_bad_ones_are_named() {
+        let c = load_text(BASE).unwrap();
+        assert_eq!(c.reboot.mode, RebootMode::Never);
+        assert_eq!(c.reboot.reboot_command, ["systemctl", "reboot"]);
+        assert_eq!(c.reboot.sentinel, PathBuf::from("/run/reboot-required"));
+        assert_eq!(c.reboot.lock_ttl, Duration::from_secs(1800));
+        assert_eq!(c.reboot.drain_timeout, Duration::from_secs(900));
+        assert_eq!(
+            c.system.boot_id,
+            PathBuf::from("/proc/sys/kernel/random/boot_id")
+        );
+
+        let rollout_only = load_text(&format!(
+            "{BASE}\n[reboot]\nmode = \"when-required\"\nblocking_pod_selector = \"app=backup\"\n\n\
+             [[rollout.windows]]\ndays = [\"sat\"]\nstart = \"02:00\"\nlength = \"3h\"\n"
+        ))
+        .unwrap();
+        assert_eq!(rollout_only.reboot.mode, RebootMode::WhenRequired);
+        assert_eq!(
+            rollout_only.reboot.windows(&rollout_only.rollout),
+            &rollout_only.rollout.windows[..]
+        );
+        let own = load_text(&format!(
+            "{BASE}\n[[rollout.windows]]\ndays = [\"sat\"]\nstart = \"02:00\"\nlength = \"3h\"\n\n\
+             [[reboot.windows]]\ndays = [\"sun\"]\nstart = \"04:00\"\nlength = \"1h\"\n"
+        ))
+        .unwrap();
+        assert_eq!(own.reboot.windows(&own.rollout)[0].days, [Day::Sun]);
+
+        let e = err_text(&format!(
+            "{BASE}\n[[reboot.windows]]\ndays = [\"sun\"]\nstart = \"4am\"\nlength = \"1h\"\n"
+        ));
+        assert!(e.contains("reboot.windows[0].start"), "{e}");
+        let e = err_text(&format!("{BASE}\n[reboot]\nmode = \"always\"\n"));
+        assert!(
+            e.contains("reboot.mode") && e.contains("when-required"),
+            "{e}"
+        );
+        let e = err_text(&format!("{BASE}\n[reboot]\nlock_ttl = \"10s\"\n"));
+        assert!(
+            e.contains("reboot.lock_ttl") && e.contains("lease_duration"),
+            "{e}"
+        );
+        let e = err_text(&format!("{BASE}\n[reboot]\nreboot_command = []\n"));
+        assert!(e.contains("reboot.reboot_command"), "{e}");
+        let e = err_text(&format!(
+            "{BASE}\n[reboot]\nblocking_pod_selector = \"app in (a,b\"\n"
+        ));
+        assert!(e.contains("reboot.blocking_pod_selector"), "{e}");
+        assert!(e.contains("config.toml:"), "{e}");
     }
 
     #[test]

@@ -19,12 +19,17 @@ pub struct SystemConfig {
     pub rollback_command: Vec<String>,
     /// ...then this activates the rolled-back generation.
     pub switch_command: Vec<String>,
+    /// After a failed gate after a reboot, this (instead of `switch_command`) makes the
+    /// rolled-back generation the one booted next; ginx then reboots into it.
+    pub boot_command: Vec<String>,
     /// When, after an activation, either resolves to a different file than when ginx started,
     /// ginx restarts itself into the new version.
     pub ginx_binary: PathBuf,
     pub ginx_unit: PathBuf,
     /// How often the running system is compared with the one ginx last produced.
     pub drift_check_interval: Duration,
+    /// This boot's id: a reboot is known to have happened when it changed.
+    pub boot_id: PathBuf,
 }
 
 impl Default for SystemConfig {
@@ -39,9 +44,13 @@ impl Default for SystemConfig {
             switch_command: ["{profile}/bin/switch-to-configuration", "switch"]
                 .map(String::from)
                 .to_vec(),
+            boot_command: ["{profile}/bin/switch-to-configuration", "boot"]
+                .map(String::from)
+                .to_vec(),
             ginx_binary: PathBuf::from("/run/current-system/sw/bin/ginx"),
             ginx_unit: PathBuf::from("/etc/systemd/system/ginx.service"),
             drift_check_interval: Duration::from_secs(30),
+            boot_id: PathBuf::from("/proc/sys/kernel/random/boot_id"),
         }
     }
 }
@@ -51,6 +60,7 @@ impl SystemConfig {
         for (key, argv) in [
             ("system.rollback_command", &self.rollback_command),
             ("system.switch_command", &self.switch_command),
+            ("system.boot_command", &self.boot_command),
         ] {
             if argv.first().is_none_or(|p| p.trim().is_empty()) {
                 return Err(ctx.error(key, "must name a program"));

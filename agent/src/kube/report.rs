@@ -85,11 +85,40 @@ pub fn node_condition(status: &Status) -> (String, String, String) {
             "False".to_owned(),
             "RollbackUnhealthy".to_owned(),
             format!(
-                "revision {revision} failed its health gate and the rolled-back system is                  unhealthy too; the node keeps its rollout slot so that no other node proceeds"
+                "revision {revision} failed its health gate and the rolled-back system is \
+                 unhealthy too; the node keeps its rollout slot so that no other node proceeds"
             ),
         );
     }
-    condition(&status.health)
+    let (s, reason, message) = condition(&status.health);
+    let r = &status.rollout.reboot;
+    match status.rollout.phase {
+        status::Phase::Draining | status::Phase::Rebooting => {
+            let what = if status.rollout.phase == status::Phase::Draining {
+                "Draining"
+            } else {
+                "Rebooting"
+            };
+            let why = r
+                .reason
+                .clone()
+                .unwrap_or_else(|| status.system.reboot_reasons.join("; "));
+            (
+                s,
+                what.to_owned(),
+                format!(
+                    "ginx is rebooting the node ({}): {why}; {message}",
+                    what.to_lowercase()
+                ),
+            )
+        }
+        _ if r.phase.as_deref() == Some("verifying") => (
+            s,
+            "VerifyingReboot".to_owned(),
+            format!("health gate after the reboot; {message}"),
+        ),
+        _ => (s, reason, message),
+    }
 }
 
 /// `(status, reason, message)` of the condition for the probes' results.
@@ -187,7 +216,8 @@ impl NodeReport {
             .annotations
             .unwrap_or_default()
             .into_iter()
-            .filter(|(k, _)| k.starts_with(&self.prefix))
+            // The cordon mark belongs to the reboot, not to the report.
+            .filter(|(k, _)| k.starts_with(&self.prefix) && k != crate::types::api::CORDONED_BY)
             .collect();
         let written = node
             .status

@@ -79,6 +79,10 @@ pub struct Metrics {
     rollout_gates: Family<ResultLabels, Counter>,
     rollout_rollbacks: Counter,
     rollout_halts: Counter,
+    reboots: Counter,
+    drain_duration: Histogram,
+    evictions_refused: Counter,
+    reboots_rolled_back: Counter,
     /// Held by `render` from setting the state gauges to encoding them: two scrapes at once
     /// (an HA Prometheus pair) would otherwise see each other's cleared families.
     rendering: std::sync::Mutex<()>,
@@ -123,6 +127,10 @@ impl Metrics {
             rollout_gates: Family::default(),
             rollout_rollbacks: Counter::default(),
             rollout_halts: Counter::default(),
+            reboots: Counter::default(),
+            drain_duration: Histogram::new(exponential_buckets(1.0, 2.0, 12)),
+            evictions_refused: Counter::default(),
+            reboots_rolled_back: Counter::default(),
             rendering: std::sync::Mutex::new(()),
             registry: Registry::default(),
         };
@@ -203,6 +211,26 @@ impl Metrics {
             "Revisions this node halted cluster-wide",
             m.rollout_halts.clone(),
         );
+        registry.register(
+            "reboots",
+            "Reboots ginx carried out (counted when the node is up in the new boot)",
+            m.reboots.clone(),
+        );
+        registry.register(
+            "drain_duration_seconds",
+            "How long draining the node before a reboot took (given-up drains included)",
+            m.drain_duration.clone(),
+        );
+        registry.register(
+            "evictions_refused",
+            "Evictions the API refused because a PodDisruptionBudget forbade them (429)",
+            m.evictions_refused.clone(),
+        );
+        registry.register(
+            "reboots_rolled_back",
+            "Reboots into the previous generation after a health gate failed after a reboot (counted in the new boot)",
+            m.reboots_rolled_back.clone(),
+        );
         Arc::new(Self { registry, ..m })
     }
 
@@ -224,6 +252,22 @@ impl Metrics {
 
     pub fn rolled_back(&self) {
         self.rollout_rollbacks.inc();
+    }
+
+    pub fn rebooted(&self) {
+        self.reboots.inc();
+    }
+
+    pub fn drained(&self, seconds: f64) {
+        self.drain_duration.observe(seconds);
+    }
+
+    pub fn eviction_refused(&self) {
+        self.evictions_refused.inc();
+    }
+
+    pub fn reboot_rolled_back(&self) {
+        self.reboots_rolled_back.inc();
     }
 
     pub fn halted(&self) {

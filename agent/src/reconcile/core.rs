@@ -372,6 +372,7 @@ impl Core {
                 next: AfterGate::RollbackUnhealthy,
                 halted: false,
                 baseline: v.baseline.clone(),
+                after_reboot: v.after_reboot,
             });
             g.next = AfterGate::RollbackUnhealthy;
             for (k, m) in failing {
@@ -390,6 +391,7 @@ impl Core {
             next,
             halted: false,
             baseline: v.baseline,
+            after_reboot: v.after_reboot,
         });
         Ok(next)
     }
@@ -854,6 +856,7 @@ mod tests {
             deadline: t(100),
             healthy_since: None,
             baseline: BTreeMap::new(),
+            after_reboot: false,
         }
     }
 

@@ -6,7 +6,7 @@ use std::sync::Arc;
 use super::core::Ending;
 use super::{COLMENA_CONFIG_ERROR, Reconciler, SelfRestart};
 use crate::apply::system::{self, SelfImage};
-use crate::apply::{self, Exit, Finished};
+use crate::apply::{Exit, Finished};
 use crate::config::Config;
 use crate::state::{Attempt, AttemptKind, Outcome, RebootRequired};
 use crate::types::{Goal, Revision};
@@ -111,6 +111,19 @@ impl Reconciler {
             // Before the record is written: a restart finds the gate open, never skipped.
             self.open_gate(done.kind, done.goal);
         }
+        let after_reboot = self
+            .core
+            .state
+            .gate_failure
+            .as_ref()
+            .is_some_and(|g| g.after_reboot);
+        if done.kind == AttemptKind::Rollback && after_reboot {
+            if outcome == Outcome::Succeeded {
+                self.reboot_into_rollback();
+            } else {
+                self.after_reboot_gate(false);
+            }
+        }
         self.record(attempt);
         if outcome == Outcome::Succeeded && done.kind == AttemptKind::Apply {
             if !done.testing {
@@ -155,7 +168,7 @@ impl Reconciler {
         self.core.state.reboot = (!reasons.is_empty()).then(|| RebootRequired {
             reasons,
             since,
-            boot_id: apply::boot_id(),
+            boot_id: system::boot_id(&cfg.system.boot_id),
         });
         if let Some(r) = &self.core.state.reboot {
             tracing::info!(reasons = ?r.reasons, "a reboot is required");

@@ -71,7 +71,11 @@ impl Reconciler {
             )
         });
         let about_to = matches!(decision, Decision::Start(d) if d.revision == held.revision);
-        let needed = st.in_flight.is_some() || st.verifying.is_some() || kept || about_to;
+        let needed = st.in_flight.is_some()
+            || st.verifying.is_some()
+            || kept
+            || about_to
+            || self.reboot_keeps_slot();
         if needed {
             if self.gatekeeper.held().is_none() {
                 // After a restart: take the slot up again (and renew it from now on).
@@ -151,13 +155,14 @@ impl Reconciler {
                 .applied
                 .as_ref()
                 .map(|a| (a.revision.clone(), false)),
+            // After a reboot, the rolled-back generation is verified once it is booted.
             AttemptKind::Rollback
                 if self
                     .core
                     .state
                     .gate_failure
                     .as_ref()
-                    .is_some_and(|g| g.next == AfterGate::RolledBack) =>
+                    .is_some_and(|g| g.next == AfterGate::RolledBack && !g.after_reboot) =>
             {
                 self.core.state.rolled_back.clone().map(|r| (r, true))
             }
@@ -176,6 +181,7 @@ impl Reconciler {
                 (true, Some(g)) => g.baseline.clone(),
                 _ => std::mem::take(&mut self.baseline),
             },
+            after_reboot: false,
         };
         let before = verifying
             .baseline
@@ -219,6 +225,7 @@ impl Reconciler {
         };
         let before = v.healthy_since;
         let rollback = v.rollback;
+        let after_reboot = v.after_reboot;
         let revision = v.revision.clone();
         let verdict = gate::step(v, &checks, &rules, now);
         let label = if rollback { "rollback-" } else { "" };
@@ -243,6 +250,9 @@ impl Reconciler {
                     return false;
                 }
                 self.metrics.gate(&format!("{label}passed"));
+                if after_reboot {
+                    self.after_reboot_gate(true);
+                }
                 if rollback {
                     tracing::warn!(revision = %revision.short(), "the rolled-back system passed its health gate; the revision stays rolled back");
                 } else {
@@ -252,7 +262,7 @@ impl Reconciler {
             }
             Verdict::Failed { failing } => {
                 self.gatekeeper.fast_probes(false);
-                let policy = cfg.rollout.rollback;
+                let policy = self.reboot_gate_policy(cfg.rollout.rollback);
                 let list = failing
                     .iter()
                     .map(|(k, m)| format!("{k} ({m})"))
@@ -264,6 +274,9 @@ impl Reconciler {
                     return false;
                 };
                 self.metrics.gate(&format!("{label}failed"));
+                if after_reboot {
+                    self.after_reboot_gate(false);
+                }
                 match next {
                     AfterGate::RollBack => {
                         tracing::error!(revision = %revision.short(), failing = %list,

@@ -19,6 +19,7 @@ mod finish;
 mod gate;
 mod hooks;
 mod publish;
+mod reboot;
 mod resume;
 mod rollback;
 mod start;
@@ -110,6 +111,8 @@ pub struct Reconciler {
     gate_failing: BTreeMap<String, String>,
     /// A lock release or a halt that failed is tried again after this.
     lock_retry_at: Option<std::time::Instant>,
+    /// The reboot as far as it is not persisted: what it waits for, the drain's pods.
+    reboot_view: reboot::RebootView,
 }
 
 /// How often a failed write of the state is tried again.
@@ -208,6 +211,7 @@ impl Reconciler {
             baseline: BTreeMap::new(),
             gate_failing: BTreeMap::new(),
             lock_retry_at: None,
+            reboot_view: reboot::RebootView::default(),
         };
         if guard_downgrade {
             // At once: the guard must hold across every restart until an operator resumes,
@@ -322,32 +326,44 @@ impl Reconciler {
                 let desired = self.desired();
                 self.core.decide(desired.as_ref().map(|(d, _)| d), now)
             };
+            let reboot_turn =
+                attempting.is_none() && self.unsaved.is_none() && self.reboot_turn(&decision);
             if attempting.is_none() {
                 self.settle_lock(&decision).await;
                 self.write_halt().await;
             }
-            match &decision {
-                Decision::Start(desired) if self.blocked.as_ref() != Some(&desired.revision) => {
-                    if self.ask(desired).await {
-                        let testing = self.desired().is_some_and(|(_, t)| t);
-                        attempting = self.start_apply(desired.clone(), testing).await;
-                        continue;
-                    }
+            let mut reboot_wait = None;
+            if reboot_turn {
+                match self.step_reboot().await {
+                    reboot::Step::Again => continue,
+                    other => reboot_wait = Some(other),
                 }
-                Decision::RollBack => {
-                    attempting = self.roll_back_after_gate().await;
-                    if attempting.is_some() {
-                        continue;
+            } else {
+                match &decision {
+                    Decision::Start(desired)
+                        if self.blocked.as_ref() != Some(&desired.revision) =>
+                    {
+                        if self.ask(desired).await {
+                            let testing = self.desired().is_some_and(|(_, t)| t);
+                            attempting = self.start_apply(desired.clone(), testing).await;
+                            continue;
+                        }
                     }
-                }
-                Decision::Verify => {
-                    if self.step_gate().await {
-                        continue;
+                    Decision::RollBack => {
+                        attempting = self.roll_back_after_gate().await;
+                        if attempting.is_some() {
+                            continue;
+                        }
                     }
-                }
-                _ => {
-                    if self.core.set_waiting(None, now) {
-                        self.publish();
+                    Decision::Verify => {
+                        if self.step_gate().await {
+                            continue;
+                        }
+                    }
+                    _ => {
+                        if self.core.set_waiting(None, now) {
+                            self.publish();
+                        }
                     }
                 }
             }
@@ -356,7 +372,12 @@ impl Reconciler {
             let gate_interval = self.config.borrow().rollout.gate.interval.get();
             let gatekeeper = &mut self.gatekeeper;
             let rollout = async {
-                if verifying {
+                if let Some(step) = reboot_wait {
+                    match step {
+                        reboot::Step::After(d) => tokio::time::sleep(d).await,
+                        _ => gatekeeper.changed().await,
+                    }
+                } else if verifying {
                     tokio::time::sleep(gate_interval).await;
                 } else if waiting {
                     gatekeeper.changed().await;
@@ -378,6 +399,18 @@ impl Reconciler {
                     None => std::future::pending().await,
                 }
             };
+            // `reboot.sentinel` appears without telling anyone: looked at every few seconds
+            // while ginx may reboot.
+            let sentinel_poll = self.config.borrow().reboot.mode
+                == crate::config::RebootMode::WhenRequired
+                && self.core.state.rebooting.is_none();
+            let sentinel = async {
+                if sentinel_poll {
+                    tokio::time::sleep(reboot::SENTINEL_POLL).await;
+                } else {
+                    std::future::pending::<()>().await;
+                }
+            };
             let persist_again = async {
                 if self.unsaved.is_some() {
                     tokio::time::sleep(PERSIST_RETRY).await;
@@ -388,6 +421,7 @@ impl Reconciler {
             tokio::select! {
                 () = retry => {}
                 () = rollout => {}
+                () = sentinel => {}
                 () = persist_again => {
                     let _ = self.save_state();
                 }

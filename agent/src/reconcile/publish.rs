@@ -3,13 +3,29 @@
 use super::Reconciler;
 use crate::apply::system;
 use crate::rollout::window::WindowState;
-use crate::state::{AfterGate, AttemptKind, Held};
+use crate::state::{AfterGate, AttemptKind, Held, RebootPhase};
 use crate::status::{
-    ApplyState, ApplyStatus, GateProgress, Halt, Phase, Published, RolloutStatus, SystemStatus,
-    WaitingFor, WindowStatus,
+    ApplyState, ApplyStatus, GateProgress, Halt, Phase, Published, RebootStatus, RolloutStatus,
+    SystemStatus, WaitingFor, WindowStatus,
 };
 use crate::types::Revision;
 use crate::util;
+
+fn window_status(windows: &[crate::config::Window]) -> Option<WindowStatus> {
+    match crate::rollout::window::state(windows, util::now()) {
+        WindowState::Always => None,
+        WindowState::Open { closes_at } => Some(WindowStatus {
+            open: true,
+            closes_at: Some(closes_at),
+            opens_at: None,
+        }),
+        WindowState::Closed { opens_at } => Some(WindowStatus {
+            open: false,
+            closes_at: None,
+            opens_at,
+        }),
+    }
+}
 
 fn h_group(held: Option<&Held>) -> String {
     held.map(|h| h.group.clone()).unwrap_or_default()
@@ -67,11 +83,15 @@ impl Reconciler {
         let cfg = self.config.borrow();
         let st = &self.core.state;
         let held = st.rollout_held.as_ref();
+        let rebooting = st.rebooting.as_ref().map(|r| r.phase);
         let phase = match (
             &st.in_flight,
             &st.verifying,
             st.gate_failure.as_ref().map(|g| g.next),
         ) {
+            (None, None, _) if rebooting == Some(RebootPhase::Draining) => Phase::Draining,
+            (None, None, _) if rebooting == Some(RebootPhase::Rebooting) => Phase::Rebooting,
+            (None, None, _) if rebooting == Some(RebootPhase::Finishing) => Phase::Verifying,
             (Some(r), _, _) if r.kind == AttemptKind::Rollback => Phase::RollingBack,
             (Some(_), _, _) => Phase::Applying,
             (None, Some(v), _) if v.rollback => Phase::VerifyingRollback,
@@ -133,19 +153,48 @@ impl Reconciler {
                     })
                 }),
             paused: fleet.and_then(|f| f.paused.clone()),
-            window: match crate::rollout::window::state(&cfg.rollout.windows, util::now()) {
-                WindowState::Always => None,
-                WindowState::Open { closes_at } => Some(WindowStatus {
-                    open: true,
-                    closes_at: Some(closes_at),
-                    opens_at: None,
-                }),
-                WindowState::Closed { opens_at } => Some(WindowStatus {
-                    open: false,
-                    closes_at: None,
-                    opens_at,
-                }),
+            window: window_status(&cfg.rollout.windows),
+            reboot: self.reboot_status(&cfg),
+        }
+    }
+
+    fn reboot_status(&self, cfg: &crate::config::Config) -> RebootStatus {
+        let st = &self.core.state;
+        let r = st.rebooting.as_ref();
+        let v = &self.reboot_view;
+        let active = r.is_some_and(|r| r.phase == RebootPhase::Draining);
+        let deferred = st
+            .reboot_deferred
+            .as_ref()
+            .filter(|d| d.until > util::now());
+        RebootStatus {
+            mode: cfg.reboot.mode.as_str().to_owned(),
+            required: !self.reboot_reasons().is_empty() || r.is_some(),
+            phase: r.map(|r| r.phase.as_str().to_owned()),
+            started_at: r.map(|r| r.started_at),
+            cordoned: r.is_some_and(|r| r.cordoned),
+            waiting_for: v
+                .waiting
+                .as_ref()
+                .map(|(w, _)| w.as_str().to_owned())
+                .or_else(|| deferred.map(|_| WaitingFor::Window.as_str().to_owned())),
+            reason: v
+                .waiting
+                .as_ref()
+                .map(|(_, why)| why.clone())
+                .or_else(|| deferred.map(|d| d.reason.clone())),
+            evicting: if active {
+                v.evicting.clone()
+            } else {
+                Vec::new()
             },
+            refused: if active {
+                v.refused.clone()
+            } else {
+                Default::default()
+            },
+            deferred_until: deferred.map(|d| d.until),
+            window: window_status(cfg.reboot.windows(&cfg.rollout)),
         }
     }
 

@@ -16,17 +16,20 @@ impl Reconciler {
         let Some(r) = &self.core.state.reboot else {
             return;
         };
-        if r.boot_id.is_some() && r.boot_id == apply::boot_id() {
+        let (boot, reasons) = {
+            let cfg = self.config.borrow();
+            (
+                system::boot_id(&cfg.system.boot_id),
+                system::reboot_reasons(&cfg.system.booted_system, &cfg.system.current_system),
+            )
+        };
+        if r.boot_id.is_some() && r.boot_id == boot {
             return;
         }
-        let reasons = {
-            let cfg = self.config.borrow();
-            system::reboot_reasons(&cfg.system.booted_system, &cfg.system.current_system)
-        };
         self.core.state.reboot = (!reasons.is_empty()).then(|| RebootRequired {
             reasons,
             since: util::now(),
-            boot_id: apply::boot_id(),
+            boot_id: boot,
         });
         let _ = self.save_state();
     }

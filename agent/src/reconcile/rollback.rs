@@ -32,7 +32,20 @@ impl Reconciler {
             )
         })?;
         let profile = cfg.system.profile.display().to_string();
-        let script: Vec<String> = [&cfg.system.rollback_command, &cfg.system.switch_command]
+        // After a failed gate after a reboot: the previous generation becomes the boot
+        // default, and ginx reboots into it.
+        let boot = self
+            .core
+            .state
+            .gate_failure
+            .as_ref()
+            .is_some_and(|g| g.after_reboot && g.next == crate::state::AfterGate::RollBack);
+        let activate = if boot {
+            &cfg.system.boot_command
+        } else {
+            &cfg.system.switch_command
+        };
+        let script: Vec<String> = [&cfg.system.rollback_command, activate]
             .iter()
             .map(|argv| {
                 argv.iter()
@@ -48,7 +61,7 @@ impl Reconciler {
                 kind: AttemptKind::Rollback,
                 source: cfg.apply.source.clone(),
                 revision: revision.clone(),
-                goal: Goal::Switch,
+                goal: if boot { Goal::Boot } else { Goal::Switch },
                 started_at: util::now(),
                 testing: false,
                 isolation: self.isolation.name().to_owned(),

@@ -153,6 +153,7 @@ mod tests {
                 .iter()
                 .map(|(n, s)| ((*n).to_owned(), *s))
                 .collect(),
+            after_reboot: false,
         }
     }
 

@@ -63,6 +63,15 @@ pub enum Permit {
     Wait(WaitingFor, String),
 }
 
+/// What the lock is asked for.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Purpose {
+    /// Applying a revision: `[[rollout.windows]]`, and a halted revision waits.
+    Apply,
+    /// Rebooting the node: `[[reboot.windows]]`; a halt concerns applies only.
+    Reboot,
+}
+
 /// The backend in effect, `auto` resolved.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Effective {
@@ -301,37 +310,64 @@ impl Gatekeeper {
     /// a restart): resumed, never a second one taken.
     /// Outside every window, the wait (and when the next opens); `None` inside one, or when
     /// the node already holds its lock (a window gates the start of an apply only).
-    fn outside_window(&mut self, cfg: &Config, held: Option<&Held>) -> Option<Permit> {
-        if held.is_some() || self.holding.is_some() {
+    fn outside_window(
+        &mut self,
+        cfg: &Config,
+        held: Option<&Held>,
+        purpose: Purpose,
+    ) -> Option<Permit> {
+        // A window gates the start of an apply, not one under way; a reboot's always.
+        if purpose == Purpose::Apply && (held.is_some() || self.holding.is_some()) {
             return None;
         }
-        let WindowState::Closed { opens_at } = window::state(&cfg.rollout.windows, util::now())
-        else {
+        let (windows, key) = match purpose {
+            Purpose::Apply => (&cfg.rollout.windows[..], "rollout.windows"),
+            Purpose::Reboot => (
+                cfg.reboot.windows(&cfg.rollout),
+                if cfg.reboot.windows.is_some() {
+                    "reboot.windows"
+                } else {
+                    "rollout.windows"
+                },
+            ),
+        };
+        let WindowState::Closed { opens_at } = window::state(windows, util::now()) else {
             return None;
         };
         self.window_opens = opens_at;
         Some(Permit::Wait(
             WaitingFor::Window,
             match opens_at {
-                Some(t) => format!(
-                    "outside the maintenance windows (rollout.windows); the next opens at {t}"
-                ),
-                None => "outside the maintenance windows (rollout.windows)".to_owned(),
+                Some(t) => {
+                    format!("outside the maintenance windows ({key}); the next opens at {t}")
+                }
+                None => format!("outside the maintenance windows ({key})"),
             },
         ))
     }
 
     pub async fn permit(&mut self, revision: &Revision, held: Option<&Held>) -> Permit {
+        self.permit_for(revision, held, Purpose::Apply).await
+    }
+
+    /// May this node take (or keep) the lock for `purpose`? For a reboot, `revision` is the
+    /// one applied (recorded with the lock).
+    pub async fn permit_for(
+        &mut self,
+        revision: &Revision,
+        held: Option<&Held>,
+        purpose: Purpose,
+    ) -> Permit {
         let cfg = self.cfg();
         self.window_opens = None;
         let backend = effective(&cfg);
         if backend == Effective::None {
             return self
-                .outside_window(&cfg, held)
+                .outside_window(&cfg, held, purpose)
                 .unwrap_or(Permit::Granted(None));
         }
         if backend == Effective::Bootstrap {
-            if let Some(wait) = self.outside_window(&cfg, held) {
+            if let Some(wait) = self.outside_window(&cfg, held, purpose) {
                 return wait;
             }
             if !self.bootstrap_logged {
@@ -382,7 +418,10 @@ impl Gatekeeper {
                     ),
                 );
             }
-            if let Some(h) = state.halt_of(revision) {
+            if let Some(h) = state
+                .halt_of(revision)
+                .filter(|_| purpose == Purpose::Apply)
+            {
                 return Permit::Wait(
                     WaitingFor::Halted,
                     format!(
@@ -397,10 +436,11 @@ impl Gatekeeper {
                 );
             }
         }
-        if let Some(wait) = self.outside_window(&cfg, held) {
+        if let Some(wait) = self.outside_window(&cfg, held, purpose) {
             return wait;
         }
-        let resuming = held.is_some() || self.holding.is_some();
+        // A reboot passes the quorum guard even with the slot kept since its apply.
+        let resuming = purpose == Purpose::Apply && (held.is_some() || self.holding.is_some());
         if !resuming
             && cfg.node.role == Role::ControlPlane
             && cfg.rollout.quorum_guard
@@ -611,6 +651,51 @@ impl Gatekeeper {
             self.w.metrics.lock_held(false);
         }
         result
+    }
+
+    /// The client for the API (the kubeconfig's server), when there is one.
+    pub fn client(&mut self) -> Option<kube::Client> {
+        self.clients().map(|c| c.main)
+    }
+
+    /// Before a reboot: the held slot Lease's duration raised to `ttl` (and renewed at a third
+    /// of it from now on), so that other nodes take a rebooting holder for a live one. Nothing
+    /// to do for a FleetLock, which the server holds until steady-state. After the reboot,
+    /// [`resume`](Self::resume) writes the normal duration again.
+    pub async fn raise_ttl(&mut self, ttl: Duration) -> Result<(), String> {
+        let cfg = self.cfg();
+        let Some(h) = &self.holding else {
+            return Err("no rollout slot is held".into());
+        };
+        let Some(index) = h.held.slot.filter(|_| h.held.backend == "kubernetes") else {
+            return Ok(());
+        };
+        let Some(clients) = self.clients() else {
+            return Err("no connection to the Kubernetes API".into());
+        };
+        let mut lock = self.lease_lock(&cfg, &clients);
+        lock.duration = ttl;
+        match lock.renew(index).await? {
+            true => {}
+            false => {
+                return Err(format!(
+                    "slot Lease {} is held by another node",
+                    lock.name(index)
+                ));
+            }
+        }
+        if let Some(h) = self.holding.as_mut() {
+            if let Some(t) = h.renew.take() {
+                t.abort();
+            }
+            h.renew = Some(tokio::spawn(renew(
+                lock.clone(),
+                index,
+                Arc::clone(&h.lost),
+            )));
+        }
+        tracing::info!(slot = index, lease = %lock.name(index), ttl_secs = ttl.as_secs(), "rollout slot's duration raised for the reboot");
+        Ok(())
     }
 
     /// Halts `halt.revision` cluster-wide.

@@ -8,6 +8,7 @@
 //! for permission through [`Gatekeeper`].
 
 pub mod cluster;
+pub mod drain;
 pub mod fleet;
 pub mod fleetlock;
 pub mod gate;
@@ -18,5 +19,6 @@ pub mod slots;
 pub mod window;
 
 pub use keeper::{
-    CONTROL_PLANE_REQUIRED, Effective, Gatekeeper, Permit, RECHECK, Reach, Wiring, effective,
+    CONTROL_PLANE_REQUIRED, Effective, Gatekeeper, Permit, Purpose, RECHECK, Reach, Wiring,
+    effective,
 };

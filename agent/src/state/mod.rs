@@ -89,6 +89,76 @@ pub struct State {
     /// The rollout slot this node holds (or the FleetLock it took): kept across restarts, so
     /// that a restarted holder resumes with its slot instead of taking a second one.
     pub rollout_held: Option<Held>,
+    /// The reboot ginx is carrying out (drain, reboot, the gate after it); found at start-up,
+    /// it goes on where it was.
+    pub rebooting: Option<Rebooting>,
+    /// A reboot whose drain was given up is not tried again before then.
+    pub reboot_deferred: Option<RebootDeferred>,
+    /// When the last reboot ginx carried out was done: a sentinel file older than that is the
+    /// one it rebooted for, not a new request.
+    pub rebooted_at: Option<Timestamp>,
+}
+
+/// Where a reboot carried out by ginx stands.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum RebootPhase {
+    /// Cordoned (or about to be), pods being evicted.
+    Draining,
+    /// `reboot.reboot_command` ran; waiting to come up in a new boot.
+    Rebooting,
+    /// Up in a new boot: the health gate runs.
+    Verifying,
+    /// The gate failed and the rolled-back system is unhealthy too: cordoned, the slot kept
+    /// until an operator acts (`ginxctl retry`) or a fixed revision passes its gate.
+    Held,
+    /// Done: uncordon what ginx cordoned, release the slot.
+    Finishing,
+}
+
+impl RebootPhase {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            RebootPhase::Draining => "draining",
+            RebootPhase::Rebooting => "rebooting",
+            RebootPhase::Verifying => "verifying",
+            RebootPhase::Held => "held",
+            RebootPhase::Finishing => "finishing",
+        }
+    }
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Rebooting {
+    pub phase: RebootPhase,
+    pub started_at: Timestamp,
+    /// Why (the reasons the reboot was required for).
+    #[serde(default)]
+    pub reasons: Vec<String>,
+    /// ginx made the node unschedulable (and annotated it so): it uncordons it at the end.
+    #[serde(default)]
+    pub cordoned: bool,
+    /// When the drain began; it is given up `reboot.drain_timeout` later.
+    #[serde(default)]
+    pub drain_started_at: Option<Timestamp>,
+    /// The boot being left, recorded before the reboot command runs.
+    #[serde(default)]
+    pub boot_id: Option<String>,
+    #[serde(default)]
+    pub reboot_at: Option<Timestamp>,
+    /// This reboot boots the rolled-back generation after a failed gate.
+    #[serde(default)]
+    pub rollback: bool,
+    /// The gate's baseline, taken once the node was drained, before the reboot.
+    #[serde(default)]
+    pub baseline: BTreeMap<String, HealthStatus>,
+}
+
+/// A reboot put off after a drain that could not finish.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct RebootDeferred {
+    pub until: Timestamp,
+    pub reason: String,
 }
 
 /// The health gate in progress.
@@ -107,6 +177,9 @@ pub struct Verifying {
     /// hold the gate (no regression).
     #[serde(default)]
     pub baseline: BTreeMap<String, HealthStatus>,
+    /// The gate after a reboot carried out by ginx.
+    #[serde(default)]
+    pub after_reboot: bool,
 }
 
 /// Where a node stands after a failed gate.
@@ -136,6 +209,10 @@ pub struct GateFailure {
     /// The failed gate's baseline: the rolled-back system is held to the same.
     #[serde(default)]
     pub baseline: BTreeMap<String, HealthStatus>,
+    /// The gate failed after a reboot: the rollback makes the previous generation the boot
+    /// default and reboots into it.
+    #[serde(default)]
+    pub after_reboot: bool,
 }
 
 /// A held rollout lock.

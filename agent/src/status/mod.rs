@@ -28,7 +28,7 @@ pub use kubeadm::KubeadmStatus;
 pub use kubernetes::{KubeState, KubeStatus};
 pub use rollout::{
     ClusterNode, ClusterView, FleetEvent, FleetState, GateProgress, Halt, Pause, Phase,
-    RolloutStatus, WaitingFor, WindowStatus,
+    RebootStatus, RolloutStatus, WaitingFor, WindowStatus,
 };
 pub use source::{Refused, RemoteStatus, Signed, SourceStatus};
 

@@ -26,8 +26,12 @@ pub enum WaitingFor {
     Quorum,
     /// The cluster exists but its API cannot be reached (`on_api_unavailable = "wait"`).
     Api,
-    /// Outside every `[[rollout.windows]]`.
+    /// Outside every `[[rollout.windows]]` (or `[[reboot.windows]]`).
     Window,
+    /// A reboot waits for pods: a blocking pod runs, or the drain is not done.
+    Pods,
+    /// The reboot command failed; it runs again.
+    Reboot,
 }
 
 impl WaitingFor {
@@ -40,6 +44,8 @@ impl WaitingFor {
             WaitingFor::Quorum => "quorum",
             WaitingFor::Api => "api",
             WaitingFor::Window => "window",
+            WaitingFor::Pods => "pods",
+            WaitingFor::Reboot => "reboot",
         }
     }
 }
@@ -65,6 +71,10 @@ pub enum Phase {
     Failed,
     Succeeded,
     RolledBack,
+    /// Cordoned, pods being evicted before a reboot.
+    Draining,
+    /// The reboot command ran; the node is going down.
+    Rebooting,
 }
 
 impl Phase {
@@ -80,6 +90,8 @@ impl Phase {
             Phase::Failed => "failed",
             Phase::Succeeded => "succeeded",
             Phase::RolledBack => "rolled-back",
+            Phase::Draining => "draining",
+            Phase::Rebooting => "rebooting",
         }
     }
 }
@@ -169,6 +181,36 @@ pub struct RolloutStatus {
     pub halt: Option<Halt>,
     pub paused: Option<Pause>,
     /// The maintenance windows (`[[rollout.windows]]`) now; absent when none are configured.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub window: Option<WindowStatus>,
+    /// The reboot (`[reboot]`): required or not, and how far ginx is with it.
+    #[serde(default)]
+    pub reboot: RebootStatus,
+}
+
+/// `rollout.reboot` in `ginxctl status --json`.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RebootStatus {
+    /// `reboot.mode`: `never` or `when-required`.
+    pub mode: String,
+    pub required: bool,
+    /// `draining`, `rebooting`, `verifying`, `held`, `finishing`; absent when no reboot is
+    /// under way.
+    pub phase: Option<String>,
+    pub started_at: Option<Timestamp>,
+    /// ginx made the node unschedulable (it uncordons only then).
+    pub cordoned: bool,
+    /// What a required reboot waits for (window, lock, quorum, api, pods), and why.
+    pub waiting_for: Option<String>,
+    pub reason: Option<String>,
+    /// Pods being evicted or waited for (`namespace/name`).
+    pub evicting: Vec<String>,
+    /// Pods whose eviction is refused now, with why (the PodDisruptionBudget and what it
+    /// allows, or the setting that would allow it).
+    pub refused: BTreeMap<String, String>,
+    /// After a drain was given up: not tried again before then.
+    pub deferred_until: Option<Timestamp>,
+    /// `[[reboot.windows]]` (or the rollout's) now; absent when there are none.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub window: Option<WindowStatus>,
 }

@@ -4,6 +4,11 @@
 //!
 //! Must not import anything else of the crate.
 
+/// Written on a node that ginx made unschedulable before a reboot (value: when); only such a
+/// node is uncordoned by ginx. The reporter, which owns the other `ginx.io/` annotations,
+/// leaves it alone.
+pub const CORDONED_BY: &str = "ginx.io/cordoned-by-ginx";
+
 /// Clients for the API, shared with the probes.
 #[derive(Clone)]
 pub struct KubeClients {

@@ -1,0 +1,150 @@
+//! `[reboot]`: whether and how ginx reboots its node when a reboot is required (a new kernel,
+//! initrd or modules, goal `boot`, or the sentinel file), and how it drains the node first.
+
+use std::path::PathBuf;
+
+use serde::{Deserialize, Serialize};
+
+use super::{ConfigError, Ctx, Duration, RolloutConfig, Window};
+
+/// `reboot.mode`.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum RebootMode {
+    /// ginx only reports that a reboot is required.
+    #[default]
+    Never,
+    /// ginx reboots the node through the rollout lock, drained, inside a window.
+    WhenRequired,
+}
+
+impl RebootMode {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            RebootMode::Never => "never",
+            RebootMode::WhenRequired => "when-required",
+        }
+    }
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct RebootConfig {
+    pub mode: RebootMode,
+    /// Run (argv, no shell) once the node is drained.
+    pub reboot_command: Vec<String>,
+    /// When this file exists, a reboot counts as required too.
+    pub sentinel: PathBuf,
+    /// The slot Lease's duration while the node reboots, so that a rebooting holder is not
+    /// taken for a dead one.
+    pub lock_ttl: Duration,
+    /// A drain not done by then is given up: the node is uncordoned and the slot released.
+    pub drain_timeout: Duration,
+    /// A label selector: while a pod matching it runs on the node, the reboot waits.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub blocking_pod_selector: Option<String>,
+    /// Evict pods that no controller manages (they are not recreated anywhere).
+    pub force: bool,
+    /// Evict pods with emptyDir volumes (their data is lost).
+    pub delete_emptydir_data: bool,
+    /// The grace period given to evicted pods; default: each pod's own.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub grace_period: Option<Duration>,
+    /// `[[reboot.windows]]`; absent: the rollout's windows.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub windows: Option<Vec<Window>>,
+}
+
+impl Default for RebootConfig {
+    fn default() -> Self {
+        Self {
+            mode: RebootMode::Never,
+            reboot_command: ["systemctl", "reboot"].map(String::from).to_vec(),
+            sentinel: PathBuf::from("/run/reboot-required"),
+            lock_ttl: Duration::from_secs(30 * 60),
+            drain_timeout: Duration::from_secs(15 * 60),
+            blocking_pod_selector: None,
+            force: false,
+            delete_emptydir_data: false,
+            grace_period: None,
+            windows: None,
+        }
+    }
+}
+
+impl RebootConfig {
+    /// The windows a reboot may start in: its own, else the rollout's.
+    pub fn windows<'a>(&'a self, rollout: &'a RolloutConfig) -> &'a [Window] {
+        self.windows.as_deref().unwrap_or(&rollout.windows)
+    }
+
+    pub(super) fn validate(
+        &self,
+        rollout: &RolloutConfig,
+        ctx: &Ctx<'_>,
+    ) -> Result<(), ConfigError> {
+        if self
+            .reboot_command
+            .first()
+            .is_none_or(|p| p.trim().is_empty())
+        {
+            return Err(ctx.error(
+                "reboot.reboot_command",
+                "must name a program, like [\"systemctl\", \"reboot\"]",
+            ));
+        }
+        if !self.sentinel.is_absolute() {
+            return Err(ctx.error(
+                "reboot.sentinel",
+                format!("{} must be an absolute path", self.sentinel.display()),
+            ));
+        }
+        if self.lock_ttl.get() < rollout.lease_duration.get() {
+            return Err(ctx.error(
+                "reboot.lock_ttl",
+                format!(
+                    "{} is shorter than rollout.lease_duration ({}); it must cover a whole \
+                     reboot, like \"30m\"",
+                    self.lock_ttl, rollout.lease_duration
+                ),
+            ));
+        }
+        if self.drain_timeout.is_zero() {
+            return Err(ctx.error("reboot.drain_timeout", "must be longer than 0s"));
+        }
+        if let Some(s) = &self.blocking_pod_selector
+            && let Err(e) = check_selector(s)
+        {
+            return Err(ctx.error("reboot.blocking_pod_selector", e));
+        }
+        if let Some(w) = &self.windows {
+            super::window::validate(w, "reboot.windows", ctx)?;
+        }
+        Ok(())
+    }
+}
+
+/// A label selector as the API takes it (`app=backup`, `app in (a,b)`, `!job`), checked for
+/// what would make every request fail: emptiness and unbalanced parentheses.
+fn check_selector(s: &str) -> Result<(), String> {
+    if s.trim().is_empty() {
+        return Err("is empty; remove it, or give a label selector like \"app=backup\"".into());
+    }
+    let mut depth = 0i32;
+    for c in s.chars() {
+        match c {
+            '(' => depth += 1,
+            ')' => depth -= 1,
+            _ => {}
+        }
+        if !(0..=1).contains(&depth) {
+            break;
+        }
+    }
+    if depth != 0 {
+        return Err(format!(
+            "{s:?} is not a label selector (unbalanced parentheses); like \"app in (a,b)\""
+        ));
+    }
+    Ok(())
+}

@@ -1,0 +1,750 @@
+//! Coordinated reboots against the real control plane (tests/support/control_plane.rs): real
+//! PodDisruptionBudgets computed by the real disruption controller, the real Eviction API,
+//! real ReplicaSets and DaemonSets, the slot Leases.
+//!
+//! The nodes and their stand-in reboots are tests/support/reboot.rs's. No scheduler runs:
+//! pods are bound to nodes by the test ([`bind`]), and a ReplicaSet's replacement for an
+//! evicted pod stays Pending, so a PodDisruptionBudget that allowed one eviction allows no
+//! second until the test binds it.
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use serde_json::{Value, json};
+
+use crate::support::control_plane::{self, ControlPlane, RbacGuard};
+use crate::support::kubelet::Kubelet;
+use crate::support::reboot::{Node, Unschedulable, namespace, node, tend_until};
+use crate::support::{Env, wait_for};
+
+/// The node's status, or `None` while its ginx is down (rebooting).
+fn status(n: &Node) -> Option<Value> {
+    let d = n.daemon.as_ref()?;
+    let out = d.ctl(&["status", "--json"]);
+    out.status
+        .success()
+        .then(|| serde_json::from_slice(&out.stdout).ok())
+        .flatten()
+}
+
+fn unschedulable(cp: &ControlPlane, node: &str) -> bool {
+    cp.node(node).unwrap()["spec"]["unschedulable"] == true
+}
+
+fn cordoned_by_ginx(cp: &ControlPlane, node: &str) -> bool {
+    !cp.node(node).unwrap()["metadata"]["annotations"]["ginx.io/cordoned-by-ginx"].is_null()
+}
+
+/// Binds `pod` to `node`, as the scheduler would (there is none).
+fn bind(cp: &ControlPlane, ns: &str, pod: &str, node: &str) {
+    let (code, body) = cp.request(
+        "POST",
+        &format!("/api/v1/namespaces/{ns}/pods/{pod}/binding"),
+        "application/json",
+        &json!({"apiVersion": "v1", "kind": "Binding",
+                "metadata": {"name": pod, "namespace": ns},
+                "target": {"apiVersion": "v1", "kind": "Node", "name": node}}),
+    );
+    assert!(code < 300, "binding {ns}/{pod} to {node}: {code} {body}");
+}
+
+/// The pods of `ns` with label app=`app`: (name, uid, node, ready).
+fn pods(cp: &ControlPlane, ns: &str, app: &str) -> Vec<(String, String, String, bool)> {
+    let list = cp
+        .get_path(&format!(
+            "/api/v1/namespaces/{ns}/pods?labelSelector=app%3D{app}"
+        ))
+        .unwrap();
+    list["items"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|p| p["metadata"]["deletionTimestamp"].is_null())
+        .map(|p| {
+            let ready = p["status"]["conditions"].as_array().is_some_and(|c| {
+                c.iter()
+                    .any(|c| c["type"] == "Ready" && c["status"] == "True")
+            });
+            (
+                p["metadata"]["name"].as_str().unwrap().to_owned(),
+                p["metadata"]["uid"].as_str().unwrap().to_owned(),
+                p["spec"]["nodeName"].as_str().unwrap_or("").to_owned(),
+                ready,
+            )
+        })
+        .collect()
+}
+
+/// A ReplicaSet `app` of `replicas` pods in `ns`, its pods bound one to each of `on`, all
+/// Ready (the stand-in kubelets mark them so).
+fn replicaset(cp: &ControlPlane, ns: &str, app: &str, on: &[&str], extra_annotations: &Value) {
+    cp.apply(
+        &json!({"apiVersion": "apps/v1", "kind": "ReplicaSet",
+            "metadata": {"name": app, "namespace": ns},
+            "spec": {"replicas": on.len(), "selector": {"matchLabels": {"app": app}},
+                "template": {"metadata": {"labels": {"app": app}, "annotations": extra_annotations},
+                    "spec": {"terminationGracePeriodSeconds": 5,
+                        "containers": [{"name": "c", "image": "registry.invalid/web:1"}]}}}})
+        .to_string(),
+    );
+    let unbound = wait_for(&format!("{} pods of {app}", on.len()), || {
+        let p = pods(cp, ns, app);
+        (p.len() == on.len()).then_some(p)
+    });
+    for ((name, _, _, _), node) in unbound.iter().zip(on) {
+        bind(cp, ns, name, node);
+    }
+    wait_for(&format!("{app}'s pods Ready"), || {
+        pods(cp, ns, app).iter().all(|p| p.3).then_some(())
+    });
+}
+
+/// The value of the metric line `name` (with its labels, if any) of the node's ginx now.
+fn metric(n: &Node, name: &str) -> f64 {
+    let addr = n.d().status()["metrics_listen"]
+        .as_str()
+        .expect("metrics listen")
+        .to_owned();
+    let text = crate::kubernetes::scrape(&addr);
+    text.lines()
+        .find_map(|l| l.strip_prefix(name)?.strip_prefix(' ')?.parse().ok())
+        .unwrap_or(0.0)
+}
+
+#[test]
+fn a_drain_respects_the_pod_disruption_budget_and_gives_the_node_back_after_the_timeout() {
+    let Some(cp) = control_plane::shared() else {
+        return;
+    };
+    let mut rbac = RbacGuard::new(cp);
+    let origin = Env::new();
+    let journal = origin.root.join("journal");
+    let names = ["rb-pdb-a", "rb-pdb-b"];
+    let _kubelets: Vec<Kubelet> = names
+        .iter()
+        .map(|n| Kubelet::start(cp, n, "worker"))
+        .collect();
+    let ns = "rb-pdb";
+    namespace(cp, ns);
+    cp.apply(
+        &json!({"apiVersion": "policy/v1", "kind": "PodDisruptionBudget",
+            "metadata": {"name": "web", "namespace": ns},
+            "spec": {"minAvailable": 1, "selector": {"matchLabels": {"app": "web"}}}})
+        .to_string(),
+    );
+    replicaset(cp, ns, "web", &names, &json!({}));
+    wait_for("the budget to allow one disruption", || {
+        let b = cp.get_path(&format!(
+            "/apis/policy/v1/namespaces/{ns}/poddisruptionbudgets/web"
+        ))?;
+        (b["status"]["disruptionsAllowed"] == 1).then_some(())
+    });
+    let mut nodes: Vec<Node> = names
+        .iter()
+        .map(|n| {
+            rbac.watch(n);
+            node(
+                cp,
+                &origin.repo.path,
+                &journal,
+                n,
+                "worker",
+                "rb-pdb",
+                ["", "drain_timeout = \"6s\""],
+            )
+        })
+        .collect();
+    for n in nodes.iter_mut() {
+        n.start();
+    }
+    let head = origin.repo.head();
+    for n in &nodes {
+        n.d().wait_applied(&head);
+    }
+    let before = pods(cp, ns, "web");
+    let on_b = before.iter().find(|p| p.2 == "rb-pdb-b").unwrap().clone();
+
+    // a: its pod is evicted (the budget allows one), the node reboots and comes back.
+    nodes[0].require_reboot();
+    tend_until(&mut nodes, "a rebooted and back", |n| {
+        n[0].boots == 1 && status(&n[0]).is_some_and(|s| s["rollout"]["reboot"]["phase"].is_null())
+    });
+    assert_eq!(nodes[0].reboots().len(), 1);
+    assert!(!unschedulable(cp, "rb-pdb-a"), "a is uncordoned");
+    assert!(!cordoned_by_ginx(cp, "rb-pdb-a"));
+    let s = nodes[0]
+        .d()
+        .wait_status("a's slot released", |s| s["rollout"]["slot"].is_null());
+    assert_eq!(s["rollout"]["reboot"]["required"], false, "{s:#}");
+    assert_eq!(metric(&nodes[0], "ginx_reboots_total"), 1.0);
+    let now = pods(cp, ns, "web");
+    assert!(
+        !now.iter()
+            .any(|p| p.1 == before.iter().find(|p| p.2 == "rb-pdb-a").unwrap().1),
+        "a's pod was evicted: {now:?}"
+    );
+    // Its replacement is Pending (no scheduler): the budget allows nothing now.
+    wait_for("the budget to allow no disruption", || {
+        let b = cp.get_path(&format!(
+            "/apis/policy/v1/namespaces/{ns}/poddisruptionbudgets/web"
+        ))?;
+        (b["status"]["disruptionsAllowed"] == 0).then_some(())
+    });
+
+    // b: the eviction is refused while a's replacement is not back; ginx waits, says which
+    // budget holds it, and after drain_timeout gives the node back and the slot up.
+    nodes[1].require_reboot();
+    let s = wait_for("b's drain refused by the budget", || {
+        let s = status(&nodes[1])?;
+        let refused = s["rollout"]["reboot"]["refused"].as_object()?;
+        refused
+            .values()
+            .any(|why| {
+                why.as_str()
+                    .is_some_and(|w| w.contains("rb-pdb/web") && w.contains("429"))
+            })
+            .then_some(s)
+    });
+    assert_eq!(s["rollout"]["phase"], "draining", "{s:#}");
+    assert_eq!(s["rollout"]["reboot"]["cordoned"], true, "{s:#}");
+    // The cluster sees it: the phase annotation (`ginxctl cluster`) and the condition.
+    wait_for("b draining in ginxctl cluster", || {
+        let v: Value = serde_json::from_str(&nodes[0].d().ctl_ok(&["cluster", "--json"])).ok()?;
+        v["nodes"]
+            .as_array()?
+            .iter()
+            .any(|n| n["name"] == "rb-pdb-b" && n["rollout_phase"] == "draining")
+            .then_some(())
+    });
+    wait_for("b's condition says Draining", || {
+        let n = cp.node("rb-pdb-b")?;
+        n["status"]["conditions"]
+            .as_array()?
+            .iter()
+            .any(|c| c["type"] == "GinxHealthy" && c["reason"] == "Draining")
+            .then_some(())
+    });
+    assert!(unschedulable(cp, "rb-pdb-b") && cordoned_by_ginx(cp, "rb-pdb-b"));
+    let s = nodes[1].d().wait_status("b's drain given up", |s| {
+        s["rollout"]["reboot"]["phase"].is_null()
+            && !s["rollout"]["reboot"]["deferred_until"].is_null()
+    });
+    assert!(
+        s["rollout"]["reboot"]["reason"]
+            .as_str()
+            .is_some_and(|r| r.contains("drain given up") && r.contains("rb-pdb/web")),
+        "{s:#}"
+    );
+    assert!(
+        !unschedulable(cp, "rb-pdb-b"),
+        "b is uncordoned after the timeout"
+    );
+    assert!(!cordoned_by_ginx(cp, "rb-pdb-b"));
+    nodes[1]
+        .d()
+        .wait_status("b's slot released", |s| s["rollout"]["slot"].is_null());
+    assert!(nodes[1].reboots().is_empty(), "b was not rebooted");
+    assert!(metric(&nodes[1], "ginx_evictions_refused_total") >= 1.0);
+    assert_eq!(metric(&nodes[1], "ginx_drain_duration_seconds_count"), 1.0);
+    // Never deleted past the budget: b's pod is the same pod.
+    assert!(
+        pods(cp, ns, "web").iter().any(|p| p.1 == on_b.1),
+        "b's pod is still there"
+    );
+    // The evictions went through the Eviction API, with ginx's own credentials.
+    let evictions: Vec<_> = rbac
+        .requests()
+        .into_iter()
+        .filter(|e| e.resource == "pods" && e.subresource == "eviction")
+        .collect();
+    assert!(
+        evictions
+            .iter()
+            .any(|e| e.code == 429 && e.user == "ginx:rb-pdb-b"),
+        "{evictions:?}"
+    );
+    assert!(
+        evictions
+            .iter()
+            .any(|e| e.code < 300 && e.user == "ginx:rb-pdb-a"),
+        "{evictions:?}"
+    );
+    // What the drain asked of the API beyond what ginx did before: exactly the rules of
+    // rbac.yaml's ginx-drain (and RbacGuard fails the test on any 403).
+    let mut used: Vec<String> = rbac
+        .requests()
+        .into_iter()
+        .filter(|e| matches!(e.resource.as_str(), "pods" | "poddisruptionbudgets"))
+        .map(|e| {
+            let sub = if e.subresource.is_empty() {
+                String::new()
+            } else {
+                format!("/{}", e.subresource)
+            };
+            format!("{} {}{sub}", e.verb, e.resource)
+        })
+        .collect();
+    used.sort();
+    used.dedup();
+    assert_eq!(
+        used,
+        [
+            "create pods/eviction",
+            "list poddisruptionbudgets",
+            "list pods"
+        ],
+        "{used:?}"
+    );
+    cp.kubectl(&["delete", "namespace", ns, "--wait=false"]);
+}
+
+#[test]
+fn daemonset_and_mirror_pods_stay_and_an_admin_cordon_is_never_lifted() {
+    let Some(cp) = control_plane::shared() else {
+        return;
+    };
+    let mut rbac = RbacGuard::new(cp);
+    let origin = Env::new();
+    let journal = origin.root.join("journal");
+    let name = "rb-ds";
+    let _kubelet = Kubelet::start(cp, name, "worker");
+    let ns = "rb-ds";
+    namespace(cp, ns);
+    cp.kubectl(&["label", "node", name, "rb-ds=yes", "--overwrite"]);
+    cp.apply(
+        &json!({"apiVersion": "apps/v1", "kind": "DaemonSet",
+            "metadata": {"name": "agent", "namespace": ns},
+            "spec": {"selector": {"matchLabels": {"app": "agent"}},
+                "template": {"metadata": {"labels": {"app": "agent"}},
+                    "spec": {"nodeSelector": {"rb-ds": "yes"},
+                        "containers": [{"name": "c", "image": "registry.invalid/agent:1"}]}}}})
+        .to_string(),
+    );
+    let ds_pod = wait_for("the DaemonSet's pod", || {
+        pods(cp, ns, "agent").into_iter().next()
+    });
+    if ds_pod.2.is_empty() {
+        bind(cp, ns, &ds_pod.0, name);
+    }
+    cp.apply(
+        &json!({"apiVersion": "v1", "kind": "Pod",
+            "metadata": {"name": format!("static-{name}"), "namespace": ns,
+                "labels": {"app": "static"},
+                "annotations": {"kubernetes.io/config.mirror": "0123", "kubernetes.io/config.source": "file"}},
+            "spec": {"nodeName": name, "containers": [{"name": "c", "image": "registry.invalid/s:1"}]}})
+        .to_string(),
+    );
+    let mirror = wait_for("the mirror pod", || {
+        pods(cp, ns, "static").into_iter().next()
+    });
+    // A backup runs on the node: the reboot waits for it (reboot.blocking_pod_selector).
+    cp.apply(
+        &json!({"apiVersion": "v1", "kind": "Pod",
+            "metadata": {"name": "backup", "namespace": ns, "labels": {"app": "backup"}},
+            "spec": {"nodeName": name, "containers": [{"name": "c", "image": "registry.invalid/b:1"}]}})
+        .to_string(),
+    );
+    // The admin cordons the node first.
+    cp.kubectl(&["cordon", name]);
+
+    let mut nodes = vec![node(
+        cp,
+        &origin.repo.path,
+        &journal,
+        name,
+        "worker",
+        "rb-ds",
+        ["", "blocking_pod_selector = \"app=backup\""],
+    )];
+    rbac.watch(name);
+    nodes[0].start();
+    nodes[0].d().wait_applied(&origin.repo.head());
+    nodes[0].require_reboot();
+    let s = nodes[0]
+        .d()
+        .wait_status("the reboot waiting for the backup", |s| {
+            s["rollout"]["reboot"]["waiting_for"] == "pods"
+        });
+    assert!(
+        s["rollout"]["reboot"]["reason"]
+            .as_str()
+            .is_some_and(|r| r.contains("rb-ds/backup")),
+        "{s:#}"
+    );
+    assert!(nodes[0].reboots().is_empty());
+    cp.kubectl(&["delete", "pod", "-n", ns, "backup", "--wait=true"]);
+    tend_until(&mut nodes, "the reboot done", |n| {
+        n[0].boots == 1 && status(&n[0]).is_some_and(|s| s["rollout"]["reboot"]["phase"].is_null())
+    });
+    assert_eq!(nodes[0].reboots().len(), 1);
+    assert!(unschedulable(cp, name), "the admin's cordon stays");
+    assert!(!cordoned_by_ginx(cp, name));
+    let after_ds = pods(cp, ns, "agent");
+    assert_eq!(
+        after_ds.iter().map(|p| &p.1).collect::<Vec<_>>(),
+        [&ds_pod.1],
+        "the DaemonSet pod stays"
+    );
+    let after_mirror = pods(cp, ns, "static");
+    assert_eq!(
+        after_mirror.iter().map(|p| &p.1).collect::<Vec<_>>(),
+        [&mirror.1],
+        "the mirror pod stays"
+    );
+    let evictions = rbac
+        .requests()
+        .into_iter()
+        .filter(|e| e.subresource == "eviction")
+        .count();
+    assert_eq!(
+        evictions, 0,
+        "nothing was evicted (the backup was deleted by the admin)"
+    );
+    cp.kubectl(&["uncordon", name]);
+    cp.kubectl(&["delete", "namespace", ns, "--wait=false"]);
+}
+
+/// Makes the next commit's activation need a reboot: a new kernel.
+fn new_kernel(nodes: &[Node]) {
+    for n in nodes {
+        n.env.stub("kernel", "kernel-2");
+    }
+}
+
+#[test]
+fn a_new_kernel_reboots_three_control_plane_nodes_one_at_a_time() {
+    let Some(cp) = control_plane::shared() else {
+        return;
+    };
+    let mut rbac = RbacGuard::new(cp);
+    let origin = Env::new();
+    let journal = origin.root.join("journal");
+    let names: Vec<String> = ["rb3-lucy", "rb3-makise", "rb3-quinn"]
+        .map(String::from)
+        .to_vec();
+    let _kubelets: Vec<Kubelet> = names
+        .iter()
+        .map(|n| Kubelet::start(cp, n, "control-plane"))
+        .collect();
+    let ns = "rb3";
+    namespace(cp, ns);
+    let refs: Vec<&str> = names.iter().map(String::as_str).collect();
+    replicaset(cp, ns, "app", &refs, &json!({}));
+    let watch = Unschedulable::watch(cp, &names);
+    let mut nodes: Vec<Node> = names
+        .iter()
+        .map(|n| {
+            rbac.watch(n);
+            node(
+                cp,
+                &origin.repo.path,
+                &journal,
+                n,
+                "control-plane",
+                "rb3",
+                ["", ""],
+            )
+        })
+        .collect();
+    for n in nodes.iter_mut() {
+        // Down longer than the slot Lease's duration (3 s): only the raised one (lock_ttl)
+        // keeps the others from taking the rebooting holder for a dead one.
+        n.down_for = Duration::from_secs(5);
+        n.slot_lease = Some((cp, "ginx-rollout-rb3-0".to_owned()));
+        n.start();
+    }
+    let first = origin.repo.head();
+    for n in &nodes {
+        n.d().wait_applied(&first);
+    }
+    new_kernel(&nodes);
+    let second = origin
+        .repo
+        .commit("hive.nix", "{ kernel = 2; }", "kernel 2");
+    for n in &nodes {
+        n.d().ctl_ok(&["sync"]);
+    }
+    let mut leases_down: Vec<(String, Value)> = Vec::new();
+    tend_until(&mut nodes, "three nodes rebooted and back", |n| {
+        for n in n.iter() {
+            if let Some((_, Some(l))) = &n.down
+                && !leases_down.iter().any(|(who, _)| *who == n.name)
+            {
+                leases_down.push((n.name.clone(), l.clone()));
+            }
+        }
+        n.iter().all(|n| {
+            n.boots == 1
+                && status(n).is_some_and(|s| {
+                    s["apply"]["applied_revision"] == second.as_str()
+                        && s["rollout"]["reboot"]["phase"].is_null()
+                        && s["rollout"]["slot"].is_null()
+                        && s["system"]["reboot_required"] == false
+                })
+        })
+    });
+    for n in &nodes {
+        // Generation 2 is the first revision, 3 the new kernel: booted once, into 3.
+        assert_eq!(n.reboots(), ["system-3"], "{}", n.name);
+        assert!(!unschedulable(cp, &n.name), "{} uncordoned", n.name);
+    }
+    assert_eq!(watch.most(), 1, "at most one node unschedulable at once");
+    // While each node was down, the slot was its own with the raised duration.
+    assert_eq!(leases_down.len(), 3, "{leases_down:?}");
+    for (who, l) in &leases_down {
+        assert_eq!(l["spec"]["holderIdentity"], who.as_str(), "{l:#}");
+        assert_eq!(l["spec"]["leaseDurationSeconds"], 30, "lock_ttl: {l:#}");
+    }
+    // The journal: each node's reboot comes after its activation, and no other node starts
+    // applying between a node's start and its reboot's gate (one slot for the group).
+    let lines: Vec<(String, String)> = std::fs::read_to_string(&journal)
+        .unwrap()
+        .lines()
+        .filter_map(|l| {
+            let mut w = l.split_whitespace();
+            Some((w.next()?.to_owned(), w.next()?.to_owned()))
+        })
+        .collect();
+    let reboots = lines.iter().filter(|(w, _)| w == "reboot").count();
+    assert_eq!(reboots, 3, "{lines:?}");
+    for who in &names {
+        // From a node's activation of the new kernel to its reboot, nobody else starts: the
+        // slot taken for the apply is kept for the reboot.
+        let from = lines
+            .iter()
+            .rposition(|(w, n)| w == "start" && n == who)
+            .unwrap();
+        let to = lines
+            .iter()
+            .position(|(w, n)| w == "reboot" && n == who)
+            .unwrap();
+        assert!(from < to, "{lines:?}");
+        assert!(
+            lines[from..to]
+                .iter()
+                .all(|(w, n)| w != "start" || n == who),
+            "another node applied while {who} held the slot for its reboot: {lines:?}"
+        );
+        // From its reboot to its gate in the new boot (down for 5 s), nobody else starts.
+        let back = to
+            + lines[to..]
+                .iter()
+                .position(|(w, n)| w == "verify" && n == who)
+                .unwrap();
+        assert!(
+            lines[to..back].iter().all(|(w, _)| w != "start"),
+            "another node applied while {who} was rebooting: {lines:?}"
+        );
+    }
+    cp.kubectl(&["delete", "namespace", ns, "--wait=false"]);
+}
+
+#[test]
+fn a_gate_failing_after_the_reboot_rolls_back_reboots_again_and_halts() {
+    let Some(cp) = control_plane::shared() else {
+        return;
+    };
+    let mut rbac = RbacGuard::new(cp);
+    let origin = Env::new();
+    let journal = origin.root.join("journal");
+    let name = "rb-fail";
+    let _kubelet = Kubelet::start(cp, name, "worker");
+    rbac.watch(name);
+    let mut nodes = vec![node(
+        cp,
+        &origin.repo.path,
+        &journal,
+        name,
+        "worker",
+        "rb-fail",
+        ["", ""],
+    )];
+    let nix: PathBuf = nodes[0].env.stub_dir.join("nix");
+    // The gate fails while the booted kernel is kernel-2: the new kernel does not come up
+    // healthy. The rollback makes generation 2 the boot default again.
+    nodes[0].env.dropin(
+        "90-breaks.toml",
+        &format!(
+            "[rollout.gate]\ntimeout = \"5s\"\ncommand = [\"sh\", \"-c\", \"echo verify {name} >> {j}; ! readlink -f {b}/kernel | grep -q kernel-2\"]\n\n\
+             [system]\nrollback_command = [\"ln\", \"-sfn\", \"system-2-link\", \"{{profile}}\"]\n\
+             boot_command = [\"true\"]\n",
+            j = journal.display(),
+            b = nix.join("run/booted-system").display(),
+        ),
+    );
+    nodes[0].start();
+    nodes[0].d().wait_applied(&origin.repo.head());
+    new_kernel(&nodes);
+    let bad = origin
+        .repo
+        .commit("hive.nix", "{ kernel = 2; }", "kernel 2");
+    nodes[0].d().ctl_ok(&["sync"]);
+    tend_until(&mut nodes, "rolled back, rebooted again, done", |n| {
+        n[0].boots == 2
+            && status(&n[0]).is_some_and(|s| {
+                s["rollout"]["reboot"]["phase"].is_null() && s["rollout"]["phase"] == "rolled-back"
+            })
+    });
+    // Generation 2 is the first revision, 3 the new kernel.
+    assert_eq!(
+        nodes[0].reboots(),
+        ["system-3", "system-2"],
+        "into the new kernel, then back"
+    );
+    nodes[0]
+        .d()
+        .wait_status("slot released", |s| s["rollout"]["slot"].is_null());
+    assert!(
+        !unschedulable(cp, name),
+        "uncordoned after the rolled-back system passed"
+    );
+    let cm = cp
+        .get_path("/api/v1/namespaces/ginx-system/configmaps/ginx-rollout")
+        .unwrap();
+    assert!(
+        cm.to_string().contains(&bad),
+        "the revision is halted: {cm}"
+    );
+    let history = nodes[0].d().ctl_ok(&["history", "--json"]);
+    let h: Value = serde_json::from_str(&history).unwrap();
+    let last = h["attempts"][0].clone();
+    assert_eq!(last["kind"], "rollback", "{last:#}");
+    assert_eq!(last["goal"], "boot", "{last:#}");
+    // Counters are per process and count in the new boot: this ginx counted the second
+    // reboot, the one into the previous generation.
+    assert_eq!(metric(&nodes[0], "ginx_reboots_total"), 1.0);
+    assert_eq!(metric(&nodes[0], "ginx_reboots_rolled_back_total"), 1.0);
+    let before: String = std::fs::read_to_string(nodes[0].env.root.join("ginx-1.log")).unwrap();
+    assert!(before.contains("rebooting into it"), "{before}");
+    assert!(before.contains("health gate failed"), "{before}");
+    cp.kubectl(&[
+        "delete",
+        "configmap",
+        "-n",
+        "ginx-system",
+        "ginx-rollout",
+        "--ignore-not-found",
+    ]);
+}
+
+#[test]
+fn a_holder_killed_mid_drain_resumes_with_its_slot_and_never_leaves_the_node_cordoned() {
+    let Some(cp) = control_plane::shared() else {
+        return;
+    };
+    let mut rbac = RbacGuard::new(cp);
+    let origin = Env::new();
+    let journal = origin.root.join("journal");
+    let name = "rb-kill";
+    let _kubelet = Kubelet::start(cp, name, "worker");
+    rbac.watch(name);
+    let ns = "rb-kill";
+    namespace(cp, ns);
+    // One pod and a budget that wants it: no eviction is allowed until the budget goes.
+    cp.apply(
+        &json!({"apiVersion": "policy/v1", "kind": "PodDisruptionBudget",
+            "metadata": {"name": "solo", "namespace": ns},
+            "spec": {"minAvailable": 1, "selector": {"matchLabels": {"app": "solo"}}}})
+        .to_string(),
+    );
+    replicaset(cp, ns, "solo", &[name], &json!({}));
+    let mut nodes = vec![node(
+        cp,
+        &origin.repo.path,
+        &journal,
+        name,
+        "worker",
+        "rb-kill",
+        ["", "drain_timeout = \"10m\""],
+    )];
+    nodes[0].start();
+    nodes[0].d().wait_applied(&origin.repo.head());
+    nodes[0].require_reboot();
+    nodes[0].d().wait_status("draining, refused", |s| {
+        s["rollout"]["phase"] == "draining"
+            && s["rollout"]["reboot"]["refused"]
+                .as_object()
+                .is_some_and(|r| !r.is_empty())
+    });
+    assert!(unschedulable(cp, name) && cordoned_by_ginx(cp, name));
+    // SIGKILL mid-drain.
+    nodes[0].daemon.take().unwrap().crash();
+    nodes[0].start();
+    let s = nodes[0]
+        .d()
+        .wait_status("draining again after the restart", |s| {
+            s["rollout"]["phase"] == "draining" && s["rollout"]["slot"] == 0
+        });
+    assert_eq!(s["rollout"]["reboot"]["cordoned"], true, "{s:#}");
+    let lease = cp.lease("ginx-system", "ginx-rollout-rb-kill-0").unwrap();
+    assert_eq!(
+        lease["spec"]["holderIdentity"], name,
+        "the same slot, held by the same node"
+    );
+    // The budget goes: the drain finishes, the node reboots, comes back uncordoned.
+    cp.kubectl(&["delete", "pdb", "-n", ns, "solo"]);
+    tend_until(&mut nodes, "the reboot done", |n| {
+        n[0].boots == 1 && status(&n[0]).is_some_and(|s| s["rollout"]["reboot"]["phase"].is_null())
+    });
+    assert!(!unschedulable(cp, name) && !cordoned_by_ginx(cp, name));
+    nodes[0]
+        .d()
+        .wait_status("slot released", |s| s["rollout"]["slot"].is_null());
+    cp.kubectl(&["delete", "namespace", ns, "--wait=false"]);
+}
+
+#[test]
+fn a_reboot_waits_for_its_window_and_starts_in_it() {
+    let Some(cp) = control_plane::shared() else {
+        return;
+    };
+    let mut rbac = RbacGuard::new(cp);
+    let origin = Env::new();
+    let journal = origin.root.join("journal");
+    let name = "rb-win";
+    let _kubelet = Kubelet::start(cp, name, "worker");
+    rbac.watch(name);
+    // A window that opens 10 s from now (at a whole second, in UTC), for a minute.
+    let opens = jiff::Timestamp::now()
+        .checked_add(jiff::SignedDuration::from_secs(10))
+        .unwrap()
+        .round(jiff::Unit::Second)
+        .unwrap();
+    let z = opens.to_zoned(jiff::tz::TimeZone::UTC);
+    let day = z.strftime("%a").to_string().to_lowercase();
+    let start = z.strftime("%H:%M:%S").to_string();
+    let mut nodes = vec![node(
+        cp,
+        &origin.repo.path,
+        &journal,
+        name,
+        "worker",
+        "rb-win",
+        [
+            "",
+            &format!(
+                "\n[[reboot.windows]]\ndays = [\"{day}\"]\nstart = \"{start}\"\nlength = \"1m\"\n"
+            ),
+        ],
+    )];
+    nodes[0].start();
+    nodes[0].d().wait_applied(&origin.repo.head());
+    nodes[0].require_reboot();
+    let s = nodes[0].d().wait_status("waiting for the window", |s| {
+        s["rollout"]["reboot"]["waiting_for"] == "window"
+    });
+    assert_eq!(s["rollout"]["reboot"]["window"]["open"], false, "{s:#}");
+    assert!(jiff::Timestamp::now() < opens, "the test asked in time");
+    assert!(nodes[0].reboots().is_empty(), "nothing before the window");
+    tend_until(&mut nodes, "the reboot in the window", |n| n[0].boots == 1);
+    let rebooted_at: jiff::Timestamp = std::fs::metadata(nodes[0].env.stub_dir.join("reboots"))
+        .unwrap()
+        .modified()
+        .unwrap()
+        .try_into()
+        .unwrap();
+    assert!(
+        rebooted_at >= opens,
+        "rebooted at {rebooted_at}, the window opens at {opens}"
+    );
+}
