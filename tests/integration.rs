@@ -4,6 +4,7 @@
 mod support;
 
 mod apply_engine;
+mod bootstrap;
 mod control_socket;
 mod core_loop;
 mod fleet;

@@ -22,6 +22,7 @@ const LAYERS: &[(&str, u8)] = &[
     ("kube", 5),
     ("rollout", 5),
     ("kubeadm", 5),
+    ("bootstrap", 5),
     ("reconcile", 6),
     ("control", 7),
     ("daemon", 8),

@@ -5,6 +5,7 @@
 //! See DESIGN.md for the architecture and the contracts.
 
 pub mod apply;
+pub mod bootstrap;
 pub mod cli;
 pub mod config;
 pub mod control;

@@ -77,6 +77,15 @@ pub enum CtlCommand {
         #[arg(long)]
         json: bool,
     },
+    /// Apply the `[bootstrap]` stages to the cluster in order (CNI, Flux, …), each waited for.
+    Bootstrap {
+        /// The API's server-side dry run: nothing is written or waited for.
+        #[arg(long)]
+        dry_run: bool,
+        /// Only this stage.
+        #[arg(long)]
+        stage: Option<String>,
+    },
     /// kubeadm and kube-vip: render the documents, initialise or join the cluster.
     #[command(subcommand)]
     Kubeadm(super::kubeadm::KubeadmCommand),
@@ -123,6 +132,9 @@ pub fn main(args: CtlArgs) -> ExitCode {
     let client = Client::new(&socket, args.timeout.get());
     if let CtlCommand::Kubeadm(cmd) = args.command {
         return super::kubeadm::main(&args.config, &client, cmd);
+    }
+    if let CtlCommand::Bootstrap { dry_run, stage } = args.command {
+        return super::bootstrap::main(&args.config, &client, dry_run, stage);
     }
     match run(&client, args.command) {
         Ok(code) => code,
@@ -199,7 +211,7 @@ fn run(client: &Client, command: CtlCommand) -> Result<ExitCode, ClientError> {
                 "was not suspended\n".into()
             });
         }
-        CtlCommand::Kubeadm(_) => unreachable!("handled before"),
+        CtlCommand::Kubeadm(_) | CtlCommand::Bootstrap { .. } => unreachable!("handled before"),
         CtlCommand::Rollout(RolloutCommand::Pause) => {
             let r: FleetReport = client.call(Command::RolloutPause)?;
             print(render::paused(&r));

@@ -3,6 +3,7 @@
 //!
 //! Layer 8: may import anything; nothing but the binaries imports it.
 
+mod bootstrap;
 mod ctl;
 mod kubeadm;
 mod render;

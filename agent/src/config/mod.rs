@@ -13,6 +13,7 @@
 //! changes (see `daemon`).
 
 mod apply;
+mod bootstrap;
 mod control;
 mod duration;
 mod health;
@@ -33,6 +34,7 @@ use std::path::{Path, PathBuf};
 use serde::{Deserialize, Serialize};
 
 pub use apply::{ApplyConfig, DriftPolicy, IsolationMode};
+pub use bootstrap::{BootstrapConfig, Stage, Wait};
 pub use control::ControlConfig;
 pub use duration::Duration;
 pub use health::{
@@ -81,6 +83,7 @@ pub struct Config {
     pub kubeadm: KubeadmConfig,
     pub rollout: RolloutConfig,
     pub reboot: RebootConfig,
+    pub bootstrap: BootstrapConfig,
 }
 
 impl Default for Config {
@@ -99,6 +102,7 @@ impl Default for Config {
             kubeadm: KubeadmConfig::default(),
             rollout: RolloutConfig::default(),
             reboot: RebootConfig::default(),
+            bootstrap: BootstrapConfig::default(),
         }
     }
 }
@@ -345,6 +349,7 @@ impl Config {
         }
         self.rollout.validate(ctx)?;
         self.reboot.validate(&self.rollout, ctx)?;
+        self.bootstrap.validate(&self.sources, ctx)?;
         if self.rollout.lock == LockBackend::Kubernetes && self.kubernetes.kubeconfig.is_none() {
             return Err(ctx.error(
                 "rollout.lock",
@@ -495,6 +500,43 @@ url = "ssh://git@git.example.com/infra/hephaestus.git"
         ));
         assert!(e.contains("reboot.blocking_pod_selector"), "{e}");
         assert!(e.contains("config.toml:"), "{e}");
+    }
+
+    #[test]
+    fn bootstrap_stages_load_and_bad_ones_are_named() {
+        let ok = load_text(&format!(
+            "{BASE}\n[[bootstrap.stages]]\nname = \"cni\"\nsource = \"hephaestus\"\n\
+             path = \"bootstrap/cilium.yaml\"\nwait = [\"daemonset/kube-system/cilium\", \"nodes\"]\n"
+        ))
+        .unwrap();
+        assert_eq!(ok.bootstrap.stages[0].timeout, Duration::from_secs(600));
+        assert_eq!(BootstrapConfig::waits(&ok.bootstrap.stages[0]).len(), 2);
+        let e = err_text(&format!(
+            "{BASE}\n[[bootstrap.stages]]\nname = \"cni\"\npath = \"/x.yaml\"\nwait = [\"pods/x\"]\n"
+        ));
+        assert!(
+            e.contains("bootstrap.stages[0].wait[0]") && e.contains("daemonset/<ns>/<name>"),
+            "{e}"
+        );
+        let e = err_text(&format!(
+            "{BASE}\n[[bootstrap.stages]]\nname = \"cni\"\npath = \"relative.yaml\"\n"
+        ));
+        assert!(
+            e.contains("bootstrap.stages[0].path") && e.contains("absolute"),
+            "{e}"
+        );
+        let e = err_text(&format!(
+            "{BASE}\n[[bootstrap.stages]]\nname = \"a\"\npath = \"/a\"\n\n\
+             [[bootstrap.stages]]\nname = \"a\"\npath = \"/b\"\n"
+        ));
+        assert!(e.contains("bootstrap.stages[1].name"), "{e}");
+        let e = err_text(&format!(
+            "{BASE}\n[[bootstrap.stages]]\nname = \"a\"\nsource = \"argus\"\npath = \"x\"\n"
+        ));
+        assert!(
+            e.contains("bootstrap.stages[0].source") && e.contains("argus"),
+            "{e}"
+        );
     }
 
     #[test]

@@ -1,0 +1,197 @@
+//! `[bootstrap]`: what `ginxctl bootstrap` applies to a new cluster after `kubeadm init`, stage
+//! by stage, and what each stage waits for before the next.
+
+use std::path::PathBuf;
+
+use serde::{Deserialize, Serialize};
+
+use super::{ConfigError, Ctx, Duration};
+
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct BootstrapConfig {
+    /// The credentials the bootstrap uses; default `kubeadm.admin_kubeconfig`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub kubeconfig: Option<PathBuf>,
+    /// `ginxctl kubeadm init` runs the bootstrap once the control plane answers.
+    pub after_init: bool,
+    /// In order; each stage's waits hold before the next starts.
+    pub stages: Vec<Stage>,
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Stage {
+    pub name: String,
+    /// A source whose checkout holds `path`; without it, `path` is absolute.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub source: Option<String>,
+    /// The manifests: one YAML file of one or more documents.
+    pub path: String,
+    /// What must hold before the next stage: `daemonset/<ns>/<name>`,
+    /// `deployment/<ns>/<name>`, `crd/<name>`, `nodes`, `<group>/<kind>/<ns>/<name>`.
+    #[serde(default)]
+    pub wait: Vec<String>,
+    #[serde(default = "default_timeout")]
+    pub timeout: Duration,
+}
+
+fn default_timeout() -> Duration {
+    Duration::from_secs(600)
+}
+
+/// One thing a stage waits for.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Wait {
+    /// Rolled out: every scheduled pod updated and available at the current generation.
+    DaemonSet { namespace: String, name: String },
+    /// `Available=True` at the current generation.
+    Deployment { namespace: String, name: String },
+    /// `Established=True`.
+    Crd { name: String },
+    /// Every node Ready.
+    Nodes,
+    /// `Ready=True` with `observedGeneration` at the object's generation.
+    Ready {
+        group: String,
+        kind: String,
+        namespace: String,
+        name: String,
+    },
+}
+
+impl Wait {
+    pub fn parse(s: &str) -> Result<Self, String> {
+        let parts: Vec<&str> = s.split('/').collect();
+        let ok = |p: &str| !p.is_empty() && !p.contains(char::is_whitespace);
+        if !parts.iter().all(|p| ok(p)) {
+            return Err(format!("{s:?}: empty or blank part"));
+        }
+        Ok(match parts.as_slice() {
+            ["nodes"] => Wait::Nodes,
+            ["crd", name] => Wait::Crd {
+                name: (*name).to_owned(),
+            },
+            ["daemonset", ns, name] => Wait::DaemonSet {
+                namespace: (*ns).to_owned(),
+                name: (*name).to_owned(),
+            },
+            ["deployment", ns, name] => Wait::Deployment {
+                namespace: (*ns).to_owned(),
+                name: (*name).to_owned(),
+            },
+            [group, kind, ns, name] => Wait::Ready {
+                group: (*group).to_owned(),
+                kind: (*kind).to_owned(),
+                namespace: (*ns).to_owned(),
+                name: (*name).to_owned(),
+            },
+            _ => {
+                return Err(format!(
+                    "{s:?} is not one of daemonset/<ns>/<name>, deployment/<ns>/<name>, \
+                     crd/<name>, nodes, <group>/<kind>/<ns>/<name>"
+                ));
+            }
+        })
+    }
+}
+
+impl std::fmt::Display for Wait {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Wait::DaemonSet { namespace, name } => write!(f, "daemonset/{namespace}/{name}"),
+            Wait::Deployment { namespace, name } => write!(f, "deployment/{namespace}/{name}"),
+            Wait::Crd { name } => write!(f, "crd/{name}"),
+            Wait::Nodes => write!(f, "nodes"),
+            Wait::Ready {
+                group,
+                kind,
+                namespace,
+                name,
+            } => write!(f, "{group}/{kind}/{namespace}/{name}"),
+        }
+    }
+}
+
+impl BootstrapConfig {
+    pub(super) fn validate(
+        &self,
+        sources: &std::collections::BTreeMap<String, super::SourceConfig>,
+        ctx: &Ctx<'_>,
+    ) -> Result<(), ConfigError> {
+        let mut names = std::collections::BTreeSet::new();
+        for (i, s) in self.stages.iter().enumerate() {
+            let key = |k: &str| format!("bootstrap.stages[{i}].{k}");
+            if s.name.trim().is_empty() || !names.insert(s.name.clone()) {
+                return Err(ctx.error(
+                    &key("name"),
+                    format!("{:?}: every stage needs a name of its own", s.name),
+                ));
+            }
+            match &s.source {
+                Some(src) if !sources.contains_key(src) => {
+                    return Err(ctx.error(&key("source"), format!("{src:?} names no source")));
+                }
+                Some(_) if s.path.starts_with('/') || s.path.split('/').any(|p| p == "..") => {
+                    return Err(ctx.error(
+                        &key("path"),
+                        format!(
+                            "{:?} must be relative to the source's checkout, without ..",
+                            s.path
+                        ),
+                    ));
+                }
+                None if !s.path.starts_with('/') => {
+                    return Err(ctx.error(
+                        &key("path"),
+                        format!(
+                            "{:?}: without `source` the path must be absolute (a file the \
+                             system puts in place)",
+                            s.path
+                        ),
+                    ));
+                }
+                _ => {}
+            }
+            for (j, w) in s.wait.iter().enumerate() {
+                if let Err(e) = Wait::parse(w) {
+                    return Err(ctx.error(&format!("bootstrap.stages[{i}].wait[{j}]"), e));
+                }
+            }
+            if s.timeout.is_zero() {
+                return Err(ctx.error(&key("timeout"), "must be longer than 0s"));
+            }
+        }
+        Ok(())
+    }
+
+    /// The stages' waits, parsed (validated at load).
+    pub fn waits(stage: &Stage) -> Vec<Wait> {
+        stage
+            .wait
+            .iter()
+            .filter_map(|w| Wait::parse(w).ok())
+            .collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn waits_parse_and_print_back() {
+        for s in [
+            "daemonset/kube-system/cilium",
+            "deployment/flux-system/flux-operator",
+            "crd/fluxinstances.fluxcd.controlplane.io",
+            "nodes",
+            "fluxcd.controlplane.io/FluxInstance/flux-system/flux",
+        ] {
+            assert_eq!(Wait::parse(s).unwrap().to_string(), s);
+        }
+        for bad in ["", "pods/x", "daemonset/x", "a//b/c", "crd/ x"] {
+            assert!(Wait::parse(bad).is_err(), "{bad}");
+        }
+    }
+}
