@@ -214,9 +214,11 @@ fn one_commit_rolls_through_three_control_plane_nodes_one_at_a_time() {
         "two nodes applied or verified at once: {lines:?}"
     );
     // The Lease's history in the real audit log: one holder after the other, each one
-    // writing (take, renew, release) without another's write in between.
+    // writing (take, renew, release) without another's write in between. Six holds; the
+    // node that held it last for the first revision may hold it first for the second, and
+    // its two holds then fold into one run of writes: at least five runs.
     let w = writers(&rbac.requests(), "ginx-rollout-ro3-0");
-    assert!(w.len() >= 6, "six holds, one after the other: {w:?}");
+    assert!(w.len() >= 5, "six holds, one after the other: {w:?}");
     for pair in w.windows(2) {
         assert_ne!(pair[0], pair[1]);
     }
