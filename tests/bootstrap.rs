@@ -340,7 +340,10 @@ fn three_stages_in_order_reruns_write_nothing_flux_owned_objects_stay_failures_a
     let fi = cp
         .get_path("/apis/fluxcd.controlplane.io/v1/namespaces/flux-system/fluxinstances/flux")
         .unwrap();
-    assert_eq!(fi["spec"]["sync"]["url"], "https://git.example.com/argus.git", "{fi:#}");
+    assert_eq!(
+        fi["spec"]["sync"]["url"], "https://git.example.com/argus.git",
+        "{fi:#}"
+    );
     assert_eq!(fi["spec"]["sync"]["ref"], "refs/heads/main");
     assert_eq!(fi["spec"]["sync"]["path"], "clusters/lab");
     assert_eq!(fi["spec"]["sync"]["pullSecret"], "flux-system");

@@ -86,7 +86,12 @@ mod tests {
             username: "git".into(),
             password: "s3cret-token".into(),
         };
-        let text = render(&flux(), "https://git.example.com/argus.git", "refs/heads/main", Some(&secret));
+        let text = render(
+            &flux(),
+            "https://git.example.com/argus.git",
+            "refs/heads/main",
+            Some(&secret),
+        );
         let docs = crate::bootstrap::parse(&text, "flux").unwrap();
         let kinds: Vec<&str> = docs.iter().map(crate::bootstrap::manifest::kind).collect();
         assert_eq!(kinds, ["Namespace", "Secret", "FluxInstance"]);
@@ -102,7 +107,12 @@ mod tests {
             identity: "KEY".into(),
             known_hosts: "git.example.com ssh-ed25519 AAAA".into(),
         };
-        let text = render(&flux(), "ssh://git@git.example.com/argus.git", "refs/heads/main", Some(&ssh));
+        let text = render(
+            &flux(),
+            "ssh://git@git.example.com/argus.git",
+            "refs/heads/main",
+            Some(&ssh),
+        );
         let docs = crate::bootstrap::parse(&text, "flux").unwrap();
         assert_eq!(docs[1].data["stringData"]["identity"], "KEY");
         let text = render(&flux(), "https://x/y.git", "refs/heads/main", None);

@@ -28,15 +28,20 @@ pub fn main(config_path: &Path, client: &Client, dry_run: bool, only: Option<Str
 /// The stage `[bootstrap.flux]` generates, with the source's credentials read from their files
 /// (as root); their contents never reach a message.
 fn flux_stage(cfg: &Config, f: &config::FluxConfig) -> Result<Prepared, (String, u8)> {
-    let src = cfg
-        .sources
-        .get(&f.source)
-        .ok_or_else(|| (format!("bootstrap.flux.source {:?} names no source", f.source), 1))?;
+    let src = cfg.sources.get(&f.source).ok_or_else(|| {
+        (
+            format!("bootstrap.flux.source {:?} names no source", f.source),
+            1,
+        )
+    })?;
     let url = match &f.url {
         Some(u) => u.clone(),
         None => {
             let remote = src.remotes().into_iter().next().ok_or_else(|| {
-                (format!("source {} has no URL for bootstrap.flux", f.source), 1)
+                (
+                    format!("source {} has no URL for bootstrap.flux", f.source),
+                    1,
+                )
             })?;
             if remote.has_inline_credentials() {
                 return Err((
@@ -58,7 +63,11 @@ fn flux_stage(cfg: &Config, f: &config::FluxConfig) -> Result<Prepared, (String,
     let read = |p: &Path, what: &str| {
         std::fs::read_to_string(p).map_err(|e| {
             (
-                format!("cannot read {} (source {}'s {what}): {e}", p.display(), f.source),
+                format!(
+                    "cannot read {} (source {}'s {what}): {e}",
+                    p.display(),
+                    f.source
+                ),
                 1,
             )
         })
@@ -255,8 +264,14 @@ mod tests {
 
     #[test]
     fn scp_like_remotes_become_ssh_urls_for_flux() {
-        assert_eq!(flux_url("git@git.example.com:infra/argus.git"), "ssh://git@git.example.com/infra/argus.git");
-        assert_eq!(flux_url("https://git.example.com/argus.git"), "https://git.example.com/argus.git");
+        assert_eq!(
+            flux_url("git@git.example.com:infra/argus.git"),
+            "ssh://git@git.example.com/infra/argus.git"
+        );
+        assert_eq!(
+            flux_url("https://git.example.com/argus.git"),
+            "https://git.example.com/argus.git"
+        );
         assert_eq!(flux_url("ssh://git@h:2222/a.git"), "ssh://git@h:2222/a.git");
     }
 }

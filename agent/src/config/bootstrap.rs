@@ -240,7 +240,10 @@ impl BootstrapConfig {
             if !sources.contains_key(&f.source) {
                 return Err(ctx.error(
                     "bootstrap.flux.source",
-                    format!("{:?} names no source; Flux syncs from a configured source", f.source),
+                    format!(
+                        "{:?} names no source; Flux syncs from a configured source",
+                        f.source
+                    ),
                 ));
             }
             if f.path.trim().is_empty() || f.path.starts_with('/') {
