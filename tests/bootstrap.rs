@@ -121,7 +121,8 @@ spec:
       containers: [{name: manager, image: registry.invalid/operator:1}]
 ";
 
-/// A CRD of the FluxInstance shape, from its documented fields, and one instance.
+/// A CRD of the FluxInstance shape, from its documented fields (the operator's own stage);
+/// the instance is `[bootstrap.flux]`'s.
 const FLUX: &str = "\
 apiVersion: apiextensions.k8s.io/v1
 kind: CustomResourceDefinition
@@ -136,14 +137,10 @@ spec:
       storage: true
       subresources: {status: {}}
       schema: {openAPIV3Schema: {type: object, x-kubernetes-preserve-unknown-fields: true}}
----
-apiVersion: fluxcd.controlplane.io/v1
-kind: FluxInstance
-metadata: {name: flux, namespace: bs-flux}
-spec:
-  distribution: {version: \"2.x\", registry: ghcr.io/fluxcd}
-  sync: {kind: GitRepository, url: \"https://git.example.com/argus.git\", ref: refs/heads/main, path: clusters/lab}
 ";
+
+/// The Argus token: it must reach the pull secret and nothing else.
+const TOKEN: &str = "bs-token-Zq81xv";
 
 struct Setup {
     env: Env,
@@ -168,6 +165,12 @@ fn setup(cp: &ControlPlane, user: &str, node: &str, timeout: &str) -> Setup {
     }
     let kubeconfig = env.root.join("admin.conf");
     cp.kubeconfig_for(&kubeconfig, user, &["system:masters"]);
+    let token = env.root.join("argus.token");
+    std::fs::write(&token, format!("{TOKEN}\n")).unwrap();
+    {
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::set_permissions(&token, std::fs::Permissions::from_mode(0o600)).unwrap();
+    }
     env.dropin("10-node.toml", &format!("[node]\nname = \"{node}\"\n"));
     env.dropin(
         "60-bootstrap.toml",
@@ -177,10 +180,13 @@ fn setup(cp: &ControlPlane, user: &str, node: &str, timeout: &str) -> Setup {
              wait = [\"crd/bsnodes.cni.test.ginx.io\", \"daemonset/bs-system/bs-cni\"]\ntimeout = \"{timeout}\"\n\n\
              [[bootstrap.stages]]\nname = \"operator\"\npath = \"{d}/operator.yaml\"\n\
              wait = [\"deployment/bs-flux/bs-operator\"]\ntimeout = \"{timeout}\"\n\n\
-             [[bootstrap.stages]]\nname = \"flux\"\npath = \"{d}/flux.yaml\"\n\
-             wait = [\"fluxcd.controlplane.io/FluxInstance/bs-flux/flux\"]\ntimeout = \"{timeout}\"\n",
+             [[bootstrap.stages]]\nname = \"flux-crd\"\npath = \"{d}/flux.yaml\"\n\
+             wait = [\"crd/fluxinstances.fluxcd.controlplane.io\"]\ntimeout = \"{timeout}\"\n\n\
+             [bootstrap.flux]\nsource = \"argus\"\npath = \"clusters/lab\"\ntimeout = \"{timeout}\"\n\n\
+             [sources.argus]\nurl = \"https://git.example.com/argus.git\"\ntoken_file = \"{token}\"\n",
             kc = kubeconfig.display(),
             d = dir.display(),
+            token = token.display(),
         ),
     );
     Setup {
@@ -214,7 +220,7 @@ fn text(o: &Output) -> String {
 /// Sets the FluxInstance's Ready condition, as the operator would, once it exists (or gives
 /// up when `done` is set: the bootstrap ended without creating it, and says why).
 fn ready_flux_instance(cp: &ControlPlane, done: &AtomicBool) {
-    let path = "/apis/fluxcd.controlplane.io/v1/namespaces/bs-flux/fluxinstances/flux";
+    let path = "/apis/fluxcd.controlplane.io/v1/namespaces/flux-system/fluxinstances/flux";
     let obj = loop {
         if let Some(o) = cp.get_path(path) {
             break o;
@@ -253,6 +259,7 @@ fn cleanup(cp: &ControlPlane) {
             "namespace",
             "bs-system",
             "bs-flux",
+            "flux-system",
             "--ignore-not-found",
             "--wait=false",
         ][..],
@@ -322,11 +329,33 @@ fn three_stages_in_order_reruns_write_nothing_flux_owned_objects_stay_failures_a
     };
     assert!(pos("stage cni: applying") < pos("daemonset/bs-system/bs-cni holds"));
     assert!(pos("daemonset/bs-system/bs-cni holds") < pos("stage operator: applying"));
-    assert!(pos("deployment/bs-flux/bs-operator holds") < pos("stage flux: applying"));
+    assert!(pos("deployment/bs-flux/bs-operator holds") < pos("stage flux-crd: applying"));
+    assert!(pos("crd/fluxinstances.fluxcd.controlplane.io holds") < pos("stage flux: applying"));
     assert!(
-        t.contains("fluxcd.controlplane.io/FluxInstance/bs-flux/flux holds"),
+        t.contains("fluxcd.controlplane.io/FluxInstance/flux-system/flux holds"),
         "{t}"
     );
+    // The generated FluxInstance syncs from Argus; its pull secret holds the token, which
+    // appears nowhere else.
+    let fi = cp
+        .get_path("/apis/fluxcd.controlplane.io/v1/namespaces/flux-system/fluxinstances/flux")
+        .unwrap();
+    assert_eq!(
+        fi["spec"]["sync"]["url"], "https://git.example.com/argus.git",
+        "{fi:#}"
+    );
+    assert_eq!(fi["spec"]["sync"]["ref"], "refs/heads/main");
+    assert_eq!(fi["spec"]["sync"]["path"], "clusters/lab");
+    assert_eq!(fi["spec"]["sync"]["pullSecret"], "flux-system");
+    let secret = cp
+        .get_path("/api/v1/namespaces/flux-system/secrets/flux-system")
+        .unwrap();
+    use base64::Engine as _;
+    let password = base64::engine::general_purpose::STANDARD
+        .decode(secret["data"]["password"].as_str().unwrap())
+        .unwrap();
+    assert_eq!(password, TOKEN.as_bytes());
+    assert!(!t.contains(TOKEN), "the token in the output: {t}");
     // Namespaces and CRDs first: the Namespace at the end of cni.yaml was applied first.
     assert!(
         pos("applied Namespace bs-system") < pos("applied DaemonSet bs-system/bs-cni"),
@@ -346,7 +375,8 @@ fn three_stages_in_order_reruns_write_nothing_flux_owned_objects_stay_failures_a
     let cm = cp
         .get_path("/api/v1/namespaces/kube-system/configmaps/ginx-bootstrap")
         .unwrap();
-    for stage in ["cni", "operator", "flux"] {
+    assert!(!cm.to_string().contains(TOKEN));
+    for stage in ["cni", "operator", "flux-crd", "flux"] {
         assert_eq!(cm["data"][stage].as_str().map(str::len), Some(64), "{cm:#}");
     }
 
@@ -356,7 +386,7 @@ fn three_stages_in_order_reruns_write_nothing_flux_owned_objects_stay_failures_a
     assert!(out.status.success(), "{}", text(&out));
     assert_eq!(
         text(&out).matches("unchanged since it was applied").count(),
-        3,
+        4,
         "{}",
         text(&out)
     );

@@ -21,6 +21,7 @@
 //!
 //! A worker (layer 5): imports `config`, `types`, `util` only.
 
+pub mod flux;
 pub mod manifest;
 pub mod wait;
 

@@ -10,6 +10,30 @@ use kube::discovery;
 use super::{Failure, api_failure};
 use crate::config::Wait;
 
+/// The nodes that are not Ready, each with its Ready condition's status and reason.
+fn not_ready(nodes: &[Node]) -> Vec<String> {
+    nodes
+        .iter()
+        .filter_map(|n| {
+            let ready = n
+                .status
+                .as_ref()
+                .and_then(|s| s.conditions.as_ref())
+                .and_then(|cs| cs.iter().find(|c| c.type_ == "Ready"));
+            let name = n.metadata.name.as_deref().unwrap_or("?");
+            match ready {
+                Some(c) if c.status == "True" => None,
+                Some(c) => Some(format!(
+                    "{name} (Ready={}: {})",
+                    c.status,
+                    c.reason.as_deref().unwrap_or("")
+                )),
+                None => Some(format!("{name} (no Ready condition)")),
+            }
+        })
+        .collect()
+}
+
 /// Whether `w` holds now.
 pub async fn check(client: &kube::Client, w: &Wait) -> Result<Option<String>, Failure> {
     let what = w.to_string();
@@ -105,27 +129,7 @@ pub async fn check(client: &kube::Client, w: &Wait) -> Result<Option<String>, Fa
                 .list(&ListParams::default())
                 .await
                 .map_err(read)?;
-            let not: Vec<String> = nodes
-                .items
-                .iter()
-                .filter_map(|n| {
-                    let ready = n
-                        .status
-                        .as_ref()
-                        .and_then(|s| s.conditions.as_ref())
-                        .and_then(|cs| cs.iter().find(|c| c.type_ == "Ready"));
-                    let name = n.metadata.name.as_deref().unwrap_or("?");
-                    match ready {
-                        Some(c) if c.status == "True" => None,
-                        Some(c) => Some(format!(
-                            "{name} (Ready={}: {})",
-                            c.status,
-                            c.reason.as_deref().unwrap_or("")
-                        )),
-                        None => Some(format!("{name} (no Ready condition)")),
-                    }
-                })
-                .collect();
+            let not = not_ready(&nodes.items);
             Ok(if nodes.items.is_empty() {
                 Some("no node registered yet".into())
             } else if !not.is_empty() {
@@ -188,5 +192,33 @@ pub async fn check(client: &kube::Client, w: &Wait) -> Result<Option<String>, Fa
                 }
             })
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn node(name: &str, ready: Option<&str>) -> Node {
+        serde_json::from_value(serde_json::json!({
+            "metadata": {"name": name},
+            "status": {"conditions": ready.map(|r| vec![serde_json::json!(
+                {"type": "Ready", "status": r, "reason": "KubeletNotReady"})]).unwrap_or_default()}
+        }))
+        .unwrap()
+    }
+
+    #[test]
+    fn only_nodes_that_are_not_ready_are_named() {
+        let nodes = [
+            node("a", Some("True")),
+            node("b", Some("False")),
+            node("c", None),
+        ];
+        assert_eq!(
+            not_ready(&nodes),
+            ["b (Ready=False: KubeletNotReady)", "c (no Ready condition)"]
+        );
+        assert!(not_ready(&nodes[..1]).is_empty());
     }
 }

@@ -9,6 +9,7 @@ use std::path::Path;
 use std::process::ExitCode;
 use std::time::Duration;
 
+use crate::bootstrap::flux::PullSecret;
 use crate::bootstrap::{Bootstrap, Failure, Prepared};
 use crate::config::{self, BootstrapConfig, Config};
 use crate::control::client::Client;
@@ -24,6 +25,93 @@ pub fn main(config_path: &Path, client: &Client, dry_run: bool, only: Option<Str
     }
 }
 
+/// The stage `[bootstrap.flux]` generates, with the source's credentials read from their files
+/// (as root); their contents never reach a message.
+fn flux_stage(cfg: &Config, f: &config::FluxConfig) -> Result<Prepared, (String, u8)> {
+    let src = cfg.sources.get(&f.source).ok_or_else(|| {
+        (
+            format!("bootstrap.flux.source {:?} names no source", f.source),
+            1,
+        )
+    })?;
+    let url = match &f.url {
+        Some(u) => u.clone(),
+        None => {
+            let remote = src.remotes().into_iter().next().ok_or_else(|| {
+                (
+                    format!("source {} has no URL for bootstrap.flux", f.source),
+                    1,
+                )
+            })?;
+            if remote.has_inline_credentials() {
+                return Err((
+                    format!(
+                        "the URL of source {} carries credentials ({remote}); Flux would get them \
+                         in the FluxInstance: give them as token_file, or set bootstrap.flux.url",
+                        f.source
+                    ),
+                    1,
+                ));
+            }
+            flux_url(remote.as_git_url())
+        }
+    };
+    let git_ref = f
+        .git_ref
+        .clone()
+        .unwrap_or_else(|| format!("refs/heads/{}", src.branch));
+    let read = |p: &Path, what: &str| {
+        std::fs::read_to_string(p).map_err(|e| {
+            (
+                format!(
+                    "cannot read {} (source {}'s {what}): {e}",
+                    p.display(),
+                    f.source
+                ),
+                1,
+            )
+        })
+    };
+    let secret = if let Some(t) = &src.token_file {
+        Some(PullSecret::Token {
+            username: src.username.clone(),
+            password: read(t, "token_file")?.trim().to_owned(),
+        })
+    } else if let Some(k) = &src.ssh_key_file {
+        Some(PullSecret::Ssh {
+            identity: read(k, "ssh_key_file")?,
+            known_hosts: read(&src.known_hosts_file, "known_hosts_file")?,
+        })
+    } else {
+        None
+    };
+    Ok(Prepared {
+        name: "flux".into(),
+        origin: "[bootstrap.flux]".into(),
+        text: crate::bootstrap::flux::render(f, &url, &git_ref, secret.as_ref()),
+        waits: vec![config::Wait::Ready {
+            group: "fluxcd.controlplane.io".into(),
+            kind: "FluxInstance".into(),
+            namespace: crate::bootstrap::flux::NAMESPACE.into(),
+            name: crate::bootstrap::flux::NAME.into(),
+        }],
+        timeout: f.timeout.get(),
+    })
+}
+
+/// A remote as Flux's GitRepository wants it: `user@host:path` becomes `ssh://user@host/path`.
+fn flux_url(raw: &str) -> String {
+    if raw.contains("://") || raw.starts_with('/') {
+        return raw.to_owned();
+    }
+    match raw.split_once(':') {
+        Some((host, path)) if host.contains('@') => {
+            format!("ssh://{host}/{}", path.trim_start_matches('/'))
+        }
+        _ => raw.to_owned(),
+    }
+}
+
 fn prepare(
     cfg: &Config,
     client: &Client,
@@ -35,13 +123,21 @@ fn prepare(
         .iter()
         .filter(|s| only.is_none_or(|o| o == s.name))
         .collect();
-    if stages.is_empty() {
-        let names: Vec<&str> = cfg
+    let flux = cfg
+        .bootstrap
+        .flux
+        .as_ref()
+        .filter(|_| only.is_none_or(|o| o == "flux"));
+    if stages.is_empty() && flux.is_none() {
+        let mut names: Vec<&str> = cfg
             .bootstrap
             .stages
             .iter()
             .map(|s| s.name.as_str())
             .collect();
+        if cfg.bootstrap.flux.is_some() {
+            names.push("flux");
+        }
         return Err((
             match only {
                 Some(o) => format!(
@@ -89,6 +185,9 @@ fn prepare(
             waits: BootstrapConfig::waits(s),
             timeout: s.timeout.get(),
         });
+    }
+    if let Some(f) = flux {
+        out.push(flux_stage(cfg, f)?);
     }
     Ok(out)
 }
@@ -157,4 +256,22 @@ fn run(
         });
         Ok(())
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::flux_url;
+
+    #[test]
+    fn scp_like_remotes_become_ssh_urls_for_flux() {
+        assert_eq!(
+            flux_url("git@git.example.com:infra/argus.git"),
+            "ssh://git@git.example.com/infra/argus.git"
+        );
+        assert_eq!(
+            flux_url("https://git.example.com/argus.git"),
+            "https://git.example.com/argus.git"
+        );
+        assert_eq!(flux_url("ssh://git@h:2222/a.git"), "ssh://git@h:2222/a.git");
+    }
 }

@@ -17,6 +17,80 @@ pub struct BootstrapConfig {
     pub after_init: bool,
     /// In order; each stage's waits hold before the next starts.
     pub stages: Vec<Stage>,
+    /// Generates the last stage: the FluxInstance `flux` in `flux-system` and its pull secret.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub flux: Option<FluxConfig>,
+}
+
+/// `[bootstrap.flux]`: the FluxInstance that hands the cluster over to Flux, syncing from the
+/// Argus source (its URL and branch by default, its credentials as the pull secret).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct FluxConfig {
+    /// The source Flux syncs from: its URL, branch and credentials.
+    #[serde(default = "default_flux_source")]
+    pub source: String,
+    /// `spec.distribution.version`.
+    #[serde(default = "default_flux_version")]
+    pub version: String,
+    /// `spec.distribution.registry`.
+    #[serde(default = "default_flux_registry")]
+    pub registry: String,
+    #[serde(default = "default_flux_components")]
+    pub components: Vec<String>,
+    /// `spec.cluster.type`.
+    #[serde(default = "default_cluster_type")]
+    pub cluster_type: String,
+    #[serde(default = "default_true")]
+    pub network_policy: bool,
+    #[serde(default = "default_domain")]
+    pub domain: String,
+    /// `spec.sync.url`; default: the source's URL.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub url: Option<String>,
+    /// `spec.sync.ref`; default `refs/heads/<the source's branch>`.
+    #[serde(default, rename = "ref", skip_serializing_if = "Option::is_none")]
+    pub git_ref: Option<String>,
+    /// `spec.sync.path`, like `clusters/lab`.
+    pub path: String,
+    /// The Secret in `flux-system` made from the source's credentials (`spec.sync.pullSecret`).
+    #[serde(default = "default_pull_secret")]
+    pub pull_secret: String,
+    /// How long the FluxInstance may take to become Ready.
+    #[serde(default = "default_timeout")]
+    pub timeout: Duration,
+}
+
+fn default_flux_source() -> String {
+    "argus".into()
+}
+fn default_flux_version() -> String {
+    "2.x".into()
+}
+fn default_flux_registry() -> String {
+    "ghcr.io/fluxcd".into()
+}
+fn default_flux_components() -> Vec<String> {
+    [
+        "source-controller",
+        "kustomize-controller",
+        "helm-controller",
+        "notification-controller",
+    ]
+    .map(String::from)
+    .to_vec()
+}
+fn default_cluster_type() -> String {
+    "kubernetes".into()
+}
+fn default_true() -> bool {
+    true
+}
+fn default_domain() -> String {
+    "cluster.local".into()
+}
+fn default_pull_secret() -> String {
+    "flux-system".into()
 }
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -160,6 +234,32 @@ impl BootstrapConfig {
             }
             if s.timeout.is_zero() {
                 return Err(ctx.error(&key("timeout"), "must be longer than 0s"));
+            }
+        }
+        if let Some(f) = &self.flux {
+            if !sources.contains_key(&f.source) {
+                return Err(ctx.error(
+                    "bootstrap.flux.source",
+                    format!(
+                        "{:?} names no source; Flux syncs from a configured source",
+                        f.source
+                    ),
+                ));
+            }
+            if f.path.trim().is_empty() || f.path.starts_with('/') {
+                return Err(ctx.error(
+                    "bootstrap.flux.path",
+                    "must be a path in the repository, like \"clusters/lab\"",
+                ));
+            }
+            if names.contains("flux") {
+                return Err(ctx.error(
+                    "bootstrap.flux",
+                    "generates the stage \"flux\"; rename the configured stage of that name",
+                ));
+            }
+            if f.timeout.is_zero() {
+                return Err(ctx.error("bootstrap.flux.timeout", "must be longer than 0s"));
             }
         }
         Ok(())

@@ -34,7 +34,7 @@ use std::path::{Path, PathBuf};
 use serde::{Deserialize, Serialize};
 
 pub use apply::{ApplyConfig, DriftPolicy, IsolationMode};
-pub use bootstrap::{BootstrapConfig, Stage, Wait};
+pub use bootstrap::{BootstrapConfig, FluxConfig, Stage, Wait};
 pub use control::ControlConfig;
 pub use duration::Duration;
 pub use health::{
