@@ -123,21 +123,26 @@ spec:
 
 /// A CRD of the FluxInstance shape, from its documented fields (the operator's own stage);
 /// the instance is `[bootstrap.flux]`'s.
-const FLUX: &str = "\
-apiVersion: apiextensions.k8s.io/v1
+/// A namespaced CRD with a status subresource and any fields: `plural`.`group`, kind `kind`.
+fn crd(plural: &str, group: &str, kind: &str) -> String {
+    let singular = kind.to_lowercase();
+    format!(
+        "apiVersion: apiextensions.k8s.io/v1
 kind: CustomResourceDefinition
-metadata: {name: fluxinstances.fluxcd.controlplane.io}
+metadata: {{name: {plural}.{group}}}
 spec:
-  group: fluxcd.controlplane.io
-  names: {kind: FluxInstance, plural: fluxinstances, singular: fluxinstance}
+  group: {group}
+  names: {{kind: {kind}, plural: {plural}, singular: {singular}}}
   scope: Namespaced
   versions:
     - name: v1
       served: true
       storage: true
-      subresources: {status: {}}
-      schema: {openAPIV3Schema: {type: object, x-kubernetes-preserve-unknown-fields: true}}
-";
+      subresources: {{status: {{}}}}
+      schema: {{openAPIV3Schema: {{type: object, x-kubernetes-preserve-unknown-fields: true}}}}
+"
+    )
+}
 
 /// The Argus token: it must reach the pull secret and nothing else.
 const TOKEN: &str = "bs-token-Zq81xv";
@@ -159,7 +164,10 @@ fn setup(cp: &ControlPlane, user: &str, node: &str, timeout: &str) -> Setup {
     for (f, t) in [
         ("cni.yaml", CNI),
         ("operator.yaml", OPERATOR),
-        ("flux.yaml", FLUX),
+        (
+            "flux.yaml",
+            &crd("fluxinstances", "fluxcd.controlplane.io", "FluxInstance"),
+        ),
     ] {
         std::fs::write(dir.join(f), t).unwrap();
     }
@@ -196,15 +204,20 @@ fn setup(cp: &ControlPlane, user: &str, node: &str, timeout: &str) -> Setup {
     }
 }
 
-fn bootstrap(s: &Setup, args: &[&str]) -> Output {
-    Command::new(ginxctl_bin())
-        .arg("--config")
+/// `ginxctl` with the node's configuration and socket.
+fn ginxctl(s: &Setup, args: &[&str]) -> Command {
+    let mut c = Command::new(ginxctl_bin());
+    c.arg("--config")
         .arg(&s.env.config)
         .arg("--socket")
         .arg(&s.env.socket)
-        .arg("bootstrap")
         .args(args)
-        .env_remove("GINX_SOCKET")
+        .env_remove("GINX_SOCKET");
+    c
+}
+
+fn bootstrap(s: &Setup, args: &[&str]) -> Output {
+    ginxctl(s, &[&["bootstrap"], args].concat())
         .output()
         .expect("running ginxctl")
 }
@@ -230,13 +243,33 @@ fn ready_flux_instance(cp: &ControlPlane, done: &AtomicBool) {
         }
         std::thread::sleep(std::time::Duration::from_millis(100));
     };
+    patch_ready(
+        cp,
+        path,
+        &obj,
+        "True",
+        "ReconciliationSucceeded",
+        "Reconciliation finished",
+    );
+}
+
+/// Sets the Ready condition of the object at `path` (as read: `obj`) at its generation, as its
+/// controller would.
+fn patch_ready(
+    cp: &ControlPlane,
+    path: &str,
+    obj: &serde_json::Value,
+    status: &str,
+    reason: &str,
+    message: &str,
+) {
     let generation = obj["metadata"]["generation"].as_i64().unwrap_or(1);
     let (code, body) = cp.request(
         "PATCH",
         &format!("{path}/status"),
         "application/merge-patch+json",
-        &json!({"status": {"conditions": [{"type": "Ready", "status": "True",
-            "reason": "ReconciliationSucceeded", "message": "Reconciliation finished",
+        &json!({"status": {"conditions": [{"type": "Ready", "status": status,
+            "reason": reason, "message": message,
             "observedGeneration": generation, "lastTransitionTime": "2026-12-01T00:00:00Z"}]}}),
     );
     assert!(code < 300, "{code} {body}");
@@ -253,42 +286,15 @@ fn writes_by(cp: &ControlPlane, mark: u64, user: &str) -> Vec<String> {
 }
 
 fn cleanup(cp: &ControlPlane) {
-    for args in [
+    delete(
+        cp,
         &[
-            "delete",
-            "namespace",
-            "bs-system",
-            "bs-flux",
-            "flux-system",
-            "--ignore-not-found",
-            "--wait=false",
-        ][..],
-        &[
-            "delete",
-            "crd",
-            "bsnodes.cni.test.ginx.io",
-            "fluxinstances.fluxcd.controlplane.io",
-            "--ignore-not-found",
+            "namespace bs-system bs-flux flux-system --wait=false",
+            "crd bsnodes.cni.test.ginx.io fluxinstances.fluxcd.controlplane.io",
+            "configmap -n kube-system ginx-bootstrap",
+            "lease -n ginx-system ginx-bootstrap",
         ],
-        &[
-            "delete",
-            "configmap",
-            "-n",
-            "kube-system",
-            "ginx-bootstrap",
-            "--ignore-not-found",
-        ],
-        &[
-            "delete",
-            "lease",
-            "-n",
-            "ginx-system",
-            "ginx-bootstrap",
-            "--ignore-not-found",
-        ],
-    ] {
-        let _ = cp.kubectl_output(args);
-    }
+    );
 }
 
 /// One test for the whole flow: its parts share cluster-wide names (the ConfigMap, the Lease,
@@ -459,23 +465,6 @@ fn three_stages_in_order_reruns_write_nothing_flux_owned_objects_stay_failures_a
     after_init(cp);
 }
 
-/// A CRD whose objects carry a Ready condition that the test sets, as a controller would.
-const WAITS_CRD: &str = "\
-apiVersion: apiextensions.k8s.io/v1
-kind: CustomResourceDefinition
-metadata: {name: bswaits.test.ginx.io}
-spec:
-  group: test.ginx.io
-  names: {kind: BsWait, plural: bswaits, singular: bswait}
-  scope: Namespaced
-  versions:
-    - name: v1
-      served: true
-      storage: true
-      subresources: {status: {}}
-      schema: {openAPIV3Schema: {type: object, x-kubernetes-preserve-unknown-fields: true}}
-";
-
 /// A node of its own with the daemon's configuration (no source outside 127.0.0.1) and the
 /// `[bootstrap]` drop-in `stages` (TOML) using the admin identity `user`.
 fn node_with(cp: &ControlPlane, node: &str, user: &str, stages: &str) -> Setup {
@@ -501,30 +490,24 @@ fn node_with(cp: &ControlPlane, node: &str, user: &str, stages: &str) -> Setup {
 }
 
 fn delete_lease(cp: &ControlPlane) {
-    let _ = cp.kubectl_output(&[
-        "delete",
-        "lease",
-        "-n",
-        "ginx-system",
-        "ginx-bootstrap",
-        "--ignore-not-found",
-    ]);
+    delete(cp, &["lease -n ginx-system ginx-bootstrap"]);
+}
+
+/// `kubectl delete --ignore-not-found` of each `what` (its arguments, space-separated).
+fn delete(cp: &ControlPlane, what: &[&str]) {
+    for w in what {
+        let mut args = vec!["delete"];
+        args.extend(w.split_whitespace());
+        args.push("--ignore-not-found");
+        let _ = cp.kubectl_output(&args);
+    }
 }
 
 /// Sets the Ready condition of BsWait default/w once it exists.
 fn set_ready(cp: &ControlPlane, status: &str, reason: &str, message: &str) {
     let path = "/apis/test.ginx.io/v1/namespaces/default/bswaits/w";
     let obj = crate::support::wait_for("BsWait default/w", || cp.get_path(path));
-    let generation = obj["metadata"]["generation"].as_i64().unwrap_or(1);
-    let (code, body) = cp.request(
-        "PATCH",
-        &format!("{path}/status"),
-        "application/merge-patch+json",
-        &json!({"status": {"conditions": [{"type": "Ready", "status": status,
-            "reason": reason, "message": message,
-            "observedGeneration": generation, "lastTransitionTime": "2026-12-01T00:00:00Z"}]}}),
-    );
-    assert!(code < 300, "{code} {body}");
+    patch_ready(cp, path, &obj, status, reason, message);
 }
 
 /// A wait that never holds: the stage fails after its timeout naming the object and its last
@@ -543,7 +526,8 @@ fn failures(cp: &'static ControlPlane) {
     std::fs::write(
         s.dir.join("first.yaml"),
         format!(
-            "{WAITS_CRD}---\napiVersion: v1\nkind: ConfigMap\nmetadata: {{name: bs-first, namespace: default}}\ndata: {{a: b}}\n"
+            "{}---\napiVersion: v1\nkind: ConfigMap\nmetadata: {{name: bs-first, namespace: default}}\ndata: {{a: b}}\n",
+            crd("bswaits", "test.ginx.io", "BsWait")
         ),
     )
     .unwrap();
@@ -619,44 +603,20 @@ fn failures(cp: &'static ControlPlane) {
     );
     assert_eq!(daemon.status()["bootstrap"]["phase"], "failed");
     daemon.stop();
-    for args in [
+    delete(
+        cp,
         &[
-            "delete",
-            "configmap",
-            "-n",
-            "default",
-            "bs-first",
-            "--ignore-not-found",
-        ][..],
-        &[
-            "delete",
-            "crd",
-            "bswaits.test.ginx.io",
-            "--ignore-not-found",
+            "configmap -n default bs-first",
+            "crd bswaits.test.ginx.io",
+            "configmap -n kube-system ginx-bootstrap",
         ],
-        &[
-            "delete",
-            "configmap",
-            "-n",
-            "kube-system",
-            "ginx-bootstrap",
-            "--ignore-not-found",
-        ],
-    ] {
-        let _ = cp.kubectl_output(args);
-    }
+    );
 }
 
 /// `ginxctl bootstrap` started in the background, its output in `log`.
 fn spawn_bootstrap(s: &Setup, log: &std::path::Path) -> std::process::Child {
     let f = std::fs::File::create(log).unwrap();
-    Command::new(ginxctl_bin())
-        .arg("--config")
-        .arg(&s.env.config)
-        .arg("--socket")
-        .arg(&s.env.socket)
-        .arg("bootstrap")
-        .env_remove("GINX_SOCKET")
+    ginxctl(s, &["bootstrap"])
         .stdout(f.try_clone().unwrap())
         .stderr(f)
         .spawn()
@@ -741,12 +701,7 @@ fn two_at_once_interrupted_and_killed(cp: &ControlPlane) {
     assert_eq!(da.status()["bootstrap"]["phase"], "waiting");
 
     // What a waits for appears: it finishes, and gives the lock back.
-    cp.apply(
-        &WAITS_CRD
-            .replace("bswaits", "bsslows")
-            .replace("BsWait", "BsSlow")
-            .replace("bswait", "bsslow"),
-    );
+    cp.apply(&crd("bsslows", "test.ginx.io", "BsSlow"));
     let code = run_a.wait().unwrap();
     let t = std::fs::read_to_string(&log).unwrap();
     assert!(code.success(), "{t}");
@@ -820,33 +775,14 @@ fn two_at_once_interrupted_and_killed(cp: &ControlPlane) {
     da.stop();
     db.stop();
     delete_lease(cp);
-    for args in [
+    delete(
+        cp,
         &[
-            "delete",
-            "configmap",
-            "-n",
-            "default",
-            "bs-slow",
-            "bs-stuck",
-            "--ignore-not-found",
-        ][..],
-        &[
-            "delete",
-            "crd",
-            "bsslows.test.ginx.io",
-            "--ignore-not-found",
+            "configmap -n default bs-slow bs-stuck",
+            "crd bsslows.test.ginx.io",
+            "configmap -n kube-system ginx-bootstrap",
         ],
-        &[
-            "delete",
-            "configmap",
-            "-n",
-            "kube-system",
-            "ginx-bootstrap",
-            "--ignore-not-found",
-        ],
-    ] {
-        let _ = cp.kubectl_output(args);
-    }
+    );
 }
 
 /// `[bootstrap] after_init`: `ginxctl kubeadm init` (the stand-in kubeadm; admin.conf for the
@@ -892,14 +828,7 @@ fn after_init(cp: &ControlPlane) {
     );
     delete_lease(cp);
     let init = |extra: &[&str]| {
-        Command::new(ginxctl_bin())
-            .arg("--config")
-            .arg(&s.env.config)
-            .arg("--socket")
-            .arg(&s.env.socket)
-            .args(["kubeadm", "init"])
-            .args(extra)
-            .env_remove("GINX_SOCKET")
+        ginxctl(&s, &[&["kubeadm", "init"], extra].concat())
             .env("STUB_KUBEADM_DIR", root.join("kubeadm-stub"))
             .env(
                 "STUB_KUBEADM_MANIFEST",
@@ -931,30 +860,12 @@ fn after_init(cp: &ControlPlane) {
         cp.get_path("/api/v1/namespaces/default/configmaps/bs-after-init")
             .is_some()
     );
-    for args in [
+    delete(
+        cp,
         &[
-            "delete",
-            "configmap",
-            "-n",
-            "default",
-            "bs-after-init",
-            "--ignore-not-found",
-        ][..],
-        &[
-            "delete",
-            "clusterrolebinding",
-            "kubeadm:cluster-admins",
-            "--ignore-not-found",
+            "configmap -n default bs-after-init",
+            "clusterrolebinding kubeadm:cluster-admins",
+            "configmap -n kube-system ginx-bootstrap",
         ],
-        &[
-            "delete",
-            "configmap",
-            "-n",
-            "kube-system",
-            "ginx-bootstrap",
-            "--ignore-not-found",
-        ],
-    ] {
-        let _ = cp.kubectl_output(args);
-    }
+    );
 }
