@@ -28,6 +28,7 @@ let
     mkOption
     mkPackageOption
     optional
+    optionalString
     types
     ;
 
@@ -123,13 +124,76 @@ let
     ++ optional (cfg.settings.kubernetes.kubeconfig or null != null) {
       name = "settings.kubernetes.kubeconfig";
       value = cfg.settings.kubernetes.kubeconfig;
+    }
+    ++ optional (cfg.bootstrap.kubeconfig != null) {
+      name = "bootstrap.kubeconfig";
+      value = cfg.bootstrap.kubeconfig;
     };
+
+  # services.ginx.bootstrap: the options, and the `[bootstrap]` table made of them.
+  stageModule = {
+    options = {
+      name = mkOption {
+        type = types.str;
+        example = "cni";
+        description = "The stage's name (recorded with its checksum in kube-system/ginx-bootstrap).";
+      };
+      source = optionalSetting types.str "The source whose checkout holds `path`; null: `path` is absolute (a file the system puts in place, e.g. in the store)." {
+        example = "argus";
+      };
+      path = mkOption {
+        type = types.str;
+        example = "bootstrap/cilium.yaml";
+        description = "The manifests (YAML, rendered ahead of time): relative to the source's checkout, or absolute without `source`.";
+      };
+      wait = mkOption {
+        type = types.listOf types.str;
+        default = [ ];
+        example = [
+          "daemonset/kube-system/cilium"
+          "nodes"
+        ];
+        description = "What must hold before the next stage: `daemonset/<ns>/<name>`, `deployment/<ns>/<name>`, `crd/<name>`, `nodes`, `<group>/<kind>/<ns>/<name>` (Ready=True at its generation).";
+      };
+      timeout = optionalSetting types.str "How long the waits may take, e.g. \"10m\"; null: ginx's default." { };
+    };
+  };
+  fluxModule = {
+    options = {
+      source = optionalSetting types.str "The source Flux syncs from (its URL, branch and credentials); null: argus." { };
+      version = optionalSetting types.str "`spec.distribution.version`; null: ginx's default (2.x)." { };
+      registry = optionalSetting types.str "`spec.distribution.registry`; null: ghcr.io/fluxcd." { };
+      components = optionalSetting (types.listOf types.str) "The Flux controllers; null: source, kustomize, helm and notification." { };
+      clusterType = optionalSetting types.str "`spec.cluster.type`; null: kubernetes." { };
+      networkPolicy = optionalSetting types.bool "`spec.cluster.networkPolicy`; null: true." { };
+      domain = optionalSetting types.str "`spec.cluster.domain`; null: cluster.local." { };
+      url = optionalSetting types.str "`spec.sync.url`; null: the source's URL." { };
+      ref = optionalSetting types.str "`spec.sync.ref`; null: refs/heads/<the source's branch>." { };
+      path = mkOption {
+        type = types.str;
+        example = "clusters/lab";
+        description = "`spec.sync.path`: the cluster's directory in the repository.";
+      };
+      pullSecret = optionalSetting types.str "The Secret in flux-system made from the source's credentials; null: flux-system." { };
+      timeout = optionalSetting types.str "How long the FluxInstance may take to become Ready; null: ginx's default." { };
+    };
+  };
+  bootstrapTable = import ./bootstrap.nix {
+    inherit (cfg.bootstrap)
+      afterInit
+      kubeconfig
+      stages
+      flux
+      ;
+  };
 
   ginxctl = getExe' cfg.package "ginxctl";
 
   initKubeadm = pkgs.writeShellScriptBin "initKubeadm" ''
     # Initialise the first control-plane node: ginxctl kubeadm init (see README.md).
-    exec ${ginxctl} kubeadm init "$@"
+    # With services.ginx.bootstrap.afterInit, the bootstrap ([bootstrap]) runs once the control
+    # plane answers; --no-bootstrap skips it.
+    exec ${ginxctl} kubeadm init ${optionalString cfg.bootstrap.afterInit "--bootstrap "}"$@"
   '';
 
   joinCPKubeadm = pkgs.writeShellScriptBin "joinCPKubeadm" ''
@@ -222,6 +286,45 @@ in
       };
     };
 
+    bootstrap = {
+      afterInit = mkOption {
+        type = types.bool;
+        default = false;
+        description = ''
+          `initKubeadm` runs the bootstrap (`ginxctl bootstrap`) once the control plane answers
+          (`bootstrap.after_init`).
+        '';
+      };
+      kubeconfig = secretPath "The credentials of the bootstrap (cluster-admin); null: kubeadm's admin.conf.";
+      stages = mkOption {
+        type = types.listOf (types.submodule stageModule);
+        default = [ ];
+        description = "`[[bootstrap.stages]]`: applied in order, each waited for before the next.";
+        example = literalExpression ''
+          [
+            {
+              name = "cni";
+              source = "argus";
+              path = "bootstrap/cilium.yaml";
+              wait = [ "daemonset/kube-system/cilium" "nodes" ];
+            }
+            {
+              name = "flux-operator";
+              source = "argus";
+              path = "bootstrap/flux-operator.yaml";
+              wait = [ "deployment/flux-system/flux-operator" "crd/fluxinstances.fluxcd.controlplane.io" ];
+            }
+          ]
+        '';
+      };
+      flux = mkOption {
+        type = types.nullOr (types.submodule fluxModule);
+        default = null;
+        example = literalExpression ''{ path = "clusters/lab"; }'';
+        description = "`[bootstrap.flux]`: the last stage, the FluxInstance `flux` syncing from Argus.";
+      };
+    };
+
     kubeadm = {
       enable = mkEnableOption "the `initKubeadm` and `joinCPKubeadm` commands (ginxctl kubeadm init / join)";
       package = mkPackageOption pkgs "kubernetes" {
@@ -247,6 +350,8 @@ in
       warnings = optional (cfg.settings.sources == { } && !config.services.cloud-init.enable) "ginx: services.ginx.settings.sources is empty and cloud-init is off: ginx will not start until a drop-in in /etc/ginx/config.d defines a source.";
 
       services.ginx.settings.control.group = mkIf (cfg.group != null) cfg.group;
+
+      services.ginx.settings.bootstrap = mkIf (bootstrapTable != { }) bootstrapTable;
 
       users.groups = mkIf (cfg.group != null) { ${cfg.group} = { }; };
 

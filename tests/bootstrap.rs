@@ -123,21 +123,26 @@ spec:
 
 /// A CRD of the FluxInstance shape, from its documented fields (the operator's own stage);
 /// the instance is `[bootstrap.flux]`'s.
-const FLUX: &str = "\
-apiVersion: apiextensions.k8s.io/v1
+/// A namespaced CRD with a status subresource and any fields: `plural`.`group`, kind `kind`.
+fn crd(plural: &str, group: &str, kind: &str) -> String {
+    let singular = kind.to_lowercase();
+    format!(
+        "apiVersion: apiextensions.k8s.io/v1
 kind: CustomResourceDefinition
-metadata: {name: fluxinstances.fluxcd.controlplane.io}
+metadata: {{name: {plural}.{group}}}
 spec:
-  group: fluxcd.controlplane.io
-  names: {kind: FluxInstance, plural: fluxinstances, singular: fluxinstance}
+  group: {group}
+  names: {{kind: {kind}, plural: {plural}, singular: {singular}}}
   scope: Namespaced
   versions:
     - name: v1
       served: true
       storage: true
-      subresources: {status: {}}
-      schema: {openAPIV3Schema: {type: object, x-kubernetes-preserve-unknown-fields: true}}
-";
+      subresources: {{status: {{}}}}
+      schema: {{openAPIV3Schema: {{type: object, x-kubernetes-preserve-unknown-fields: true}}}}
+"
+    )
+}
 
 /// The Argus token: it must reach the pull secret and nothing else.
 const TOKEN: &str = "bs-token-Zq81xv";
@@ -159,7 +164,10 @@ fn setup(cp: &ControlPlane, user: &str, node: &str, timeout: &str) -> Setup {
     for (f, t) in [
         ("cni.yaml", CNI),
         ("operator.yaml", OPERATOR),
-        ("flux.yaml", FLUX),
+        (
+            "flux.yaml",
+            &crd("fluxinstances", "fluxcd.controlplane.io", "FluxInstance"),
+        ),
     ] {
         std::fs::write(dir.join(f), t).unwrap();
     }
@@ -196,15 +204,20 @@ fn setup(cp: &ControlPlane, user: &str, node: &str, timeout: &str) -> Setup {
     }
 }
 
-fn bootstrap(s: &Setup, args: &[&str]) -> Output {
-    Command::new(ginxctl_bin())
-        .arg("--config")
+/// `ginxctl` with the node's configuration and socket.
+fn ginxctl(s: &Setup, args: &[&str]) -> Command {
+    let mut c = Command::new(ginxctl_bin());
+    c.arg("--config")
         .arg(&s.env.config)
         .arg("--socket")
         .arg(&s.env.socket)
-        .arg("bootstrap")
         .args(args)
-        .env_remove("GINX_SOCKET")
+        .env_remove("GINX_SOCKET");
+    c
+}
+
+fn bootstrap(s: &Setup, args: &[&str]) -> Output {
+    ginxctl(s, &[&["bootstrap"], args].concat())
         .output()
         .expect("running ginxctl")
 }
@@ -230,13 +243,33 @@ fn ready_flux_instance(cp: &ControlPlane, done: &AtomicBool) {
         }
         std::thread::sleep(std::time::Duration::from_millis(100));
     };
+    patch_ready(
+        cp,
+        path,
+        &obj,
+        "True",
+        "ReconciliationSucceeded",
+        "Reconciliation finished",
+    );
+}
+
+/// Sets the Ready condition of the object at `path` (as read: `obj`) at its generation, as its
+/// controller would.
+fn patch_ready(
+    cp: &ControlPlane,
+    path: &str,
+    obj: &serde_json::Value,
+    status: &str,
+    reason: &str,
+    message: &str,
+) {
     let generation = obj["metadata"]["generation"].as_i64().unwrap_or(1);
     let (code, body) = cp.request(
         "PATCH",
         &format!("{path}/status"),
         "application/merge-patch+json",
-        &json!({"status": {"conditions": [{"type": "Ready", "status": "True",
-            "reason": "ReconciliationSucceeded", "message": "Reconciliation finished",
+        &json!({"status": {"conditions": [{"type": "Ready", "status": status,
+            "reason": reason, "message": message,
             "observedGeneration": generation, "lastTransitionTime": "2026-12-01T00:00:00Z"}]}}),
     );
     assert!(code < 300, "{code} {body}");
@@ -253,42 +286,15 @@ fn writes_by(cp: &ControlPlane, mark: u64, user: &str) -> Vec<String> {
 }
 
 fn cleanup(cp: &ControlPlane) {
-    for args in [
+    delete(
+        cp,
         &[
-            "delete",
-            "namespace",
-            "bs-system",
-            "bs-flux",
-            "flux-system",
-            "--ignore-not-found",
-            "--wait=false",
-        ][..],
-        &[
-            "delete",
-            "crd",
-            "bsnodes.cni.test.ginx.io",
-            "fluxinstances.fluxcd.controlplane.io",
-            "--ignore-not-found",
+            "namespace bs-system bs-flux flux-system --wait=false",
+            "crd bsnodes.cni.test.ginx.io fluxinstances.fluxcd.controlplane.io",
+            "configmap -n kube-system ginx-bootstrap",
+            "lease -n ginx-system ginx-bootstrap",
         ],
-        &[
-            "delete",
-            "configmap",
-            "-n",
-            "kube-system",
-            "ginx-bootstrap",
-            "--ignore-not-found",
-        ],
-        &[
-            "delete",
-            "lease",
-            "-n",
-            "ginx-system",
-            "ginx-bootstrap",
-            "--ignore-not-found",
-        ],
-    ] {
-        let _ = cp.kubectl_output(args);
-    }
+    );
 }
 
 /// One test for the whole flow: its parts share cluster-wide names (the ConfigMap, the Lease,
@@ -455,71 +461,125 @@ fn three_stages_in_order_reruns_write_nothing_flux_owned_objects_stay_failures_a
     let _ = mark;
     cleanup(cp);
     failures(cp);
+    two_at_once_interrupted_and_killed(cp);
+    after_init(cp);
 }
 
-/// A wait that never holds, a bootstrap already running elsewhere, the API away.
-fn failures(cp: &ControlPlane) {
-    // Its own names: a stage that waits for a Deployment that never exists.
+/// A node of its own with the daemon's configuration (no source outside 127.0.0.1) and the
+/// `[bootstrap]` drop-in `stages` (TOML) using the admin identity `user`.
+fn node_with(cp: &ControlPlane, node: &str, user: &str, stages: &str) -> Setup {
     let env = Env::new();
     let dir = env.root.join("b");
     std::fs::create_dir_all(&dir).unwrap();
-    std::fs::write(
-        dir.join("cm.yaml"),
-        "apiVersion: v1\nkind: ConfigMap\nmetadata: {name: bs-wait, namespace: default}\ndata: {a: b}\n",
-    )
-    .unwrap();
-    let kc = env.root.join("admin.conf");
-    cp.kubeconfig_for(&kc, "bs-waiter", &["system:masters"]);
-    env.dropin("10-node.toml", "[node]\nname = \"bs-makise\"\n");
+    let kubeconfig = env.root.join("admin.conf");
+    cp.kubeconfig_for(&kubeconfig, user, &["system:masters"]);
+    env.dropin("10-node.toml", &format!("[node]\nname = \"{node}\"\n"));
     env.dropin(
         "60-bootstrap.toml",
         &format!(
-            "[bootstrap]\nkubeconfig = \"{}\"\n\n[[bootstrap.stages]]\nname = \"never\"\n\
-             path = \"{}/cm.yaml\"\nwait = [\"deployment/default/bs-missing\"]\ntimeout = \"3s\"\n",
-            kc.display(),
-            dir.display()
+            "[bootstrap]\nkubeconfig = \"{}\"\n\n{}",
+            kubeconfig.display(),
+            stages.replace("{dir}", &dir.display().to_string())
         ),
     );
-    let s = Setup {
+    Setup {
         env,
-        kubeconfig: kc,
+        kubeconfig,
         dir,
-    };
-    let _ = cp.kubectl_output(&[
-        "delete",
-        "lease",
-        "-n",
-        "ginx-system",
-        "ginx-bootstrap",
-        "--ignore-not-found",
-    ]);
+    }
+}
+
+fn delete_lease(cp: &ControlPlane) {
+    delete(cp, &["lease -n ginx-system ginx-bootstrap"]);
+}
+
+/// `kubectl delete --ignore-not-found` of each `what` (its arguments, space-separated).
+fn delete(cp: &ControlPlane, what: &[&str]) {
+    for w in what {
+        let mut args = vec!["delete"];
+        args.extend(w.split_whitespace());
+        args.push("--ignore-not-found");
+        let _ = cp.kubectl_output(&args);
+    }
+}
+
+/// Sets the Ready condition of BsWait default/w once it exists.
+fn set_ready(cp: &ControlPlane, status: &str, reason: &str, message: &str) {
+    let path = "/apis/test.ginx.io/v1/namespaces/default/bswaits/w";
+    let obj = crate::support::wait_for("BsWait default/w", || cp.get_path(path));
+    patch_ready(cp, path, &obj, status, reason, message);
+}
+
+/// A wait that never holds: the stage fails after its timeout naming the object and its last
+/// condition, the daemon's status says so, and the next run resumes at that stage. Then the
+/// API away: exit 2.
+fn failures(cp: &'static ControlPlane) {
+    let s = node_with(
+        cp,
+        "bs-makise",
+        "bs-waiter",
+        "[[bootstrap.stages]]\nname = \"first\"\npath = \"{dir}/first.yaml\"\n\
+         wait = [\"crd/bswaits.test.ginx.io\"]\n\n\
+         [[bootstrap.stages]]\nname = \"never\"\npath = \"{dir}/never.yaml\"\n\
+         wait = [\"test.ginx.io/BsWait/default/w\"]\ntimeout = \"4s\"\n",
+    );
+    std::fs::write(
+        s.dir.join("first.yaml"),
+        format!(
+            "{}---\napiVersion: v1\nkind: ConfigMap\nmetadata: {{name: bs-first, namespace: default}}\ndata: {{a: b}}\n",
+            crd("bswaits", "test.ginx.io", "BsWait")
+        ),
+    )
+    .unwrap();
+    std::fs::write(
+        s.dir.join("never.yaml"),
+        "apiVersion: test.ginx.io/v1\nkind: BsWait\nmetadata: {name: w, namespace: default}\nspec: {a: b}\n",
+    )
+    .unwrap();
+    delete_lease(cp);
+    let daemon = s.env.start();
+    assert_eq!(daemon.status()["bootstrap"]["phase"], "pending");
+    // The object's controller says it is not ready, and stays so.
+    let setter = std::thread::spawn(move || {
+        set_ready(cp, "False", "Progressing", "still reconciling");
+    });
     let out = bootstrap(&s, &[]);
+    setter.join().unwrap();
     let t = text(&out);
     assert_eq!(out.status.code(), Some(1), "{t}");
-    assert!(t.contains("deployment/default/bs-missing did not hold within the stage's timeout: it does not exist"), "{t}");
-    // The stage is not recorded: the next run tries it again.
-    let cm = cp.get_path("/api/v1/namespaces/kube-system/configmaps/ginx-bootstrap");
+    let why = "test.ginx.io/BsWait/default/w did not hold within the stage's timeout: \
+               Ready=False (Progressing: still reconciling)";
+    assert!(t.contains(why), "{t}");
+    let b = daemon.status()["bootstrap"].clone();
+    assert_eq!(b["phase"], "failed", "{b:#}");
+    assert_eq!(b["stage"], "never", "{b:#}");
+    assert_eq!(b["done"], json!(["first"]), "{b:#}");
+    assert!(b["error"].as_str().unwrap().contains(why), "{b:#}");
+    let line = daemon.ctl_ok(&["status"]);
     assert!(
-        cm.as_ref().is_none_or(|c| c["data"]["never"].is_null()),
-        "{cm:?}"
+        line.contains("bootstrap  failed, stage never: test.ginx.io/BsWait/default/w did not hold"),
+        "{line}"
+    );
+    // The stage is not recorded (the one before it is): the next run tries it again.
+    let cm = cp
+        .get_path("/api/v1/namespaces/kube-system/configmaps/ginx-bootstrap")
+        .unwrap();
+    assert!(
+        cm["data"]["never"].is_null() && cm["data"]["first"].is_string(),
+        "{cm:#}"
     );
 
-    // Someone else holds the lock: it says who.
-    cp.apply(
-        &json!({"apiVersion": "coordination.k8s.io/v1", "kind": "Lease",
-            "metadata": {"name": "ginx-bootstrap", "namespace": "ginx-system"},
-            "spec": {"holderIdentity": "bs-quinn", "leaseDurationSeconds": 600,
-                "renewTime": jiff::Timestamp::now().strftime("%Y-%m-%dT%H:%M:%S%.6fZ").to_string()}})
-        .to_string(),
-    );
+    // Once the object is ready, the next run resumes at the failed stage.
+    set_ready(cp, "True", "Succeeded", "reconciled");
     let out = bootstrap(&s, &[]);
     let t = text(&out);
-    assert_eq!(out.status.code(), Some(1), "{t}");
-    assert!(
-        t.contains("another bootstrap runs") && t.contains("held by bs-quinn"),
-        "{t}"
-    );
-    let _ = cp.kubectl_output(&["delete", "lease", "-n", "ginx-system", "ginx-bootstrap"]);
+    assert!(out.status.success(), "{t}");
+    assert!(t.contains("stage first: unchanged"), "{t}");
+    assert!(t.contains("stage never: applying 1 object(s)"), "{t}");
+    let b = daemon.status()["bootstrap"].clone();
+    assert_eq!(b["phase"], "done", "{b:#}");
+    assert_eq!(b["done"], json!(["first", "never"]), "{b:#}");
+    assert!(b["error"].is_null(), "{b:#}");
 
     // The API away: exit 2, naming it.
     let away = s.env.root.join("away.conf");
@@ -537,13 +597,275 @@ fn failures(cp: &ControlPlane) {
     let out = bootstrap(&s, &[]);
     let t = text(&out);
     assert_eq!(out.status.code(), Some(2), "{t}");
-    assert!(t.contains("is the API server up?"), "{t}");
-    let _ = cp.kubectl_output(&[
-        "delete",
-        "configmap",
-        "-n",
-        "default",
-        "bs-wait",
-        "--ignore-not-found",
-    ]);
+    assert!(
+        t.contains("is the API server at https://127.0.0.1:9/ up?"),
+        "{t}"
+    );
+    assert_eq!(daemon.status()["bootstrap"]["phase"], "failed");
+    daemon.stop();
+    delete(
+        cp,
+        &[
+            "configmap -n default bs-first",
+            "crd bswaits.test.ginx.io",
+            "configmap -n kube-system ginx-bootstrap",
+        ],
+    );
+}
+
+/// `ginxctl bootstrap` started in the background, its output in `log`.
+fn spawn_bootstrap(s: &Setup, log: &std::path::Path) -> std::process::Child {
+    let f = std::fs::File::create(log).unwrap();
+    ginxctl(s, &["bootstrap"])
+        .stdout(f.try_clone().unwrap())
+        .stderr(f)
+        .spawn()
+        .unwrap()
+}
+
+/// Two nodes bootstrap at once: one runs, the other says who holds `ginx-bootstrap`. Then a
+/// run stopped by Ctrl-C (the lock given back) and one killed (status does not claim it runs).
+fn two_at_once_interrupted_and_killed(cp: &ControlPlane) {
+    let stages = "[[bootstrap.stages]]\nname = \"slow\"\npath = \"{dir}/slow.yaml\"\n\
+                  wait = [\"crd/bsslows.test.ginx.io\"]\ntimeout = \"2m\"\n";
+    let slow = "apiVersion: v1\nkind: ConfigMap\nmetadata: {name: bs-slow, namespace: default}\ndata: {a: b}\n";
+    let a = node_with(cp, "bs-a", "bs-admin-a", stages);
+    let b = node_with(cp, "bs-b", "bs-admin-b", stages);
+    std::fs::write(a.dir.join("slow.yaml"), slow).unwrap();
+    std::fs::write(b.dir.join("slow.yaml"), slow).unwrap();
+    delete_lease(cp);
+    let da = a.env.start();
+    let db = b.env.start();
+    let log = a.env.root.join("bootstrap-a.log");
+    // On a terminal (script(1) gives it one): the wait is a live line, redrawn in place.
+    let mut run_a = if crate::support::require("script") {
+        let cmd = format!(
+            "{} --config {} --socket {} bootstrap",
+            ginxctl_bin().display(),
+            a.env.config.display(),
+            a.env.socket.display()
+        );
+        let f = std::fs::File::create(&log).unwrap();
+        Command::new("script")
+            .args(["-qefc", &cmd, "/dev/null"])
+            .env_remove("GINX_SOCKET")
+            .stdout(f.try_clone().unwrap())
+            .stderr(f)
+            .spawn()
+            .unwrap()
+    } else {
+        spawn_bootstrap(&a, &log)
+    };
+    let st = da.wait_status("a's bootstrap waiting", |s| {
+        s["bootstrap"]["phase"] == "waiting"
+    });
+    let bs = &st["bootstrap"];
+    assert_eq!(bs["stage"], "slow", "{bs:#}");
+    assert!(
+        bs["waiting_for"]
+            .as_str()
+            .unwrap()
+            .starts_with("crd/bsslows.test.ginx.io: it does not exist"),
+        "{bs:#}"
+    );
+    // The pid of ginxctl itself, from the socket peer.
+    let pid = bs["pid"].as_u64().unwrap();
+    assert!(
+        std::fs::read_to_string(format!("/proc/{pid}/cmdline"))
+            .unwrap()
+            .contains("bootstrap"),
+        "{bs:#}"
+    );
+    let status = da.ctl_ok(&["status"]);
+    assert!(
+        status.contains(
+            "bootstrap  waiting, stage slow: crd/bsslows.test.ginx.io: it does not exist"
+        ),
+        "{status}"
+    );
+
+    // The other node is refused, naming the holder; its own status says so.
+    let out = bootstrap(&b, &[]);
+    let t = text(&out);
+    assert_eq!(out.status.code(), Some(1), "{t}");
+    assert!(
+        t.contains("another bootstrap runs: Lease ginx-system/ginx-bootstrap is held by bs-a"),
+        "{t}"
+    );
+    let bb = db.status()["bootstrap"].clone();
+    assert_eq!(bb["phase"], "failed", "{bb:#}");
+    assert!(
+        bb["error"].as_str().unwrap().contains("held by bs-a"),
+        "{bb:#}"
+    );
+    assert_eq!(da.status()["bootstrap"]["phase"], "waiting");
+
+    // What a waits for appears: it finishes, and gives the lock back.
+    cp.apply(&crd("bsslows", "test.ginx.io", "BsSlow"));
+    let code = run_a.wait().unwrap();
+    let t = std::fs::read_to_string(&log).unwrap();
+    assert!(code.success(), "{t}");
+    assert!(t.contains("crd/bsslows.test.ginx.io holds"), "{t}");
+    if crate::support::which("script").is_some() {
+        assert!(
+            t.contains("\r\x1b[2K  waiting for crd/bsslows.test.ginx.io: it does not exist ("),
+            "no live line: {t:?}"
+        );
+    }
+    let st = da.status()["bootstrap"].clone();
+    assert_eq!(st["phase"], "done", "{st:#}");
+    assert_eq!(st["done"], json!(["slow"]), "{st:#}");
+    let lease = cp.lease("ginx-system", "ginx-bootstrap").unwrap();
+    assert!(lease["spec"]["holderIdentity"].is_null(), "{lease:#}");
+
+    // Ctrl-C: exit 130, the lock given back, the status failed with why.
+    let never = "[[bootstrap.stages]]\nname = \"stuck\"\npath = \"{dir}/stuck.yaml\"\n\
+                 wait = [\"crd/bsnevers.test.ginx.io\"]\ntimeout = \"5m\"\n";
+    a.env.dropin(
+        "60-bootstrap.toml",
+        &format!(
+            "[bootstrap]\nkubeconfig = \"{}\"\n\n{}",
+            a.kubeconfig.display(),
+            never.replace("{dir}", &a.dir.display().to_string())
+        ),
+    );
+    std::fs::write(
+        a.dir.join("stuck.yaml"),
+        slow.replace("bs-slow", "bs-stuck"),
+    )
+    .unwrap();
+    let mut run = spawn_bootstrap(&a, &log);
+    da.wait_status("the stuck stage waiting", |s| {
+        s["bootstrap"]["phase"] == "waiting" && s["bootstrap"]["stage"] == "stuck"
+    });
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(run.id() as i32),
+        nix::sys::signal::Signal::SIGINT,
+    )
+    .unwrap();
+    let code = run.wait().unwrap();
+    let t = std::fs::read_to_string(&log).unwrap();
+    assert_eq!(code.code(), Some(130), "{t}");
+    assert!(t.contains("interrupted"), "{t}");
+    let lease = cp.lease("ginx-system", "ginx-bootstrap").unwrap();
+    assert!(lease["spec"]["holderIdentity"].is_null(), "{lease:#}");
+    let st = da.status()["bootstrap"].clone();
+    assert_eq!(st["phase"], "failed", "{st:#}");
+    assert!(
+        st["error"].as_str().unwrap().contains("interrupted"),
+        "{st:#}"
+    );
+
+    // Killed: nobody reports the end, and status does not claim a run under way.
+    let mut run = spawn_bootstrap(&a, &log);
+    da.wait_status("the stuck stage waiting again", |s| {
+        s["bootstrap"]["phase"] == "waiting"
+    });
+    run.kill().unwrap();
+    run.wait().unwrap();
+    let st = da.status()["bootstrap"].clone();
+    assert_eq!(st["phase"], "failed", "{st:#}");
+    assert!(
+        st["error"]
+            .as_str()
+            .unwrap()
+            .contains("ended before it finished, in stage stuck"),
+        "{st:#}"
+    );
+    da.stop();
+    db.stop();
+    delete_lease(cp);
+    delete(
+        cp,
+        &[
+            "configmap -n default bs-slow bs-stuck",
+            "crd bsslows.test.ginx.io",
+            "configmap -n kube-system ginx-bootstrap",
+        ],
+    );
+}
+
+/// `[bootstrap] after_init`: `ginxctl kubeadm init` (the stand-in kubeadm; admin.conf for the
+/// real control plane) prints the join command, then runs the bootstrap once the API answers.
+fn after_init(cp: &ControlPlane) {
+    use std::os::unix::fs::PermissionsExt;
+    let s = node_with(
+        cp,
+        "bs-init",
+        "bs-initer",
+        "after_init = true\n\n[[bootstrap.stages]]\nname = \"init-cm\"\npath = \"{dir}/cm.yaml\"\n",
+    );
+    std::fs::write(
+        s.dir.join("cm.yaml"),
+        "apiVersion: v1\nkind: ConfigMap\nmetadata: {name: bs-after-init, namespace: default}\ndata: {a: b}\n",
+    )
+    .unwrap();
+    let root = s.env.root.clone();
+    let stub = root.join("bin/kubeadm");
+    std::fs::copy(crate::support::support_dir().join("kubeadm-stub"), &stub).unwrap();
+    std::fs::set_permissions(&stub, std::fs::Permissions::from_mode(0o755)).unwrap();
+    s.env.dropin(
+        "50-kubeadm.toml",
+        &format!(
+            "[node]\nrole = \"control-plane\"\nadvertise_address = \"10.0.0.11\"\nnode_ip = \"10.0.0.11\"\n\n\
+             [kubeadm]\nkubeadm_path = \"{stub}\"\noutput_dir = \"{root}/kubeadm\"\nca_cert = \"{root}/pki/ca.crt\"\n\
+             admin_kubeconfig = \"{kc}\"\ncluster_name = \"kaas\"\nkubernetes_version = \"v1.33.4\"\n\
+             control_plane_endpoint = \"10.0.0.100:6443\"\npod_subnet = \"10.244.0.0/16\"\n\
+             service_subnet = \"10.96.0.0/12\"\n\n[kubeadm.kube_vip]\ninterface = \"eno1\"\n\
+             manifest_path = \"{root}/manifests/kube-vip.yaml\"\n",
+            stub = stub.display(),
+            root = root.display(),
+            kc = s.kubeconfig.display(),
+        ),
+    );
+    // kubeadm would have made the binding by now; kube-vip's switch to admin.conf waits for it.
+    cp.apply(
+        &json!({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRoleBinding",
+            "metadata": {"name": "kubeadm:cluster-admins"},
+            "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": "cluster-admin"},
+            "subjects": [{"apiGroup": "rbac.authorization.k8s.io", "kind": "Group", "name": "kubeadm:cluster-admins"}]})
+        .to_string(),
+    );
+    delete_lease(cp);
+    let init = |extra: &[&str]| {
+        ginxctl(&s, &[&["kubeadm", "init"], extra].concat())
+            .env("STUB_KUBEADM_DIR", root.join("kubeadm-stub"))
+            .env(
+                "STUB_KUBEADM_MANIFEST",
+                root.join("manifests/kube-vip.yaml"),
+            )
+            .output()
+            .unwrap()
+    };
+    // --no-bootstrap: kubeadm init alone.
+    let out = init(&["--no-bootstrap"]);
+    let t = text(&out);
+    assert!(out.status.success(), "{t}");
+    assert!(!t.contains("stage init-cm"), "{t}");
+    assert!(
+        cp.get_path("/api/v1/namespaces/default/configmaps/bs-after-init")
+            .is_none()
+    );
+    let out = init(&[]);
+    let t = text(&out);
+    assert!(out.status.success(), "{t}");
+    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+    let join = stdout.find("joinCPKubeadm ").expect("the join command");
+    let applied = stdout
+        .find("stage init-cm: applying 1 object(s)")
+        .unwrap_or_else(|| panic!("{t}"));
+    assert!(join < applied, "{stdout}");
+    assert!(stdout.contains("bootstrap: every stage holds"), "{stdout}");
+    assert!(
+        cp.get_path("/api/v1/namespaces/default/configmaps/bs-after-init")
+            .is_some()
+    );
+    delete(
+        cp,
+        &[
+            "configmap -n default bs-after-init",
+            "clusterrolebinding kubeadm:cluster-admins",
+            "configmap -n kube-system ginx-bootstrap",
+        ],
+    );
 }

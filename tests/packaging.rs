@@ -54,6 +54,7 @@ fn every_nix_file_parses_without_undefined_variables() {
     for want in [
         "flake.nix",
         "nixos-module/default.nix",
+        "nixos-module/bootstrap.nix",
         "packaging/nix/package.nix",
         "vm-tests/single-node.nix",
         "vm-tests/self-update.nix",
@@ -534,4 +535,117 @@ fn timeout_stop_sec_is_derived_from_the_graces() {
         out.is_empty() && err.contains("cannot compute TimeoutStopSec"),
         "{err}"
     );
+}
+
+/// `nixos-module/bootstrap.nix` evaluated as the module does it, from options like those of
+/// `services.ginx.bootstrap`.
+fn bootstrap_table(args: &str) -> Result<Value, String> {
+    let out = Command::new("nix-instantiate")
+        .args(["--eval", "--json", "--strict", "-E"])
+        .arg(format!(
+            "(import {}/nixos-module/bootstrap.nix) {args}",
+            repo().display()
+        ))
+        .output()
+        .unwrap();
+    if !out.status.success() {
+        return Err(String::from_utf8_lossy(&out.stderr).into_owned());
+    }
+    Ok(serde_json::from_slice(&out.stdout).unwrap())
+}
+
+#[test]
+fn the_modules_bootstrap_options_make_a_bootstrap_table_ginx_accepts() {
+    if !support::require("nix-instantiate") {
+        return;
+    }
+    // Every option the module declares for a stage and for Flux is mapped by bootstrap.nix.
+    let module = read("nixos-module/default.nix");
+    let mapping = read("nixos-module/bootstrap.nix");
+    for opt in [
+        "clusterType",
+        "networkPolicy",
+        "pullSecret",
+        "components",
+        "registry",
+        "version",
+        "domain",
+    ] {
+        assert!(
+            module.contains(&format!("      {opt} = ")),
+            "the module lacks {opt}"
+        );
+        assert!(
+            mapping.contains(&format!("f.{opt} or null")),
+            "bootstrap.nix does not map {opt}"
+        );
+    }
+    assert!(module.contains("import ./bootstrap.nix"));
+    assert!(module.contains(r#"optionalString cfg.bootstrap.afterInit "--bootstrap ""#));
+
+    // Nothing set: no [bootstrap] table at all.
+    assert_eq!(bootstrap_table("{ }").unwrap(), serde_json::json!({}));
+
+    // As the module passes them: submodule values carry every option, unset ones as null.
+    let table = bootstrap_table(
+        r#"{
+          afterInit = true;
+          kubeconfig = null;
+          stages = [
+            { name = "cni"; source = "argus"; path = "bootstrap/cilium.yaml";
+              wait = [ "daemonset/kube-system/cilium" "nodes" ]; timeout = "15m"; }
+            { name = "operator"; source = null; path = "/etc/ginx/flux-operator.yaml";
+              wait = [ "deployment/flux-system/flux-operator" ]; timeout = null; }
+          ];
+          flux = { source = null; version = "2.6.x"; registry = null; components = null;
+            clusterType = null; networkPolicy = false; domain = null; url = null; ref = null;
+            path = "clusters/lab"; pullSecret = null; timeout = null; };
+        }"#,
+    )
+    .unwrap();
+    assert_eq!(
+        table,
+        serde_json::json!({
+            "after_init": true,
+            "stages": [
+                {"name": "cni", "source": "argus", "path": "bootstrap/cilium.yaml",
+                 "wait": ["daemonset/kube-system/cilium", "nodes"], "timeout": "15m"},
+                {"name": "operator", "path": "/etc/ginx/flux-operator.yaml",
+                 "wait": ["deployment/flux-system/flux-operator"]}
+            ],
+            "flux": {"version": "2.6.x", "network_policy": false, "path": "clusters/lab"}
+        })
+    );
+    // ginx reads it: written as the module writes settings (TOML), beside two sources.
+    let dir = tempfile::tempdir().unwrap();
+    let config = dir.path().join("config.toml");
+    let write = |bootstrap: &Value| {
+        let doc = serde_json::json!({
+            "state_dir": dir.path().join("state"),
+            "sources": {
+                "hephaestus": {"url": "https://git.example.com/hephaestus.git"},
+                "argus": {"url": "https://git.example.com/argus.git"}
+            },
+            "bootstrap": bootstrap,
+        });
+        std::fs::write(&config, toml::to_string(&doc).unwrap()).unwrap();
+    };
+    write(&table);
+    let out = support::check_config(&config);
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(stdout.contains("after_init = true"), "{stdout}");
+    assert!(stdout.contains("[bootstrap.flux]"), "{stdout}");
+    // A wrong wait from the module is named by ginx at its key.
+    let mut bad = table.clone();
+    bad["stages"][1]["wait"] = serde_json::json!(["pods/x"]);
+    write(&bad);
+    let out = support::check_config(&config);
+    assert!(!out.status.success());
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains("bootstrap.stages[1].wait[0]"), "{stderr}");
 }

@@ -126,6 +126,8 @@ pub async fn run(config_path: PathBuf) -> anyhow::Result<Ending> {
 
     let (kube_status_tx, kube_status_rx) = watch::channel(status::KubeStatus::default());
     let (kubeadm_tx, kubeadm_rx) = watch::channel(None);
+    let bootstrap_file = cfg.state_dir.join("bootstrap.json");
+    let (bootstrap_tx, bootstrap_rx) = watch::channel(server::load_bootstrap(&bootstrap_file));
 
     let parts = status::Parts {
         config: config_rx.clone(),
@@ -134,6 +136,7 @@ pub async fn run(config_path: PathBuf) -> anyhow::Result<Ending> {
         health: health.subscribe(),
         kubernetes: kube_status_rx,
         kubeadm: kubeadm_rx,
+        bootstrap: bootstrap_rx,
         metrics_listen: metrics_listener.as_ref().and_then(|l| l.local_addr().ok()),
         started_at: util::now(),
     };
@@ -143,6 +146,8 @@ pub async fn run(config_path: PathBuf) -> anyhow::Result<Ending> {
         pollers: Arc::clone(&sources.channels),
         workspace: Arc::clone(&sources.workspace),
         kube: kube_clients_rx.clone(),
+        bootstrap: bootstrap_tx,
+        bootstrap_file,
     });
     let workspace = Arc::clone(&sources.workspace);
     let read_file: crate::kubeadm::watch::ReadFile = Arc::new(move |name, revision, path| {

@@ -51,6 +51,11 @@ pub fn age(t: Timestamp, now: Timestamp) -> String {
     }
 }
 
+/// Whether a process `pid` exists on this machine (its `/proc` entry).
+pub fn process_alive(pid: u32) -> bool {
+    std::path::Path::new(&format!("/proc/{pid}")).exists()
+}
+
 /// Replaces `path` with `bytes` so that readers see the old or the new content, never a mix,
 /// even across a crash. The new file is created with `mode` (less the umask) before anything is
 /// written to it, so a secret is never readable by others even for a moment. The temporary file

@@ -62,6 +62,23 @@ pub struct Prepared {
     pub timeout: Duration,
 }
 
+/// What a run tells its caller as it goes: lines to print, and where it is.
+#[derive(Debug)]
+pub enum Event<'a> {
+    /// A line of progress: a stage starting, an object applied or skipped, a wait that holds.
+    Line(&'a str),
+    /// A stage starts (applied, or found unchanged).
+    Stage(&'a str),
+    /// A wait does not hold yet; sent at every look (once a second), `since` the wait began.
+    Waiting {
+        wait: &'a Wait,
+        why: &'a str,
+        since: Instant,
+    },
+    /// A stage's waits hold.
+    Held(&'a str),
+}
+
 /// How a run ends.
 #[derive(Debug)]
 pub enum Failure {
@@ -295,7 +312,7 @@ impl Bootstrap {
     async fn apply(
         &mut self,
         obj: &DynamicObject,
-        progress: &mut dyn FnMut(&str),
+        progress: &mut dyn FnMut(Event<'_>),
     ) -> Result<bool, Failure> {
         let (ar, caps) = self.kind_of(obj).await?;
         let name = obj.metadata.name.clone().unwrap_or_default();
@@ -305,7 +322,9 @@ impl Bootstrap {
         match api.get_opt(&name).await {
             Ok(Some(live)) => {
                 if let Some(owner) = flux_owner(&live) {
-                    progress(&format!("  skipped {what}: owned by Flux ({owner})"));
+                    progress(Event::Line(&format!(
+                        "  skipped {what}: owned by Flux ({owner})"
+                    )));
                     return Ok(false);
                 }
             }
@@ -315,9 +334,9 @@ impl Bootstrap {
         if self.dry_run && ns.as_ref().is_some_and(|n| self.dry_namespaces.contains(n)) {
             // As with kubectl's --dry-run=server, the server cannot check an object in a
             // namespace that only the dry run created.
-            progress(&format!(
+            progress(Event::Line(&format!(
                 "  not checked {what}: its namespace is created by this stage (dry run)"
-            ));
+            )));
             return Ok(true);
         }
         let mut pp = PatchParams::apply(FIELD_MANAGER);
@@ -327,10 +346,10 @@ impl Bootstrap {
                 if self.dry_run && manifest::kind(obj) == "Namespace" {
                     self.dry_namespaces.insert(name.clone());
                 }
-                progress(&format!(
+                progress(Event::Line(&format!(
                     "  applied {what}{}",
                     if self.dry_run { " (dry run)" } else { "" }
-                ));
+                )));
                 Ok(true)
             }
             Err(e) if code(&e) == Some(409) => Err(Failure::Stage(format!(
@@ -349,23 +368,24 @@ impl Bootstrap {
         &mut self,
         stage: &Prepared,
         recorded: &mut BTreeMap<String, String>,
-        progress: &mut dyn FnMut(&str),
+        progress: &mut dyn FnMut(Event<'_>),
     ) -> Result<(), Failure> {
         let sum = checksum(&stage.text);
         let objects = parse(&stage.text, &stage.origin).map_err(Failure::Stage)?;
+        progress(Event::Stage(&stage.name));
         if recorded.get(&stage.name) == Some(&sum) {
-            progress(&format!(
+            progress(Event::Line(&format!(
                 "stage {}: unchanged since it was applied ({})",
                 stage.name,
                 &sum[..12]
-            ));
+            )));
         } else {
-            progress(&format!(
+            progress(Event::Line(&format!(
                 "stage {}: applying {} object(s) from {}",
                 stage.name,
                 objects.len(),
                 stage.origin
-            ));
+            )));
             let (first, rest) = manifest::order(&objects);
             let mut crds = Vec::new();
             for o in &first {
@@ -402,7 +422,8 @@ impl Bootstrap {
                 recorded.insert(stage.name.clone(), sum.clone());
             }
         }
-        progress(&format!("stage {}: done", stage.name));
+        progress(Event::Held(&stage.name));
+        progress(Event::Line(&format!("stage {}: done", stage.name)));
         Ok(())
     }
 
@@ -411,23 +432,24 @@ impl Bootstrap {
         w: &Wait,
         deadline: Instant,
         stage: &str,
-        progress: &mut dyn FnMut(&str),
+        progress: &mut dyn FnMut(Event<'_>),
     ) -> Result<(), Failure> {
-        let mut said = String::new();
+        let since = Instant::now();
         let mut renewed = Instant::now();
         loop {
             let why = match wait::check(&self.client, w).await {
                 Ok(None) => {
-                    progress(&format!("  {w} holds"));
+                    progress(Event::Line(&format!("  {w} holds")));
                     return Ok(());
                 }
                 Ok(Some(why)) => why,
                 Err(e) => return Err(e),
             };
-            if why != said {
-                progress(&format!("  waiting for {w}: {why}"));
-                said = why.clone();
-            }
+            progress(Event::Waiting {
+                wait: w,
+                why: &why,
+                since,
+            });
             if Instant::now() >= deadline {
                 return Err(Failure::Stage(format!(
                     "stage {stage}: {w} did not hold within the stage's timeout: {why}; fix it, \

@@ -4,19 +4,26 @@
 //! daemon, absolute ones from the file system. Exit 0 when every stage holds, 1 when one does
 //! not (naming the objects), 2 when the API (or ginx, for a source's file) cannot be reached.
 
-use std::io::Write;
+use std::io::{IsTerminal, Write};
 use std::path::Path;
 use std::process::ExitCode;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
+use super::render;
 use crate::bootstrap::flux::PullSecret;
-use crate::bootstrap::{Bootstrap, Failure, Prepared};
+use crate::bootstrap::{Bootstrap, Event, Failure, Prepared};
 use crate::config::{self, BootstrapConfig, Config};
-use crate::control::client::Client;
+use crate::control::client::{Client, ClientError};
 use crate::control::protocol::{Command, SourceFileReport};
+use crate::status::{BootstrapPhase, BootstrapStatus};
 
 pub fn main(config_path: &Path, client: &Client, dry_run: bool, only: Option<String>) -> ExitCode {
-    match run(config_path, client, dry_run, only) {
+    let opts = Options {
+        dry_run,
+        only,
+        wait_for_api: None,
+    };
+    match run(config_path, client, opts) {
         Ok(()) => ExitCode::SUCCESS,
         Err((message, code)) => {
             eprintln!("ginxctl bootstrap: {message}");
@@ -192,16 +199,141 @@ fn prepare(
     Ok(out)
 }
 
-fn run(
-    config_path: &Path,
-    client: &Client,
-    dry_run: bool,
-    only: Option<String>,
-) -> Result<(), (String, u8)> {
+/// Where the output goes: lines as they come; on a terminal, the wait under way as one live
+/// line redrawn at every look (with the time it has taken), cleared before the next line.
+/// Each step is also reported to the daemon for `ginxctl status` (not for a dry run).
+struct Progress<'a> {
+    client: &'a Client,
+    tty: bool,
+    /// A live line is on the terminal.
+    live: bool,
+    /// The last wait printed (off a terminal, a wait is printed when what it says changes).
+    said: String,
+    report: Option<BootstrapStatus>,
+}
+
+impl<'a> Progress<'a> {
+    fn new(client: &'a Client, dry_run: bool) -> Self {
+        let now = crate::util::now();
+        Self {
+            client,
+            tty: std::io::stdout().is_terminal(),
+            live: false,
+            said: String::new(),
+            report: (!dry_run).then(|| BootstrapStatus {
+                phase: BootstrapPhase::Applying,
+                started_at: Some(now),
+                ..BootstrapStatus::pending()
+            }),
+        }
+    }
+
+    fn print(&mut self, line: &str) {
+        let mut out = std::io::stdout().lock();
+        if self.live {
+            let _ = write!(out, "\r\x1b[2K");
+            self.live = false;
+        }
+        let _ = writeln!(out, "{}", render::terminal_safe(line));
+        let _ = out.flush();
+    }
+
+    fn event(&mut self, e: Event<'_>) {
+        match e {
+            Event::Line(l) => self.print(l),
+            Event::Stage(name) => self.update(|r| {
+                r.phase = BootstrapPhase::Applying;
+                r.stage = Some(name.to_owned());
+                r.waiting_for = None;
+            }),
+            Event::Held(name) => self.update(|r| {
+                r.done.push(name.to_owned());
+                r.waiting_for = None;
+            }),
+            Event::Waiting { wait, why, since } => {
+                let what = format!("{wait}: {why}");
+                if self.tty {
+                    let mut out = std::io::stdout().lock();
+                    let _ = write!(
+                        out,
+                        "\r\x1b[2K  waiting for {} ({}s)",
+                        render::terminal_safe(&what),
+                        since.elapsed().as_secs()
+                    );
+                    let _ = out.flush();
+                    self.live = true;
+                } else if what != self.said {
+                    self.print(&format!("  waiting for {what}"));
+                }
+                if what != self.said {
+                    self.said = what.clone();
+                    self.update(|r| {
+                        r.phase = BootstrapPhase::Waiting;
+                        r.waiting_for = Some(what);
+                    });
+                }
+            }
+        }
+    }
+
+    /// Changes the report and sends it; a daemon that cannot be reached (or that has another
+    /// run's progress) is said once, and the run goes on without reporting.
+    fn update(&mut self, change: impl FnOnce(&mut BootstrapStatus)) {
+        let Some(r) = self.report.as_mut() else {
+            return;
+        };
+        change(r);
+        let report = r.clone();
+        if let Err(e) = self
+            .client
+            .call::<serde_json::Value>(Command::BootstrapReport { report })
+        {
+            self.report = None;
+            let why = match &e {
+                ClientError::Daemon(b) => b.message.clone(),
+                other => other.to_string(),
+            };
+            self.print(&format!(
+                "(progress is not kept in `ginxctl status`: {why})"
+            ));
+        }
+    }
+
+    /// The run's end, reported.
+    fn finish(&mut self, error: Option<&str>) {
+        self.update(|r| {
+            r.phase = if error.is_some() {
+                BootstrapPhase::Failed
+            } else {
+                BootstrapPhase::Done
+            };
+            r.error = error.map(|e| e.chars().take(4096).collect());
+            r.waiting_for = None;
+            if error.is_none() {
+                r.stage = None;
+            }
+            r.finished_at = Some(crate::util::now());
+        });
+    }
+}
+
+/// How `ginxctl bootstrap` runs.
+pub struct Options {
+    pub dry_run: bool,
+    /// Only this stage.
+    pub only: Option<String>,
+    /// Wait this long for the API to answer first (after `kubeadm init`).
+    pub wait_for_api: Option<Duration>,
+}
+
+/// Exit code of a run stopped by Ctrl-C (128 + SIGINT, as a shell reports it).
+const INTERRUPTED: u8 = 130;
+
+pub fn run(config_path: &Path, client: &Client, opts: Options) -> Result<(), (String, u8)> {
     let cfg = config::load(config_path)
         .map_err(|e| (e.to_string(), 1))?
         .config;
-    let stages = prepare(&cfg, client, only.as_deref())?;
+    let stages = prepare(&cfg, client, opts.only.as_deref())?;
     let kubeconfig = cfg
         .bootstrap
         .kubeconfig
@@ -212,20 +344,36 @@ fn run(
         .build()
         .map_err(|e| (e.to_string(), 1))?;
     let holder = cfg.node_name().to_owned();
-    runtime.block_on(async move {
+    let dry_run = opts.dry_run;
+    let mut progress = Progress::new(client, dry_run);
+    let result = runtime.block_on(async {
         let kc = crate::kube::client_config(&kubeconfig, None, Duration::from_secs(10))
             .await
             .map_err(|e| (e, 2))?;
-        let client = kube::Client::try_from(kc).map_err(|e| (e.to_string(), 2))?;
-        let mut b = Bootstrap::new(client, dry_run, &holder);
+        // The server as the kubeconfig names it (a URL there carries no credentials).
+        let server = kc.cluster_url.to_string();
         let code = |f: Failure| match f {
             Failure::Stage(m) => (m, 1),
             Failure::Api(m) => (
-                format!("{m}; is the API server up? (credentials: {})", kubeconfig.display()),
+                format!(
+                    "{m}; is the API server at {server} up? (credentials: {})",
+                    kubeconfig.display()
+                ),
                 2,
             ),
         };
-        let mut recorded = b.recorded().await.map_err(code)?;
+        let api = kube::Client::try_from(kc).map_err(|e| (e.to_string(), 2))?;
+        let mut b = Bootstrap::new(api, dry_run, &holder);
+        let deadline = opts.wait_for_api.map(|d| Instant::now() + d);
+        let mut recorded = loop {
+            match b.recorded().await {
+                Err(Failure::Api(m)) if deadline.is_some_and(|d| Instant::now() < d) => {
+                    progress.print(&format!("waiting for the API server to answer: {m}"));
+                    tokio::time::sleep(Duration::from_secs(3)).await;
+                }
+                r => break r.map_err(code)?,
+            }
+        };
         // Nothing to apply: the waits are only read, and the lock (a write) is not needed.
         let writes = stages
             .iter()
@@ -233,29 +381,41 @@ fn run(
         if writes {
             b.lock().await.map_err(code)?;
         }
-        let mut progress = |line: &str| {
-            let mut out = std::io::stdout().lock();
-            let _ = writeln!(out, "{line}");
-            let _ = out.flush();
+        let outcome = tokio::select! {
+            r = async {
+                for s in &stages {
+                    b.stage(s, &mut recorded, &mut |e| progress.event(e)).await?;
+                }
+                Ok::<(), Failure>(())
+            } => r.map_err(code),
+            _ = tokio::signal::ctrl_c() => Err((
+                "interrupted; stages that held are recorded, run `ginxctl bootstrap` again to go on"
+                    .to_owned(),
+                INTERRUPTED,
+            )),
         };
-        let result = async {
-            for s in &stages {
-                b.stage(s, &mut recorded, &mut progress).await?;
-            }
-            Ok::<(), Failure>(())
-        }
-        .await;
         if writes {
             b.unlock().await;
         }
-        result.map_err(code)?;
-        progress(if dry_run {
-            "bootstrap: every stage accepted by the API (dry run: nothing written, nothing waited for)"
-        } else {
-            "bootstrap: every stage holds"
-        });
-        Ok(())
-    })
+        outcome
+    });
+    match &result {
+        Ok(()) => {
+            progress.finish(None);
+            progress.print(if dry_run {
+                "bootstrap: every stage accepted by the API (dry run: nothing written, nothing waited for)"
+            } else {
+                "bootstrap: every stage holds"
+            });
+        }
+        Err((m, _)) => {
+            if progress.live {
+                progress.print("");
+            }
+            progress.finish(Some(m));
+        }
+    }
+    result
 }
 
 #[cfg(test)]

@@ -25,6 +25,12 @@ pub enum KubeadmCommand {
         /// Passed through to kubeadm; nothing is written to /etc/kubernetes.
         #[arg(long)]
         dry_run: bool,
+        /// Run `ginxctl bootstrap` once the control plane answers (`[bootstrap] after_init`).
+        #[arg(long, conflicts_with = "no_bootstrap")]
+        bootstrap: bool,
+        /// Do not run the bootstrap, whatever `[bootstrap] after_init` says.
+        #[arg(long)]
+        no_bootstrap: bool,
     },
     /// Write the join configuration and run `kubeadm join` (as a control-plane node unless
     /// --worker).
@@ -176,7 +182,11 @@ fn ca_hashes(cfg: &Config, given: &[String]) -> Result<Vec<String>, Fail> {
 fn run(config_path: &Path, client: &Client, cmd: KubeadmCommand) -> Result<ExitCode, Fail> {
     match cmd {
         KubeadmCommand::Render(a) => render_cmd(config_path, client, a),
-        KubeadmCommand::Init { dry_run } => init(config_path, client, dry_run),
+        KubeadmCommand::Init {
+            dry_run,
+            bootstrap,
+            no_bootstrap,
+        } => init(config_path, client, dry_run, bootstrap, no_bootstrap),
         KubeadmCommand::Join {
             token,
             certificate_key,
@@ -294,8 +304,26 @@ fn write_kube_vip(cluster: &facts::Cluster, host_kubeconfig: &str) -> Result<Pat
     Ok(path)
 }
 
-fn init(config_path: &Path, client: &Client, dry_run: bool) -> Result<ExitCode, Fail> {
+/// How long `kubeadm init --bootstrap` waits for the API server to answer.
+const API_WAIT: Duration = Duration::from_secs(300);
+
+fn init(
+    config_path: &Path,
+    client: &Client,
+    dry_run: bool,
+    bootstrap: bool,
+    no_bootstrap: bool,
+) -> Result<ExitCode, Fail> {
     let (cfg, cluster, node) = prepare(config_path, client)?;
+    let bootstrap = (bootstrap || cfg.bootstrap.after_init) && !no_bootstrap;
+    if bootstrap && !cfg.bootstrap.configured() {
+        return Err(Fail(
+            "the bootstrap is asked for (--bootstrap or [bootstrap] after_init), but [bootstrap] \
+             has no stage and no [bootstrap.flux]"
+                .into(),
+            2,
+        ));
+    }
     if node.role != Role::ControlPlane {
         return Err(Fail(
             format!(
@@ -365,6 +393,24 @@ fn init(config_path: &Path, client: &Client, dry_run: bool) -> Result<ExitCode, 
     }
     if let Err(Fail(e, _)) = switch_kube_vip(&cfg, &cluster, Duration::from_secs(300)) {
         eprintln!("warning: {e}; run `ginxctl kubeadm switch-kube-vip` once the API answers");
+    }
+    if bootstrap {
+        println!();
+        println!("Bootstrapping the cluster ([bootstrap]; `ginxctl bootstrap` runs it again):");
+        let opts = super::bootstrap::Options {
+            dry_run: false,
+            only: None,
+            wait_for_api: Some(API_WAIT),
+        };
+        if let Err((m, code)) = super::bootstrap::run(config_path, client, opts) {
+            return Err(Fail(
+                format!(
+                    "the control plane is initialised (join it as printed above), but the \
+                     bootstrap did not finish: {m}"
+                ),
+                code,
+            ));
+        }
     }
     Ok(ExitCode::SUCCESS)
 }

@@ -192,6 +192,14 @@ pub fn status(s: &Status) -> String {
     if let Some(e) = &k.report_error {
         let _ = writeln!(o, "  node report: {}", printable(e));
     }
+    if let Some(b) = &s.bootstrap {
+        let when = b
+            .finished_at
+            .filter(|_| !b.phase.running())
+            .map(|t| format!(" ({})", age(t, now)))
+            .unwrap_or_default();
+        let _ = writeln!(o, "bootstrap  {}{when}", printable(&b.line()));
+    }
     if !s.health.is_empty() {
         let _ = writeln!(o, "health     {}", s.health_overall.as_str());
         for (probe, p) in &s.health {

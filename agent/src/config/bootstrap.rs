@@ -188,6 +188,11 @@ impl std::fmt::Display for Wait {
 }
 
 impl BootstrapConfig {
+    /// Whether there is anything to bootstrap.
+    pub fn configured(&self) -> bool {
+        !self.stages.is_empty() || self.flux.is_some()
+    }
+
     pub(super) fn validate(
         &self,
         sources: &std::collections::BTreeMap<String, super::SourceConfig>,
@@ -261,6 +266,12 @@ impl BootstrapConfig {
             if f.timeout.is_zero() {
                 return Err(ctx.error("bootstrap.flux.timeout", "must be longer than 0s"));
             }
+        }
+        if self.after_init && !self.configured() {
+            return Err(ctx.error(
+                "bootstrap.after_init",
+                "there is nothing to run: add [[bootstrap.stages]] or [bootstrap.flux], or drop it",
+            ));
         }
         Ok(())
     }

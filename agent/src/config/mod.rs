@@ -537,6 +537,11 @@ url = "ssh://git@git.example.com/infra/hephaestus.git"
             e.contains("bootstrap.stages[0].source") && e.contains("argus"),
             "{e}"
         );
+        let e = err_text(&format!("{BASE}\n[bootstrap]\nafter_init = true\n"));
+        assert!(
+            e.contains("bootstrap.after_init") && e.contains("nothing to run"),
+            "{e}"
+        );
     }
 
     #[test]

@@ -11,7 +11,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::source::SyncOutcome;
 use crate::state::Attempt;
-use crate::status::{FleetState, Halt};
+use crate::status::{BootstrapStatus, FleetState, Halt};
 use crate::types::Revision;
 
 pub const PROTOCOL_VERSION: u32 = 1;
@@ -63,6 +63,10 @@ pub enum Command {
     },
     /// The fleet as the API has it: nodes, slots, the fleet state.
     Cluster,
+    /// `ginxctl bootstrap` saying where its run is (kept for `status`).
+    BootstrapReport {
+        report: BootstrapStatus,
+    },
 }
 
 impl Command {
@@ -79,6 +83,7 @@ impl Command {
                 | Command::RolloutPause
                 | Command::RolloutResume
                 | Command::RolloutClear { .. }
+                | Command::BootstrapReport { .. }
                 // Not a change, but repository content is more than status.
                 | Command::SourceFile { .. }
         )
@@ -99,6 +104,7 @@ impl Command {
             Command::RolloutResume => "rollout-resume",
             Command::RolloutClear { .. } => "rollout-clear",
             Command::Cluster => "cluster",
+            Command::BootstrapReport { .. } => "bootstrap-report",
         }
     }
 }
@@ -257,6 +263,12 @@ mod tests {
         assert!(Command::Resume.mutates());
         assert!(Command::Sync { source: None }.mutates());
         assert!(!Command::Cluster.mutates());
+        assert!(
+            Command::BootstrapReport {
+                report: BootstrapStatus::pending()
+            }
+            .mutates()
+        );
         assert!(Command::RolloutPause.mutates());
         assert!(Command::RolloutResume.mutates());
         assert!(

@@ -23,7 +23,7 @@ use super::protocol::{
 use crate::reconcile;
 use crate::rollout::fleet::{ClearError, Fleet, RevisionError};
 use crate::source::PollerCmd;
-use crate::status::{Parts, Status};
+use crate::status::{BootstrapStatus, Parts, Status};
 use crate::types::api::KubeClients;
 
 /// Connections served at once; more are refused with a reply that says why.
@@ -53,6 +53,29 @@ pub struct Backend {
     /// The API clients, once the reporter has built them from `kubernetes.kubeconfig`
     /// (`None` before): the fleet commands and `cluster` talk to the cluster with them.
     pub kube: watch::Receiver<Option<KubeClients>>,
+    /// The last report of `ginxctl bootstrap`, and the file it is kept in across restarts.
+    pub bootstrap: watch::Sender<Option<BootstrapStatus>>,
+    pub bootstrap_file: PathBuf,
+}
+
+/// The last bootstrap report kept in `path`; a missing or unreadable file is no report (it is
+/// status only: the cluster's ConfigMap holds what was applied).
+pub fn load_bootstrap(path: &Path) -> Option<BootstrapStatus> {
+    let bytes = match std::fs::read(path) {
+        Ok(b) => b,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return None,
+        Err(e) => {
+            tracing::warn!(file = %path.display(), error = %e, "cannot read the last bootstrap report; status shows none");
+            return None;
+        }
+    };
+    match serde_json::from_slice(&bytes) {
+        Ok(s) => Some(s),
+        Err(e) => {
+            tracing::warn!(file = %path.display(), error = %e, "the last bootstrap report does not parse; status shows none until the next `ginxctl bootstrap`");
+            None
+        }
+    }
 }
 
 impl Backend {
@@ -328,6 +351,40 @@ impl Backend {
             .map_err(|e| (ErrorKind::Unavailable, e))
     }
 
+    /// `bootstrap-report`: kept as the node's bootstrap status, with the peer's pid (so that a
+    /// run whose process is gone shows as failed). A report from another process while a run
+    /// is under way is refused: two runs on one node (one of which the Lease stops) must not
+    /// overwrite each other's progress.
+    fn bootstrap_report(
+        &self,
+        mut report: BootstrapStatus,
+        peer: Option<&Peer>,
+    ) -> Result<Response, (ErrorKind, String)> {
+        let pid = peer.and_then(|p| p.pid);
+        if let Some(current) = self.bootstrap.borrow().as_ref()
+            && current.phase.running()
+            && current.pid != pid
+            && current.pid.is_some_and(crate::util::process_alive)
+        {
+            return Err((
+                ErrorKind::Unavailable,
+                format!(
+                    "a bootstrap by pid {} is under way on this node; its progress stays in status",
+                    current.pid.unwrap_or_default()
+                ),
+            ));
+        }
+        report.pid = pid;
+        report.updated_at = Some(crate::util::now());
+        if let Ok(bytes) = serde_json::to_vec_pretty(&report)
+            && let Err(e) = crate::state::write_atomic(&self.bootstrap_file, &bytes)
+        {
+            tracing::warn!(file = %self.bootstrap_file.display(), error = %e, "cannot keep the bootstrap report; status has it until ginx restarts");
+        }
+        self.bootstrap.send_replace(Some(report));
+        Ok(Response::ok(serde_json::json!({"kept": true})))
+    }
+
     async fn answer(&self, command: Command, peer: Option<&Peer>) -> Response {
         let result = match command {
             Command::Status => return Response::ok(self.status()),
@@ -374,6 +431,7 @@ impl Backend {
                 .await
                 .map(Response::ok),
             Command::Cluster => self.cluster().await,
+            Command::BootstrapReport { report } => self.bootstrap_report(report, peer),
             Command::History { limit } => {
                 self.ask(reconcile::Command::History).await.map(|mut a| {
                     a.reverse();
@@ -564,6 +622,7 @@ impl Drop for Slot {
 
 /// Who is on the other end.
 struct Peer {
+    pid: Option<u32>,
     uid: u32,
     gid: u32,
     groups: Vec<u32>,
@@ -573,6 +632,7 @@ impl Peer {
     fn of(stream: &UnixStream) -> Option<Self> {
         let cred = stream.peer_cred().ok()?;
         Some(Self {
+            pid: cred.pid().and_then(|p| u32::try_from(p).ok()),
             uid: cred.uid(),
             gid: cred.gid(),
             groups: peer_groups(stream).unwrap_or_default(),

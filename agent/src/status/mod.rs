@@ -8,6 +8,7 @@
 //! `types`, `util` and `config`; it must not import a worker, `reconcile` or `control`.
 
 mod apply;
+mod bootstrap;
 mod health;
 mod kubeadm;
 mod kubernetes;
@@ -23,6 +24,7 @@ use serde::{Deserialize, Serialize};
 use tokio::sync::watch;
 
 pub use apply::{ApplyState, ApplyStatus, Drift, Published, StateWriteError, SystemStatus};
+pub use bootstrap::{BootstrapPhase, BootstrapStatus};
 pub use health::{HealthMap, HealthStatus, Overall, ProbeStatus, overall};
 pub use kubeadm::KubeadmStatus;
 pub use kubernetes::{KubeState, KubeStatus};
@@ -59,6 +61,10 @@ pub struct Status {
     pub kubeadm: Option<KubeadmStatus>,
     /// The rollout of the apply source's revisions through the fleet: lock, gate, halt.
     pub rollout: RolloutStatus,
+    /// The last `ginxctl bootstrap` on this node; `null` when `[bootstrap]` configures no stage
+    /// and none has run.
+    #[serde(default)]
+    pub bootstrap: Option<BootstrapStatus>,
     /// Where metrics are served (`[metrics] listen`, with the port actually bound).
     pub metrics_listen: Option<SocketAddr>,
     pub started_at: Timestamp,
@@ -75,6 +81,8 @@ pub struct Parts {
     pub health: watch::Receiver<HealthMap>,
     pub kubernetes: watch::Receiver<KubeStatus>,
     pub kubeadm: watch::Receiver<Option<KubeadmStatus>>,
+    /// The last report of `ginxctl bootstrap` (the control socket keeps it).
+    pub bootstrap: watch::Receiver<Option<BootstrapStatus>>,
     pub metrics_listen: Option<SocketAddr>,
     pub started_at: Timestamp,
 }
@@ -110,6 +118,11 @@ impl Parts {
             kubernetes: self.kubernetes.borrow().clone(),
             kubeadm: self.kubeadm.borrow().clone(),
             rollout: published.rollout.clone(),
+            bootstrap: match self.bootstrap.borrow().clone() {
+                Some(b) => Some(b.settled(crate::util::process_alive)),
+                None if cfg.bootstrap.configured() => Some(BootstrapStatus::pending()),
+                None => None,
+            },
             metrics_listen: self.metrics_listen,
             started_at: self.started_at,
             now: crate::util::now(),
