@@ -342,6 +342,10 @@ in
         }) secretPaths
         ++ [
           {
+            assertion = cfg.bootstrap.afterInit -> (cfg.bootstrap.stages != [ ] || cfg.bootstrap.flux != null);
+            message = "ginx: services.ginx.bootstrap.afterInit is set, but there is nothing to run: add services.ginx.bootstrap.stages or services.ginx.bootstrap.flux.";
+          }
+          {
             assertion = cfg.group != "";
             message = "ginx: services.ginx.group is empty; set a group name, or null for ginx's default (wheel).";
           }

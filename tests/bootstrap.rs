@@ -144,6 +144,10 @@ spec:
     )
 }
 
+/// Argus, as the daemon and Flux are given it: a closed port on loopback (the daemon's fetches
+/// fail, which the bootstrap does not need).
+const ARGUS: &str = "http://127.0.0.1:9/argus.git";
+
 /// The Argus token: it must reach the pull secret and nothing else.
 const TOKEN: &str = "bs-token-Zq81xv";
 
@@ -191,7 +195,7 @@ fn setup(cp: &ControlPlane, user: &str, node: &str, timeout: &str) -> Setup {
              [[bootstrap.stages]]\nname = \"flux-crd\"\npath = \"{d}/flux.yaml\"\n\
              wait = [\"crd/fluxinstances.fluxcd.controlplane.io\"]\ntimeout = \"{timeout}\"\n\n\
              [bootstrap.flux]\nsource = \"argus\"\npath = \"clusters/lab\"\ntimeout = \"{timeout}\"\n\n\
-             [sources.argus]\nurl = \"https://git.example.com/argus.git\"\ntoken_file = \"{token}\"\n",
+             [sources.argus]\nurl = \"{ARGUS}\"\ntoken_file = \"{token}\"\ninterval = \"1h\"\n",
             kc = kubeconfig.display(),
             d = dir.display(),
             token = token.display(),
@@ -309,6 +313,8 @@ fn three_stages_in_order_reruns_write_nothing_flux_owned_objects_stay_failures_a
     cp.kubectl(&["label", "node", "bs-node", "bs-node=yes", "--overwrite"]);
     let _scheduler = Scheduler::start(cp, &["bs-system", "bs-flux"], "bs-node");
     let s = setup(cp, "bs-admin", "bs-lucy", "1m");
+    // The daemon runs beside it (progress reports): the token must not reach it either.
+    let daemon = s.env.start();
 
     // The dry run writes nothing (and cannot wait for what it did not create).
     let mark = cp.audit_mark();
@@ -346,10 +352,7 @@ fn three_stages_in_order_reruns_write_nothing_flux_owned_objects_stay_failures_a
     let fi = cp
         .get_path("/apis/fluxcd.controlplane.io/v1/namespaces/flux-system/fluxinstances/flux")
         .unwrap();
-    assert_eq!(
-        fi["spec"]["sync"]["url"], "https://git.example.com/argus.git",
-        "{fi:#}"
-    );
+    assert_eq!(fi["spec"]["sync"]["url"], ARGUS, "{fi:#}");
     assert_eq!(fi["spec"]["sync"]["ref"], "refs/heads/main");
     assert_eq!(fi["spec"]["sync"]["path"], "clusters/lab");
     assert_eq!(fi["spec"]["sync"]["pullSecret"], "flux-system");
@@ -458,6 +461,22 @@ fn three_stages_in_order_reruns_write_nothing_flux_owned_objects_stay_failures_a
         !writes.iter().any(|w| w.contains("deployments")),
         "{writes:?}"
     );
+    // The token is in the pull secret only: not in the daemon's log, status or report file.
+    let status = daemon.ctl_ok(&["status", "--json"]);
+    assert!(
+        status.contains("\"phase\": \"done\"") || status.contains("\"phase\":\"done\""),
+        "{status}"
+    );
+    let report = std::fs::read_to_string(s.env.state_dir.join("bootstrap.json")).unwrap();
+    let log = daemon.log();
+    daemon.stop();
+    for (what, text) in [
+        ("status", &status),
+        ("bootstrap.json", &report),
+        ("the daemon's log", &log),
+    ] {
+        assert!(!text.contains(TOKEN), "the token in {what}: {text}");
+    }
     let _ = mark;
     cleanup(cp);
     failures(cp);
@@ -684,6 +703,22 @@ fn two_at_once_interrupted_and_killed(cp: &ControlPlane) {
         "{status}"
     );
 
+    // A second run on the same node is refused too (the Lease names the run, not only the
+    // node), and its report does not overwrite the first one's progress.
+    let out = bootstrap(&a, &[]);
+    let t = text(&out);
+    assert_eq!(out.status.code(), Some(1), "{t}");
+    assert!(t.contains(&format!("is held by bs-a/ginxctl-{pid}")), "{t}");
+    assert!(
+        t.contains(&format!(
+            "a bootstrap by pid {pid} is under way on this node"
+        )),
+        "{t}"
+    );
+    let st = da.status()["bootstrap"].clone();
+    assert_eq!(st["phase"], "waiting", "{st:#}");
+    assert_eq!(st["pid"], pid, "{st:#}");
+
     // The other node is refused, naming the holder; its own status says so.
     let out = bootstrap(&b, &[]);
     let t = text(&out);
@@ -838,7 +873,7 @@ fn after_init(cp: &ControlPlane) {
             .unwrap()
     };
     // --no-bootstrap: kubeadm init alone.
-    let out = init(&["--no-bootstrap"]);
+    let out = init(&["--bootstrap", "--no-bootstrap"]);
     let t = text(&out);
     assert!(out.status.success(), "{t}");
     assert!(!t.contains("stage init-cm"), "{t}");

@@ -51,9 +51,22 @@ pub fn age(t: Timestamp, now: Timestamp) -> String {
     }
 }
 
-/// Whether a process `pid` exists on this machine (its `/proc` entry).
-pub fn process_alive(pid: u32) -> bool {
-    std::path::Path::new(&format!("/proc/{pid}")).exists()
+/// A process's start time in clock ticks since boot (field 22 of `/proc/<pid>/stat`).
+pub fn process_start_time(pid: u32) -> Option<u64> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    // The command name may contain spaces and parentheses; fields resume after the last ')'.
+    let rest = &stat[stat.rfind(')')? + 2..];
+    rest.split_whitespace().nth(19)?.parse().ok()
+}
+
+/// Whether process `pid` still runs and is the one that started at `start` (when known): a
+/// pid reused by another process is not taken for it.
+pub fn process_is(pid: u32, start: Option<u64>) -> bool {
+    match (process_start_time(pid), start) {
+        (None, _) => false,
+        (Some(now), Some(want)) => now == want,
+        (Some(_), None) => true,
+    }
 }
 
 /// Replaces `path` with `bytes` so that readers see the old or the new content, never a mix,

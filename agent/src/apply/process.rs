@@ -418,10 +418,7 @@ pub fn boot_id() -> Option<String> {
 
 /// A process's start time in clock ticks since boot (field 22 of `/proc/<pid>/stat`).
 pub fn start_time(pid: i32) -> Option<u64> {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
-    // The command name may contain spaces and parentheses; fields resume after the last ')'.
-    let rest = &stat[stat.rfind(')')? + 2..];
-    rest.split_whitespace().nth(19)?.parse().ok()
+    crate::util::process_start_time(u32::try_from(pid).ok()?)
 }
 
 /// Whether process group `pgid` is still the one recorded (same boot, same leader start time)

@@ -105,6 +105,21 @@ fn api_failure(what: &str, e: &kube::Error) -> Failure {
     }
 }
 
+/// Whether `holder` was a run on this node (the node of `ours`) whose process is gone (killed,
+/// or the machine rebooted): its Lease is taken over rather than waited out.
+fn dead_here(holder: &str, ours: &str) -> bool {
+    let split = |h: &str| {
+        h.split_once("/ginxctl-")
+            .map(|(n, p)| (n.to_owned(), p.parse::<u32>().ok()))
+    };
+    match (split(holder), split(ours)) {
+        (Some((theirs, Some(pid))), Some((node, _))) if theirs == node => {
+            !crate::util::process_is(pid, None)
+        }
+        _ => false,
+    }
+}
+
 pub struct Bootstrap {
     client: kube::Client,
     dry_run: bool,
@@ -143,7 +158,11 @@ impl Bootstrap {
             let live = renewed.is_some_and(|t| {
                 now.duration_since(t).as_secs() < i64::from(s.lease_duration_seconds.unwrap_or(0))
             });
-            if live && !holder.is_empty() && holder != self.holder {
+            if live
+                && !holder.is_empty()
+                && holder != self.holder
+                && !dead_here(&holder, &self.holder)
+            {
                 return Err(Failure::Stage(format!(
                     "another bootstrap runs: Lease {LOCK_NAMESPACE}/{LOCK_NAME} is held by {holder} \
                      (renewed {}); wait for it, or for the Lease to expire ({LOCK_SECONDS}s after it stops)",
@@ -180,6 +199,12 @@ impl Bootstrap {
                 &e,
             )),
         }
+    }
+
+    /// The holder identity of a run: `<node>/ginxctl-<pid>`, so that two runs on one node are
+    /// told apart as well as two nodes.
+    pub fn holder(node: &str) -> String {
+        format!("{node}/ginxctl-{}", std::process::id())
     }
 
     /// Renews the lock (while waiting); best effort.
@@ -370,9 +395,10 @@ impl Bootstrap {
         recorded: &mut BTreeMap<String, String>,
         progress: &mut dyn FnMut(Event<'_>),
     ) -> Result<(), Failure> {
-        let sum = checksum(&stage.text);
-        let objects = parse(&stage.text, &stage.origin).map_err(Failure::Stage)?;
         progress(Event::Stage(&stage.name));
+        let sum = checksum(&stage.text);
+        let objects = parse(&stage.text, &stage.origin)
+            .map_err(|e| Failure::Stage(format!("stage {}: {e}", stage.name)))?;
         if recorded.get(&stage.name) == Some(&sum) {
             progress(Event::Line(&format!(
                 "stage {}: unchanged since it was applied ({})",
@@ -464,5 +490,22 @@ impl Bootstrap {
             }
             tokio::time::sleep(POLL).await;
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::dead_here;
+
+    #[test]
+    fn only_a_gone_run_of_this_node_loses_its_lease() {
+        let me = format!("lucy/ginxctl-{}", std::process::id());
+        // pid 1 runs: alive.
+        assert!(!dead_here("lucy/ginxctl-1", &me));
+        // No such pid (above pid_max).
+        assert!(dead_here("lucy/ginxctl-4194305", &me));
+        // Another node's run is never judged from here.
+        assert!(!dead_here("makise/ginxctl-4194305", &me));
+        assert!(!dead_here("an-old-ginx", &me));
     }
 }

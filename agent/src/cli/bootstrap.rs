@@ -26,7 +26,7 @@ pub fn main(config_path: &Path, client: &Client, dry_run: bool, only: Option<Str
     match run(config_path, client, opts) {
         Ok(()) => ExitCode::SUCCESS,
         Err((message, code)) => {
-            eprintln!("ginxctl bootstrap: {message}");
+            eprintln!("ginxctl bootstrap: {}", render::terminal_safe(&message));
             ExitCode::from(code)
         }
     }
@@ -202,29 +202,50 @@ fn prepare(
 /// Where the output goes: lines as they come; on a terminal, the wait under way as one live
 /// line redrawn at every look (with the time it has taken), cleared before the next line.
 /// Each step is also reported to the daemon for `ginxctl status` (not for a dry run).
-struct Progress<'a> {
-    client: &'a Client,
+struct Progress {
+    /// Reports go through a client of their own with a short timeout: a daemon that does not
+    /// answer never holds the run up (the Lease, the waits, Ctrl-C).
+    client: Client,
     tty: bool,
     /// A live line is on the terminal.
     live: bool,
     /// The last wait printed (off a terminal, a wait is printed when what it says changes).
     said: String,
     report: Option<BootstrapStatus>,
+    /// The last report did not reach the daemon (said once; sent again at the next step).
+    unsent: bool,
 }
 
-impl<'a> Progress<'a> {
-    fn new(client: &'a Client, dry_run: bool) -> Self {
+/// How long one progress report may take.
+const REPORT_TIMEOUT: Duration = Duration::from_secs(2);
+
+/// The terminal's width in columns (80 when it cannot be told).
+fn columns() -> usize {
+    let mut ws: libc::winsize = unsafe { std::mem::zeroed() };
+    // SAFETY: TIOCGWINSZ writes a winsize into the valid struct given.
+    let rc = unsafe { libc::ioctl(libc::STDOUT_FILENO, libc::TIOCGWINSZ, &mut ws) };
+    if rc == 0 && ws.ws_col > 0 {
+        usize::from(ws.ws_col)
+    } else {
+        80
+    }
+}
+
+impl Progress {
+    fn new(client: &Client, dry_run: bool, only: Option<&str>) -> Self {
         let now = crate::util::now();
         Self {
-            client,
+            client: client.with_timeout(REPORT_TIMEOUT),
             tty: std::io::stdout().is_terminal(),
             live: false,
             said: String::new(),
             report: (!dry_run).then(|| BootstrapStatus {
                 phase: BootstrapPhase::Applying,
                 started_at: Some(now),
+                only: only.map(str::to_owned),
                 ..BootstrapStatus::pending()
             }),
+            unsent: false,
         }
     }
 
@@ -241,25 +262,33 @@ impl<'a> Progress<'a> {
     fn event(&mut self, e: Event<'_>) {
         match e {
             Event::Line(l) => self.print(l),
-            Event::Stage(name) => self.update(|r| {
-                r.phase = BootstrapPhase::Applying;
-                r.stage = Some(name.to_owned());
-                r.waiting_for = None;
-            }),
-            Event::Held(name) => self.update(|r| {
-                r.done.push(name.to_owned());
-                r.waiting_for = None;
-            }),
+            Event::Stage(name) => {
+                self.said.clear();
+                self.update(|r| {
+                    r.phase = BootstrapPhase::Applying;
+                    r.stage = Some(name.to_owned());
+                    r.waiting_for = None;
+                });
+            }
+            Event::Held(name) => {
+                self.said.clear();
+                self.update(|r| {
+                    r.done.push(name.to_owned());
+                    r.waiting_for = None;
+                });
+            }
             Event::Waiting { wait, why, since } => {
                 let what = format!("{wait}: {why}");
                 if self.tty {
-                    let mut out = std::io::stdout().lock();
-                    let _ = write!(
-                        out,
-                        "\r\x1b[2K  waiting for {} ({}s)",
-                        render::terminal_safe(&what),
+                    // One physical row: no line breaks, cut to the terminal's width.
+                    let line = format!(
+                        "  waiting for {} ({}s)",
+                        render::one_line(&what),
                         since.elapsed().as_secs()
                     );
+                    let cut: String = line.chars().take(columns().saturating_sub(1)).collect();
+                    let mut out = std::io::stdout().lock();
+                    let _ = write!(out, "\r\x1b[2K{cut}");
                     let _ = out.flush();
                     self.live = true;
                 } else if what != self.said {
@@ -276,26 +305,35 @@ impl<'a> Progress<'a> {
         }
     }
 
-    /// Changes the report and sends it; a daemon that cannot be reached (or that has another
-    /// run's progress) is said once, and the run goes on without reporting.
+    /// Changes the report and sends it. A daemon that refuses it (another run's progress is
+    /// under way there) is said once and not asked again; one that cannot be reached (it may
+    /// be restarting) is said once, and the whole report goes again at the next step.
     fn update(&mut self, change: impl FnOnce(&mut BootstrapStatus)) {
         let Some(r) = self.report.as_mut() else {
             return;
         };
         change(r);
         let report = r.clone();
-        if let Err(e) = self
+        match self
             .client
             .call::<serde_json::Value>(Command::BootstrapReport { report })
         {
-            self.report = None;
-            let why = match &e {
-                ClientError::Daemon(b) => b.message.clone(),
-                other => other.to_string(),
-            };
-            self.print(&format!(
-                "(progress is not kept in `ginxctl status`: {why})"
-            ));
+            Ok(_) => self.unsent = false,
+            Err(ClientError::Daemon(b)) => {
+                self.report = None;
+                self.print(&format!(
+                    "(progress is not kept in `ginxctl status`: {})",
+                    b.message
+                ));
+            }
+            Err(e) => {
+                if !self.unsent {
+                    self.print(&format!(
+                        "(progress did not reach `ginxctl status`: {e}; trying again at the next step)"
+                    ));
+                }
+                self.unsent = true;
+            }
         }
     }
 
@@ -343,9 +381,9 @@ pub fn run(config_path: &Path, client: &Client, opts: Options) -> Result<(), (St
         .enable_all()
         .build()
         .map_err(|e| (e.to_string(), 1))?;
-    let holder = cfg.node_name().to_owned();
+    let holder = Bootstrap::holder(cfg.node_name());
     let dry_run = opts.dry_run;
-    let mut progress = Progress::new(client, dry_run);
+    let mut progress = Progress::new(client, dry_run, opts.only.as_deref());
     let result = runtime.block_on(async {
         let kc = crate::kube::client_config(&kubeconfig, None, Duration::from_secs(10))
             .await
@@ -388,7 +426,7 @@ pub fn run(config_path: &Path, client: &Client, opts: Options) -> Result<(), (St
                 }
                 Ok::<(), Failure>(())
             } => r.map_err(code),
-            _ = tokio::signal::ctrl_c() => Err((
+            Ok(()) = tokio::signal::ctrl_c() => Err((
                 "interrupted; stages that held are recorded, run `ginxctl bootstrap` again to go on"
                     .to_owned(),
                 INTERRUPTED,

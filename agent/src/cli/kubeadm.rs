@@ -26,9 +26,9 @@ pub enum KubeadmCommand {
         #[arg(long)]
         dry_run: bool,
         /// Run `ginxctl bootstrap` once the control plane answers (`[bootstrap] after_init`).
-        #[arg(long, conflicts_with = "no_bootstrap")]
+        #[arg(long)]
         bootstrap: bool,
-        /// Do not run the bootstrap, whatever `[bootstrap] after_init` says.
+        /// Do not run the bootstrap, whatever `[bootstrap] after_init` or --bootstrap say.
         #[arg(long)]
         no_bootstrap: bool,
     },
@@ -101,7 +101,10 @@ pub fn main(config_path: &Path, client: &Client, cmd: KubeadmCommand) -> ExitCod
     match run(config_path, client, cmd) {
         Ok(code) => code,
         Err(Fail(message, code)) => {
-            eprintln!("ginxctl kubeadm: {message}");
+            eprintln!(
+                "ginxctl kubeadm: {}",
+                super::render::terminal_safe(&message)
+            );
             ExitCode::from(code)
         }
     }

@@ -497,6 +497,11 @@ pub fn cluster(v: &ClusterView) -> String {
 /// Text from commands and remotes, with control characters (terminal escapes) made visible.
 /// `s` for one line of a terminal: control characters (escape sequences from a hostile remote's
 /// error text, line breaks that would break the layout) become U+FFFD.
+/// `s` for one terminal row: every control character, line breaks too, made harmless.
+pub fn one_line(s: &str) -> String {
+    printable(s)
+}
+
 fn printable(s: &str) -> String {
     without_controls(s, false)
 }

@@ -78,6 +78,11 @@ impl Client {
         }
     }
 
+    /// The same socket with another timeout.
+    pub fn with_timeout(&self, timeout: Duration) -> Self {
+        Self::new(&self.socket, timeout)
+    }
+
     /// Sends `command` and decodes the result.
     pub fn call<T: DeserializeOwned>(&self, command: Command) -> Result<T, ClientError> {
         let value = self.call_raw(command)?;

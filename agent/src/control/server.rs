@@ -364,7 +364,9 @@ impl Backend {
         if let Some(current) = self.bootstrap.borrow().as_ref()
             && current.phase.running()
             && current.pid != pid
-            && current.pid.is_some_and(crate::util::process_alive)
+            && current
+                .pid
+                .is_some_and(|p| crate::util::process_is(p, current.pid_start))
         {
             return Err((
                 ErrorKind::Unavailable,
@@ -375,6 +377,7 @@ impl Backend {
             ));
         }
         report.pid = pid;
+        report.pid_start = pid.and_then(crate::util::process_start_time);
         report.updated_at = Some(crate::util::now());
         if let Ok(bytes) = serde_json::to_vec_pretty(&report)
             && let Err(e) = crate::state::write_atomic(&self.bootstrap_file, &bytes)

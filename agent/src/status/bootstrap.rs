@@ -63,9 +63,15 @@ pub struct BootstrapStatus {
     pub updated_at: Option<Timestamp>,
     #[serde(default)]
     pub finished_at: Option<Timestamp>,
-    /// The `ginxctl` process running it (taken from the socket peer, not from the report).
+    /// The `ginxctl` process running it (taken from the socket peer, not from the report),
+    /// and its start time (so that a reused pid is not taken for it).
     #[serde(default)]
     pub pid: Option<u32>,
+    #[serde(default)]
+    pub pid_start: Option<u64>,
+    /// `--stage NAME`: the run was of that stage only.
+    #[serde(default)]
+    pub only: Option<String>,
 }
 
 impl BootstrapStatus {
@@ -80,15 +86,17 @@ impl BootstrapStatus {
             updated_at: None,
             finished_at: None,
             pid: None,
+            pid_start: None,
+            only: None,
         }
     }
 
     /// A run that reported it was under way, but whose process is gone (interrupted, killed),
     /// is failed: status never claims a bootstrap that nobody runs.
-    pub fn settled(mut self, alive: impl Fn(u32) -> bool) -> Self {
+    pub fn settled(mut self, alive: impl Fn(u32, Option<u64>) -> bool) -> Self {
         if self.phase.running()
             && let Some(pid) = self.pid
-            && !alive(pid)
+            && !alive(pid, self.pid_start)
         {
             self.phase = BootstrapPhase::Failed;
             self.error = Some(format!(
@@ -107,6 +115,9 @@ impl BootstrapStatus {
     /// The one line of `ginxctl status`.
     pub fn line(&self) -> String {
         let mut l = self.phase.as_str().to_owned();
+        if let Some(o) = &self.only {
+            l.push_str(&format!(" (--stage {o} only)"));
+        }
         match self.phase {
             BootstrapPhase::Pending => l.push_str(": not run on this node (`ginxctl bootstrap`)"),
             BootstrapPhase::Done => {
@@ -151,8 +162,8 @@ mod tests {
             s.line(),
             "waiting, stage cni: daemonset/kube-system/cilium: 0 of 3 pods ready"
         );
-        assert_eq!(s.clone().settled(|_| true), s);
-        let gone = s.settled(|_| false);
+        assert_eq!(s.clone().settled(|_, _| true), s);
+        let gone = s.settled(|_, _| false);
         assert_eq!(gone.phase, BootstrapPhase::Failed);
         assert!(gone.waiting_for.is_none());
         assert!(
@@ -166,7 +177,7 @@ mod tests {
         done.phase = BootstrapPhase::Done;
         done.done = vec!["cni".into(), "flux".into()];
         done.pid = Some(1);
-        assert_eq!(done.clone().settled(|_| false), done);
+        assert_eq!(done.clone().settled(|_, _| false), done);
         assert_eq!(done.line(), "done: cni, flux");
         let json = serde_json::to_value(&done).unwrap();
         assert_eq!(json["phase"], "done");

@@ -119,7 +119,7 @@ impl Parts {
             kubeadm: self.kubeadm.borrow().clone(),
             rollout: published.rollout.clone(),
             bootstrap: match self.bootstrap.borrow().clone() {
-                Some(b) => Some(b.settled(crate::util::process_alive)),
+                Some(b) => Some(b.settled(crate::util::process_is)),
                 None if cfg.bootstrap.configured() => Some(BootstrapStatus::pending()),
                 None => None,
             },
