@@ -5,6 +5,7 @@ mod support;
 
 mod apply_engine;
 mod bootstrap;
+mod closure;
 mod control_socket;
 mod core_loop;
 mod fleet;

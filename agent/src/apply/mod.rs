@@ -10,9 +10,11 @@
 //! A worker (layer 5): imports `types`, `config`, `state`, `util`, never another worker. Not
 //! here: when to apply, retries and what is recorded where (see `reconcile`).
 
+pub mod closure;
 pub mod isolation;
 pub mod process;
 pub mod runner;
+pub mod step;
 pub mod system;
 
 pub use process::{

@@ -84,6 +84,9 @@ pub fn status(s: &Status) -> String {
             a.isolation
         );
     }
+    if let Some(c) = &a.closure {
+        let _ = writeln!(o, "closure    {}", printable(&closure_line(c)));
+    }
     let rb = &s.rollout.reboot;
     if sys.reboot_required {
         let _ = writeln!(o, "reboot     required: {}", sys.reboot_reasons.join("; "));
@@ -318,6 +321,9 @@ pub fn history(h: &HistoryReport, output: bool) -> String {
             generations,
             printable(a.error.as_deref().unwrap_or(""))
         );
+        if let Some(c) = &a.closure {
+            let _ = writeln!(o, "      closure {}", printable(&closure_line(c)));
+        }
         if output {
             for l in &a.output {
                 let mark = match l.stream {
@@ -497,6 +503,27 @@ pub fn cluster(v: &ClusterView) -> String {
 /// Text from commands and remotes, with control characters (terminal escapes) made visible.
 /// `s` for one line of a terminal: control characters (escape sequences from a hostile remote's
 /// error text, line breaks that would break the layout) become U+FFFD.
+/// A closure in short: path, size, time to fetch, where the pointer came from.
+fn closure_line(c: &crate::types::ClosureInfo) -> String {
+    let mut l = c.short_path();
+    let mut facts = Vec::new();
+    if let Some(b) = c.closure_size {
+        facts.push(if b >= 1024 * 1024 {
+            format!("{:.1} MiB", b as f64 / (1024.0 * 1024.0))
+        } else {
+            format!("{b} bytes")
+        });
+    }
+    if let Some(t) = c.realise_seconds {
+        facts.push(format!("fetched in {t:.1}s"));
+    }
+    if !facts.is_empty() {
+        let _ = write!(l, " ({})", facts.join(", "));
+    }
+    let _ = write!(l, " from {}", c.origin);
+    l
+}
+
 /// `s` for one terminal row: every control character, line breaks too, made harmless.
 pub fn one_line(s: &str) -> String {
     printable(s)

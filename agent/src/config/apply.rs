@@ -45,6 +45,169 @@ pub struct ApplyConfig {
     /// When the running system changes to one ginx did not produce: only `report` it, or
     /// `reapply` the applied revision.
     pub on_drift: DriftPolicy,
+    /// How a revision becomes the running system: `colmena` runs `command` on the checkout;
+    /// `closure` fetches the prebuilt system the revision points at (`[apply.closure]`).
+    pub mode: ApplyMode,
+    /// `[apply.closure]`, for `mode = "closure"`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub closure: Option<ClosureConfig>,
+}
+
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum ApplyMode {
+    #[default]
+    Colmena,
+    Closure,
+}
+
+impl ApplyMode {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ApplyMode::Colmena => "colmena",
+            ApplyMode::Closure => "closure",
+        }
+    }
+}
+
+/// `[apply.closure]`: where the store path of this node's system comes from, and the binary
+/// caches it is fetched from, signatures always checked.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ClosureConfig {
+    /// A file in the apply source's checkout holding the store path (`{node}` replaced); the
+    /// commit that changes it is verified like any other.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub file: Option<String>,
+    /// Or an http(s) pin endpoint answering with the store path (`{node}` replaced).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub url: Option<String>,
+    /// Sent as HTTP basic auth with `username`, as for sources.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub token_file: Option<PathBuf>,
+    #[serde(default = "default_username")]
+    pub username: String,
+    /// Nix's `substituters` for the fetch (the only ones used).
+    pub substituters: Vec<String>,
+    /// Nix's `trusted-public-keys`; `require-sigs` is always on.
+    pub trusted_public_keys: Vec<String>,
+    /// How long fetching the closure may take (within `apply.timeout`).
+    #[serde(default = "default_realise_timeout")]
+    pub realise_timeout: Duration,
+    /// How long the pin endpoint may take to answer.
+    #[serde(default = "default_pin_timeout")]
+    pub pin_timeout: Duration,
+    /// The Nix programs.
+    #[serde(default = "default_nix_store")]
+    pub nix_store: PathBuf,
+    #[serde(default = "default_nix_env")]
+    pub nix_env: PathBuf,
+    #[serde(default = "default_nix")]
+    pub nix: PathBuf,
+}
+
+/// The file when neither `file` nor `url` is given.
+pub const DEFAULT_CLOSURE_FILE: &str = "hosts/{node}.closure";
+
+fn default_username() -> String {
+    "git".into()
+}
+fn default_realise_timeout() -> Duration {
+    Duration::from_secs(20 * 60)
+}
+fn default_pin_timeout() -> Duration {
+    Duration::from_secs(30)
+}
+fn default_nix_store() -> PathBuf {
+    "nix-store".into()
+}
+fn default_nix_env() -> PathBuf {
+    "nix-env".into()
+}
+fn default_nix() -> PathBuf {
+    "nix".into()
+}
+
+impl ClosureConfig {
+    /// Where the pointer is read: the file in the checkout unless a URL is given.
+    pub fn file_for(&self, node: &str) -> Option<String> {
+        if self.url.is_some() && self.file.is_none() {
+            return None;
+        }
+        Some(
+            self.file
+                .as_deref()
+                .unwrap_or(DEFAULT_CLOSURE_FILE)
+                .replace("{node}", node),
+        )
+    }
+
+    fn validate(&self, ctx: &Ctx<'_>) -> Result<(), ConfigError> {
+        if self.file.is_some() && self.url.is_some() {
+            return Err(ctx.error(
+                "apply.closure.url",
+                "give `file` (a path in the checkout) or `url` (a pin endpoint), not both",
+            ));
+        }
+        if let Some(f) = &self.file
+            && (f.trim().is_empty() || f.starts_with('/') || f.split('/').any(|p| p == ".."))
+        {
+            return Err(ctx.error(
+                "apply.closure.file",
+                format!("{f:?} must be a path relative to the checkout, without .."),
+            ));
+        }
+        if let Some(u) = &self.url
+            && let Err(e) = u
+                .replace("{node}", "node")
+                .parse::<crate::types::EndpointUrl>()
+        {
+            return Err(ctx.error("apply.closure.url", e));
+        }
+        if self.token_file.is_some() && self.url.is_none() {
+            return Err(ctx.error(
+                "apply.closure.token_file",
+                "is sent to the pin endpoint: set apply.closure.url, or drop it",
+            ));
+        }
+        if self.substituters.iter().all(|s| s.trim().is_empty()) {
+            return Err(ctx.error(
+                "apply.closure.substituters",
+                "name at least one binary cache, e.g. [\"https://cache.example.com\"]",
+            ));
+        }
+        if self.trusted_public_keys.iter().all(|s| s.trim().is_empty()) {
+            return Err(ctx.error(
+                "apply.closure.trusted_public_keys",
+                "name the key the cache signs with (\"name:base64\"); signatures are always checked",
+            ));
+        }
+        for (i, k) in self.trusted_public_keys.iter().enumerate() {
+            if !k.contains(':') || k.split_whitespace().count() != 1 {
+                return Err(ctx.error(
+                    &format!("apply.closure.trusted_public_keys[{i}]"),
+                    format!("{k:?} is not a Nix public key (\"name:base64\", one per entry)"),
+                ));
+            }
+        }
+        for (i, s) in self.substituters.iter().enumerate() {
+            if s.split_whitespace().count() != 1 {
+                return Err(ctx.error(
+                    &format!("apply.closure.substituters[{i}]"),
+                    "one URL per entry, without spaces",
+                ));
+            }
+        }
+        for (key, d) in [
+            ("apply.closure.realise_timeout", self.realise_timeout),
+            ("apply.closure.pin_timeout", self.pin_timeout),
+        ] {
+            if d.is_zero() {
+                return Err(ctx.error(key, "must be longer than 0s"));
+            }
+        }
+        Ok(())
+    }
 }
 
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -86,6 +249,8 @@ impl Default for ApplyConfig {
             on_failure: Vec::new(),
             hook_timeout: Duration::from_secs(60),
             on_drift: DriftPolicy::Report,
+            mode: ApplyMode::Colmena,
+            closure: None,
         }
     }
 }
@@ -133,6 +298,16 @@ impl ApplyConfig {
         }
         if self.max_attempts == 0 {
             return Err(ctx.error("apply.max_attempts", "must be at least 1"));
+        }
+        match (self.mode, &self.closure) {
+            (ApplyMode::Closure, None) => {
+                return Err(ctx.error(
+                    "apply.mode",
+                    "\"closure\" needs [apply.closure] with substituters and trusted_public_keys",
+                ));
+            }
+            (_, Some(c)) => c.validate(ctx)?,
+            _ => {}
         }
         for (key, argv) in [
             ("apply.on_success", &self.on_success),

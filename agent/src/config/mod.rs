@@ -33,7 +33,9 @@ use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
 
-pub use apply::{ApplyConfig, DriftPolicy, IsolationMode};
+pub use apply::{
+    ApplyConfig, ApplyMode, ClosureConfig, DEFAULT_CLOSURE_FILE, DriftPolicy, IsolationMode,
+};
 pub use bootstrap::{BootstrapConfig, FluxConfig, Stage, Wait};
 pub use control::ControlConfig;
 pub use duration::Duration;
@@ -542,6 +544,60 @@ url = "ssh://git@git.example.com/infra/hephaestus.git"
             e.contains("bootstrap.after_init") && e.contains("nothing to run"),
             "{e}"
         );
+    }
+
+    #[test]
+    fn closure_mode_loads_and_bad_settings_are_named() {
+        let ok = load_text(&format!(
+            "{BASE}\n[apply]\nmode = \"closure\"\n\n[apply.closure]\n\
+             substituters = [\"https://cache.example.com\"]\n\
+             trusted_public_keys = [\"cache.example.com-1:abc=\"]\n"
+        ))
+        .unwrap();
+        let c = ok.apply.closure.as_ref().unwrap();
+        assert_eq!(ok.apply.mode, ApplyMode::Closure);
+        assert_eq!(c.file_for("lucy").as_deref(), Some("hosts/lucy.closure"));
+        assert_eq!(c.realise_timeout, Duration::from_secs(20 * 60));
+        let e = err_text(&format!("{BASE}\n[apply]\nmode = \"closure\"\n"));
+        assert!(
+            e.contains("apply.mode") && e.contains("[apply.closure]"),
+            "{e}"
+        );
+        for (body, key) in [
+            (
+                "substituters = []\ntrusted_public_keys = [\"k:1\"]\n",
+                "apply.closure.substituters",
+            ),
+            (
+                "substituters = [\"s\"]\ntrusted_public_keys = []\n",
+                "apply.closure.trusted_public_keys",
+            ),
+            (
+                "substituters = [\"s\"]\ntrusted_public_keys = [\"no-colon\"]\n",
+                "apply.closure.trusted_public_keys[0]",
+            ),
+            (
+                "substituters = [\"s\"]\ntrusted_public_keys = [\"k:1\"]\nfile = \"a\"\nurl = \"https://x/{node}\"\n",
+                "apply.closure.url",
+            ),
+            (
+                "substituters = [\"s\"]\ntrusted_public_keys = [\"k:1\"]\nfile = \"../x\"\n",
+                "apply.closure.file",
+            ),
+            (
+                "substituters = [\"s\"]\ntrusted_public_keys = [\"k:1\"]\nurl = \"ftp://x/{node}\"\n",
+                "apply.closure.url",
+            ),
+            (
+                "substituters = [\"s\"]\ntrusted_public_keys = [\"k:1\"]\ntoken_file = \"/t\"\n",
+                "apply.closure.token_file",
+            ),
+        ] {
+            let e = err_text(&format!(
+                "{BASE}\n[apply]\nmode = \"closure\"\n\n[apply.closure]\n{body}"
+            ));
+            assert!(e.contains(key), "{key}: {e}");
+        }
     }
 
     #[test]

@@ -543,6 +543,7 @@ mod tests {
             pgid: None,
             boot_id: None,
             start_time: None,
+            closure: None,
         }
     }
 

@@ -17,6 +17,14 @@ impl Reconciler {
         let now = util::now();
         let cfg = Arc::clone(&self.config.borrow());
         let kind = self.core.running().map(|r| r.kind).unwrap_or_default();
+        // Closure mode: what `ginx apply-closure` found (its report), else what was started.
+        let closure = self.core.running().and_then(|r| {
+            r.dir
+                .as_ref()
+                .and_then(|d| std::fs::read(d.join(crate::apply::closure::REPORT_FILE)).ok())
+                .and_then(|b| serde_json::from_slice::<crate::types::ClosureInfo>(&b).ok())
+                .or_else(|| r.closure.clone())
+        });
         let (outcome, exit_code, error, give_up) = match &finished.exit {
             Exit::Code(0) => (Outcome::Succeeded, Some(0), None, false),
             Exit::Code(COLMENA_CONFIG_ERROR) if kind == AttemptKind::Apply => (
@@ -60,6 +68,18 @@ impl Reconciler {
             ),
             Exit::SpawnFailed(m) => (Outcome::Failed, None, Some(m.clone()), false),
         };
+        // Closure mode says why in its own words (the signature, the missing path, not a
+        // NixOS system, the switch and where the profile points now).
+        let (error, give_up) = match closure.as_ref().and_then(|c| c.error.clone()) {
+            Some(e) if matches!(finished.exit, Exit::Code(c) if c != 0) => (
+                Some(e),
+                give_up || closure.as_ref().is_some_and(|c| c.permanent),
+            ),
+            _ => (error, give_up),
+        };
+        if closure.is_some() {
+            self.core.state.closure = closure.clone();
+        }
         let ending = Ending {
             outcome,
             error: error.clone(),
@@ -102,6 +122,7 @@ impl Reconciler {
             generation_before: done.generation_before.clone(),
             generation_after,
             isolation: done.isolation.clone(),
+            closure,
         };
         let took = attempt.finished_at.duration_since(attempt.started_at);
         self.metrics

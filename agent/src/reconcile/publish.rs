@@ -299,6 +299,12 @@ impl Reconciler {
             given_up: failure.is_some_and(|f| f.exhausted),
             reason,
             isolation: self.isolation.name().to_owned(),
+            mode: cfg.apply.mode.as_str().to_owned(),
+            closure: st
+                .in_flight
+                .as_ref()
+                .and_then(|r| r.closure.clone())
+                .or_else(|| st.closure.clone()),
         };
         drop(cfg);
         let next = Published {

@@ -72,6 +72,7 @@ impl Reconciler {
                 pgid: None,
                 boot_id: None,
                 start_time: None,
+                closure: None,
             })
             .map_err(|e| format!("cannot start the rollback: {e}"))?;
         tracing::warn!(attempt = id, from_generation = ?generation.number, "rolling back to the previous generation");

@@ -150,6 +150,7 @@ impl Reconciler {
                 pgid: None,
                 boot_id: None,
                 start_time: None,
+                closure: None,
             })
             .ok()?;
         tracing::info!(source = %source, revision = %revision.short(), node = %node, attempt = id,
@@ -163,30 +164,23 @@ impl Reconciler {
                 return None;
             }
         };
-        let subdir = cfg.sources.get(&source).and_then(|s| s.path.clone());
-        let cwd = match &subdir {
-            Some(p) => tree.path().join(p),
-            None => tree.path().to_owned(),
-        };
-        if !cwd.is_dir() {
-            let p = subdir.unwrap_or_default();
-            self.fail_to_start(
-                id,
-                format!(
-                    "directory {} (sources.{source}.path) does not exist in revision {revision}",
-                    p.display()
-                ),
-            )
-            .await;
-            return None;
+        // Colmena or closure mode: the one apply step, started and followed alike.
+        let step =
+            match apply::step::prepare(&cfg, tree.path(), &revision, goal, &self.attempt_dir(id))
+                .await
+            {
+                Ok(s) => s,
+                Err(e) => {
+                    self.fail_to_start(id, e).await;
+                    return None;
+                }
+            };
+        if let Some(c) = &step.closure {
+            tracing::info!(path = %c.path, from = %c.origin, "applying a prebuilt closure");
+            let _ = self.core.update_running(|r| r.closure = Some(c.clone()));
+            let _ = self.save_state();
         }
-        let mut argv: Vec<String> = cfg
-            .apply
-            .command
-            .iter()
-            .map(|a| a.replace("{node}", &node))
-            .collect();
-        argv.push(goal.as_str().to_owned());
+        let (argv, cwd) = (step.argv, step.cwd);
         let launch = Launch {
             dir: self.attempt_dir(id),
             unit,

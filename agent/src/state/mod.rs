@@ -21,7 +21,7 @@ use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
 
 use crate::status::HealthStatus;
-use crate::types::{Generation, Goal, Revision};
+use crate::types::{ClosureInfo, Generation, Goal, Revision};
 
 /// Bumped when a change is not backwards compatible; readers refuse newer versions.
 pub const STATE_VERSION: u32 = 1;
@@ -71,6 +71,9 @@ pub struct State {
     /// An attempt that had started when this file was written. Found at start-up, it means
     /// ginx stopped during that attempt.
     pub in_flight: Option<InFlight>,
+    /// Closure mode: the store path of the last attempt, what fetching it found.
+    #[serde(default)]
+    pub closure: Option<ClosureInfo>,
     /// Id of the next attempt; ids are never reused.
     pub next_attempt_id: u64,
     /// `/run/current-system` as ginx's last successful attempt left it; another value means
@@ -310,6 +313,9 @@ pub struct InFlight {
     /// for it.
     #[serde(default)]
     pub start_time: Option<u64>,
+    /// Closure mode: the store path this attempt applies, and where it came from.
+    #[serde(default)]
+    pub closure: Option<ClosureInfo>,
 }
 
 /// How an attempt ended.
@@ -372,6 +378,9 @@ pub struct Attempt {
     pub generation_after: Option<Generation>,
     #[serde(default)]
     pub isolation: String,
+    /// Closure mode: the store path, its size, the time to fetch it, where it came from.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub closure: Option<ClosureInfo>,
 }
 
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
@@ -666,6 +675,7 @@ mod tests {
             generation_before: None,
             generation_after: None,
             isolation: "process".into(),
+            closure: None,
         }
     }
 
@@ -718,6 +728,7 @@ mod tests {
                 generation_before: None,
                 generation_after: None,
                 isolation: "process".into(),
+                closure: None,
             });
         }
         assert_eq!(h.attempts.len(), HISTORY_LIMIT);

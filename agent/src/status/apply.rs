@@ -72,6 +72,12 @@ pub struct ApplyStatus {
     pub reason: Option<String>,
     /// `process` or `systemd-run`.
     pub isolation: String,
+    /// `colmena` or `closure` (`apply.mode`).
+    #[serde(default)]
+    pub mode: String,
+    /// Closure mode: the store path being applied, or of the last attempt.
+    #[serde(default)]
+    pub closure: Option<crate::types::ClosureInfo>,
 }
 
 /// `system` in `ginxctl status --json`: what the machine runs.

@@ -7,6 +7,7 @@
 //! crate; `config`, `status`, `state` and the workers take these from here.
 
 pub mod api;
+mod closure;
 mod endpoint;
 mod remote;
 
@@ -15,6 +16,7 @@ use std::path::PathBuf;
 
 use serde::{Deserialize, Serialize};
 
+pub use closure::{ClosureInfo, ClosureOrigin, STORE_DIR, check_store_path};
 pub use endpoint::EndpointUrl;
 pub use remote::{RemoteUrl, Revision, Transport};
 
@@ -57,6 +59,23 @@ impl Goal {
             Goal::DryActivate => "dry-activate",
             Goal::Build => "build",
         }
+    }
+}
+
+impl std::str::FromStr for Goal {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        [
+            Goal::Switch,
+            Goal::Boot,
+            Goal::Test,
+            Goal::DryActivate,
+            Goal::Build,
+        ]
+        .into_iter()
+        .find(|g| g.as_str() == s)
+        .ok_or_else(|| format!("{s:?}: the goal is one of switch, boot, test, dry-activate, build"))
     }
 }
 

@@ -1,0 +1,402 @@
+//! Closure mode with real Nix (Debian's nix-bin): test systems built with a plain `derivation`
+//! (a fake "NixOS system": `nixos-version` and a `bin/switch-to-configuration` that records
+//! its argv), signed with a key from `nix-store --generate-binary-cache-key`, copied with `nix
+//! copy --to file://…` into a binary cache, then deleted from the store, so that ginx must
+//! fetch them. Each test's systems embed its own directory, so their store paths are its own.
+
+use std::io::{BufRead, BufReader, Write};
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use serde_json::Value;
+
+use crate::support::daemon::Daemon;
+use crate::support::{self, Env};
+
+/// Nix as root without build users or a sandbox (a test machine has neither).
+const NIX_CONFIG: &str =
+    "build-users-group =\nsandbox = false\nexperimental-features = nix-command";
+
+fn nix(program: &str) -> Command {
+    let mut c = Command::new(program);
+    c.env("NIX_CONFIG", NIX_CONFIG);
+    c
+}
+
+fn ok(c: &mut Command) -> String {
+    String::from_utf8(support::succeed(c).stdout)
+        .unwrap()
+        .trim()
+        .to_owned()
+}
+
+/// A binary cache with its signing key, and the systems built for it.
+struct Cache {
+    dir: PathBuf,
+    secret: PathBuf,
+    /// `name:base64`
+    public: String,
+}
+
+impl Cache {
+    fn new(root: &Path, name: &str) -> Self {
+        let dir = root.join(format!("cache-{name}"));
+        std::fs::create_dir_all(&dir).unwrap();
+        let secret = root.join(format!("{name}.sk"));
+        let public = root.join(format!("{name}.pk"));
+        ok(nix("nix-store")
+            .args(["--generate-binary-cache-key", name])
+            .arg(&secret)
+            .arg(&public));
+        Self {
+            dir,
+            secret,
+            public: std::fs::read_to_string(public).unwrap().trim().to_owned(),
+        }
+    }
+
+    fn url(&self) -> String {
+        format!("file://{}", self.dir.display())
+    }
+
+    /// Signs `path` and copies it into the cache.
+    fn push(&self, path: &str) {
+        ok(nix("nix")
+            .arg("copy")
+            .arg("--to")
+            .arg(format!(
+                "{}?secret-key={}",
+                self.url(),
+                self.secret.display()
+            ))
+            .arg(path));
+    }
+}
+
+/// What the fake system's `switch-to-configuration` records, and the marker that makes it fail.
+struct Systems {
+    dir: PathBuf,
+}
+
+impl Systems {
+    fn new(root: &Path) -> Self {
+        let dir = root.join("systems");
+        std::fs::create_dir_all(&dir).unwrap();
+        Self { dir }
+    }
+
+    fn log(&self) -> String {
+        std::fs::read_to_string(self.dir.join("switch.log")).unwrap_or_default()
+    }
+
+    /// Builds a system named `name`; without `nixos`, a path that is no NixOS system. Its switch
+    /// appends `<path> <goal>` to the log and fails when the `fail` marker exists.
+    fn build(&self, name: &str, nixos: bool) -> String {
+        let script = self.dir.join(format!("{name}.stc"));
+        std::fs::write(
+            &script,
+            format!(
+                "#!/bin/sh\nself=\"$(cd \"$(dirname \"$0\")/..\" && pwd)\"\necho \"$self $*\" >> {d}/switch.log\n\
+                 if [ -e {d}/fail ]; then echo 'activation script failed' >&2; exit 1; fi\n",
+                d = self.dir.display()
+            ),
+        )
+        .unwrap();
+        let version = if nixos {
+            "echo 26.05.test > $out/nixos-version; "
+        } else {
+            ""
+        };
+        let expr = format!(
+            "derivation {{ name = \"nixos-system-lucy-{name}\"; system = builtins.currentSystem; \
+             builder = \"/bin/sh\"; args = [ \"-c\" \"/bin/mkdir -p $out/bin; {version}\
+             /bin/cp {s} $out/bin/switch-to-configuration; /bin/chmod 755 $out/bin/switch-to-configuration\" ]; }}",
+            s = script.display()
+        );
+        let file = self.dir.join(format!("{name}.nix"));
+        std::fs::write(&file, expr).unwrap();
+        ok(nix("nix-build").arg("--no-out-link").arg(&file))
+    }
+}
+
+/// Removes `path` from the store: the node must fetch it.
+fn forget(path: &str) {
+    ok(nix("nix-store").arg("--delete").arg(path));
+    assert!(!Path::new(path).exists());
+}
+
+fn require_nix() -> bool {
+    ["nix-store", "nix-build", "nix", "nix-env"]
+        .iter()
+        .all(|t| support::require(t))
+}
+
+/// A node in closure mode with the fake profile of `fake_nix`, fetching from `cache` and
+/// trusting `key`.
+fn closure_env(cache: &Cache, key: &str, extra: &str) -> Env {
+    let mut env = Env::new();
+    env.fake_nix();
+    env.daemon_env
+        .push(("NIX_CONFIG".into(), NIX_CONFIG.into()));
+    env.dropin(
+        "50-closure.toml",
+        &format!(
+            "[apply]\nmode = \"closure\"\n\n[apply.closure]\nsubstituters = [\"{}\"]\n\
+             trusted_public_keys = [\"{key}\"]\n{extra}",
+            cache.url()
+        ),
+    );
+    env
+}
+
+fn profile(env: &Env) -> String {
+    let p = env.stub_dir.join("nix/profiles/system");
+    std::fs::read_link(&p).unwrap().display().to_string()
+}
+
+fn last_attempt(d: &Daemon) -> Value {
+    let h: Value = serde_json::from_str(&d.ctl_ok(&["history", "--json"])).unwrap();
+    h["attempts"][0].clone()
+}
+
+/// Commits the pointer and waits for the attempt at that revision to end.
+fn point_at(env: &Env, d: &Daemon, path: &str) -> Value {
+    let rev = env.repo.commit(
+        "hosts/lucy.closure",
+        &format!("{path}\n"),
+        "point lucy at a system",
+    );
+    d.ctl_ok(&["sync"]);
+    support::wait_for("the attempt at the new revision", || {
+        let a = last_attempt(d);
+        (a["revision"] == rev.as_str()).then_some(a)
+    })
+}
+
+#[test]
+fn a_commit_of_the_pointer_is_fetched_set_as_the_profile_and_switched_and_a_failed_switch_points_back()
+ {
+    if !require_nix() {
+        return;
+    }
+    let tmp = tempfile::tempdir().unwrap();
+    let cache = Cache::new(tmp.path(), "ginx-test-1");
+    let systems = Systems::new(tmp.path());
+    let a = systems.build("a", true);
+    cache.push(&a);
+    forget(&a);
+    let env = closure_env(&cache, &cache.public, "");
+    let d = env.start();
+    let att = point_at(&env, &d, &a);
+    assert_eq!(att["outcome"], "succeeded", "{att:#}\n{}", d.log());
+    // Fetched, made the profile's generation 2, switched.
+    assert!(Path::new(&a).join("nixos-version").exists());
+    assert_eq!(profile(&env), "system-2-link");
+    assert_eq!(
+        std::fs::read_link(env.stub_dir.join("nix/profiles/system-2-link")).unwrap(),
+        PathBuf::from(&a)
+    );
+    assert_eq!(systems.log(), format!("{a} switch\n"));
+    // History: the path, its size, the time to fetch it, the pointer's origin.
+    let c = &att["closure"];
+    assert_eq!(c["path"], a.as_str(), "{att:#}");
+    assert!(c["closure_size"].as_u64().unwrap() > 0, "{c:#}");
+    assert!(c["realise_seconds"].as_f64().is_some(), "{c:#}");
+    assert_eq!(c["origin"]["kind"], "file");
+    assert_eq!(c["origin"]["file"], "hosts/lucy.closure");
+    assert_eq!(c["origin"]["revision"], att["revision"]);
+    let st = d.status();
+    assert_eq!(st["apply"]["mode"], "closure");
+    assert_eq!(st["apply"]["closure"]["path"], a.as_str());
+    let text = d.ctl_ok(&["status"]);
+    let hash = &a["/nix/store/".len()..][..8];
+    assert!(
+        text.contains(&format!(
+            "closure    /nix/store/{hash}…-nixos-system-lucy-a"
+        )),
+        "{text}"
+    );
+
+    // A system whose switch fails: the attempt fails, and the profile is back at generation 2.
+    let b = systems.build("b", true);
+    cache.push(&b);
+    forget(&b);
+    std::fs::write(systems.dir.join("fail"), "").unwrap();
+    let att = point_at(&env, &d, &b);
+    assert_eq!(att["outcome"], "failed", "{att:#}");
+    let err = att["error"].as_str().unwrap();
+    assert!(
+        err.contains("bin/switch-to-configuration switch failed (exit 1)")
+            && err.contains("the profile points back at generation 2"),
+        "{err}"
+    );
+    assert_eq!(profile(&env), "system-2-link");
+    assert!(systems.log().ends_with(&format!("{b} switch\n")));
+    d.stop();
+}
+
+#[test]
+fn a_wrong_key_a_missing_path_a_malformed_pointer_and_no_nixos_system_are_refused_before_the_profile_changes()
+ {
+    if !require_nix() {
+        return;
+    }
+    let tmp = tempfile::tempdir().unwrap();
+    let cache = Cache::new(tmp.path(), "ginx-test-2");
+    let other = Cache::new(tmp.path(), "ginx-other-1");
+    let systems = Systems::new(tmp.path());
+
+    // Signed by the cache's key, but the node trusts another: Nix refuses it.
+    let a = systems.build("signed", true);
+    cache.push(&a);
+    forget(&a);
+    let env = closure_env(&cache, &other.public, "");
+    let d = env.start();
+    let att = point_at(&env, &d, &a);
+    assert_eq!(att["outcome"], "failed", "{att:#}");
+    let err = att["error"].as_str().unwrap();
+    assert!(
+        err.contains("the signature check refused it")
+            && err.contains("is not signed by any of the keys"),
+        "{err}"
+    );
+    assert!(
+        !Path::new(&a).exists(),
+        "the unsigned path entered the store"
+    );
+    assert_eq!(profile(&env), "system-1-link");
+    d.stop();
+
+    // With the right key: a path the cache lacks, a malformed one, one that is no NixOS system.
+    let env = closure_env(&cache, &cache.public, "");
+    let d = env.start();
+    let missing = systems.build("missing", true);
+    forget(&missing);
+    let att = point_at(&env, &d, &missing);
+    let err = att["error"].as_str().unwrap_or_default().to_owned();
+    assert!(err.contains("no substituter has it"), "{att:#}");
+
+    let att = point_at(&env, &d, "/nix/store/not-a-store-path");
+    let err = att["error"].as_str().unwrap_or_default().to_owned();
+    assert!(
+        err.contains("hosts/lucy.closure") && err.contains("must be 32 characters"),
+        "{att:#}"
+    );
+
+    let plain = systems.build("plain", false);
+    cache.push(&plain);
+    forget(&plain);
+    let att = point_at(&env, &d, &plain);
+    let err = att["error"].as_str().unwrap_or_default().to_owned();
+    assert!(
+        err.contains("is not a NixOS system: it has no nixos-version"),
+        "{att:#}"
+    );
+    assert_eq!(profile(&env), "system-1-link");
+    assert_eq!(systems.log(), "", "nothing was switched to");
+    d.stop();
+}
+
+/// A pin endpoint on 127.0.0.1 answering `path` to requests with `user:token` (basic auth),
+/// 401 to others. The Authorization headers it got are kept.
+fn pin_server(
+    path: String,
+    user: &str,
+    token: &str,
+) -> (String, std::sync::mpsc::Receiver<String>) {
+    use base64::Engine;
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let url = format!("http://{}/pins/lucy", listener.local_addr().unwrap());
+    let want = format!(
+        "Basic {}",
+        base64::engine::general_purpose::STANDARD.encode(format!("{user}:{token}"))
+    );
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        for stream in listener.incoming().flatten() {
+            let mut reader = BufReader::new(stream.try_clone().unwrap());
+            let mut auth = String::new();
+            let mut line = String::new();
+            while reader.read_line(&mut line).is_ok_and(|n| n > 0) && line != "\r\n" {
+                if let Some(v) = line
+                    .strip_prefix("authorization: ")
+                    .or(line.strip_prefix("Authorization: "))
+                {
+                    auth = v.trim().to_owned();
+                }
+                line.clear();
+            }
+            let _ = tx.send(auth.clone());
+            let (status, body) = if auth == want {
+                ("200 OK", path.clone())
+            } else {
+                ("401 Unauthorized", String::new())
+            };
+            let mut s = stream;
+            let _ = write!(
+                s,
+                "HTTP/1.1 {status}\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+                body.len()
+            );
+        }
+    });
+    (url, rx)
+}
+
+#[test]
+fn a_pin_endpoint_with_a_token_points_the_node_and_the_token_stays_secret() {
+    if !require_nix() {
+        return;
+    }
+    const TOKEN: &str = "pin-token-Hq72kd";
+    let tmp = tempfile::tempdir().unwrap();
+    let cache = Cache::new(tmp.path(), "ginx-test-3");
+    let systems = Systems::new(tmp.path());
+    let a = systems.build("pinned", true);
+    cache.push(&a);
+    forget(&a);
+    let (url, requests) = pin_server(format!("{a}\n"), "ginx", TOKEN);
+    let token = tmp.path().join("pin.token");
+    std::fs::write(&token, format!("{TOKEN}\n")).unwrap();
+    {
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::set_permissions(&token, std::fs::Permissions::from_mode(0o600)).unwrap();
+    }
+    let env = closure_env(
+        &cache,
+        &cache.public,
+        &format!(
+            "url = \"{url}\"\ntoken_file = \"{}\"\nusername = \"ginx\"\n",
+            token.display()
+        ),
+    );
+    let d = env.start();
+    // Any revision of the apply source makes an attempt; the pointer comes from the endpoint.
+    let rev = env.repo.commit("README", "closure mode\n", "a revision");
+    d.ctl_ok(&["sync"]);
+    let att = support::wait_for("the attempt", || {
+        let a = last_attempt(&d);
+        (a["revision"] == rev.as_str()).then_some(a)
+    });
+    assert_eq!(att["outcome"], "succeeded", "{att:#}\n{}", d.log());
+    assert_eq!(att["closure"]["origin"]["kind"], "url");
+    assert_eq!(att["closure"]["origin"]["url"], url.as_str());
+    assert_eq!(profile(&env), "system-2-link");
+    assert!(
+        requests
+            .try_iter()
+            .next()
+            .is_some_and(|h| h.starts_with("Basic "))
+    );
+    let status = d.ctl_ok(&["status", "--json"]);
+    let history = d.ctl_ok(&["history", "--json", "--output"]);
+    let log = d.log();
+    d.stop();
+    for (what, text) in [
+        ("status", &status),
+        ("history", &history),
+        ("the log", &log),
+    ] {
+        assert!(!text.contains(TOKEN), "the token in {what}");
+    }
+}
