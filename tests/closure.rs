@@ -89,15 +89,27 @@ impl Systems {
         std::fs::read_to_string(self.dir.join("switch.log")).unwrap_or_default()
     }
 
-    /// Builds a system named `name`; without `nixos`, a path that is no NixOS system. Its switch
-    /// appends `<path> <goal>` to the log and fails when the `fail` marker exists.
+    /// Makes the switch of system `name` fail, or hang.
+    fn mark(&self, name: &str, what: &str) {
+        std::fs::write(self.dir.join(format!("{what}-{name}")), "").unwrap();
+    }
+
+    /// Builds `nixos-system-lucy-<name>` (or `name` itself when it starts with
+    /// `nixos-system-`); without `nixos`, a path that is no NixOS system. Its switch appends
+    /// `<path> <goal>` to the log, and fails or hangs when marked so.
     fn build(&self, name: &str, nixos: bool) -> String {
+        let full = if name.starts_with("nixos-system-") {
+            name.to_owned()
+        } else {
+            format!("nixos-system-lucy-{name}")
+        };
         let script = self.dir.join(format!("{name}.stc"));
         std::fs::write(
             &script,
             format!(
                 "#!/bin/sh\nself=\"$(cd \"$(dirname \"$0\")/..\" && pwd)\"\necho \"$self $*\" >> {d}/switch.log\n\
-                 if [ -e {d}/fail ]; then echo 'activation script failed' >&2; exit 1; fi\n",
+                 if [ -e {d}/fail-{name} ]; then echo 'activation script failed' >&2; exit 1; fi\n\
+                 if [ -e {d}/hang-{name} ]; then exec sleep 600; fi\n",
                 d = self.dir.display()
             ),
         )
@@ -108,7 +120,7 @@ impl Systems {
             ""
         };
         let expr = format!(
-            "derivation {{ name = \"nixos-system-lucy-{name}\"; system = builtins.currentSystem; \
+            "derivation {{ name = \"{full}\"; system = builtins.currentSystem; \
              builder = \"/bin/sh\"; args = [ \"-c\" \"/bin/mkdir -p $out/bin; {version}\
              /bin/cp {s} $out/bin/switch-to-configuration; /bin/chmod 755 $out/bin/switch-to-configuration\" ]; }}",
             s = script.display()
@@ -217,21 +229,120 @@ fn a_commit_of_the_pointer_is_fetched_set_as_the_profile_and_switched_and_a_fail
         "{text}"
     );
 
-    // A system whose switch fails: the attempt fails, and the profile is back at generation 2.
+    // A system whose switch fails: the attempt fails, the profile is back at generation 2,
+    // the failed generation 3 is gone, and system a is the boot default again.
     let b = systems.build("b", true);
     cache.push(&b);
     forget(&b);
-    std::fs::write(systems.dir.join("fail"), "").unwrap();
+    systems.mark("b", "fail");
     let att = point_at(&env, &d, &b);
     assert_eq!(att["outcome"], "failed", "{att:#}");
     let err = att["error"].as_str().unwrap();
     assert!(
         err.contains("bin/switch-to-configuration switch failed (exit 1)")
-            && err.contains("the profile points back at generation 2"),
+            && err.contains(
+                "the profile points back at generation 2 (generation 3 deleted), and it boots by default again"
+            ),
         "{err}"
     );
     assert_eq!(profile(&env), "system-2-link");
-    assert!(systems.log().ends_with(&format!("{b} switch\n")));
+    assert!(!env.stub_dir.join("nix/profiles/system-3-link").exists());
+    assert!(
+        systems.log().ends_with(&format!("{b} switch\n{a} boot\n")),
+        "{}",
+        systems.log()
+    );
+    d.stop();
+}
+
+#[test]
+fn a_switch_that_hangs_past_the_timeout_is_stopped_and_ginx_puts_the_profile_back() {
+    if !require_nix() {
+        return;
+    }
+    let tmp = tempfile::tempdir().unwrap();
+    let cache = Cache::new(tmp.path(), "ginx-test-4");
+    let systems = Systems::new(tmp.path());
+    let a = systems.build("hangs", true);
+    cache.push(&a);
+    forget(&a);
+    systems.mark("hangs", "hang");
+    let env = closure_env(&cache, &cache.public, "realise_timeout = \"5s\"\n");
+    env.dropin("60-timeout.toml", "[apply]\ntimeout = \"6s\"\n");
+    let d = env.start();
+    let att = point_at(&env, &d, &a);
+    // The runner stops apply-closure with the switch; the daemon puts the profile back.
+    assert_eq!(att["outcome"], "timed-out", "{att:#}");
+    let err = att["error"].as_str().unwrap();
+    assert!(
+        err.contains("timed out") && err.contains("the profile points back at generation 1"),
+        "{err}"
+    );
+    assert_eq!(profile(&env), "system-1-link");
+    assert!(!env.stub_dir.join("nix/profiles/system-2-link").exists());
+    d.stop();
+}
+
+#[test]
+fn a_pointer_in_an_unsigned_commit_is_refused_at_the_source() {
+    if !require_nix() || !support::require("ssh-keygen") {
+        return;
+    }
+    let tmp = tempfile::tempdir().unwrap();
+    let cache = Cache::new(tmp.path(), "ginx-test-5");
+    let systems = Systems::new(tmp.path());
+    let a = systems.build("signed", true);
+    let b = systems.build("unsigned", true);
+    for p in [&a, &b] {
+        cache.push(p);
+        forget(p);
+    }
+    let env = closure_env(&cache, &cache.public, "");
+    let key = env.root.join("alice");
+    let public = crate::support::ssh::keygen(&key, "alice");
+    let signers = env.root.join("allowed_signers");
+    std::fs::write(
+        &signers,
+        format!("alice@example.com namespaces=\"git\" {public}\n"),
+    )
+    .unwrap();
+    env.repo.git(&["config", "gpg.format", "ssh"]);
+    env.repo
+        .git(&["config", "user.signingkey", key.to_str().unwrap()]);
+    std::fs::create_dir_all(env.repo.path.join("hosts")).unwrap();
+    std::fs::write(env.repo.path.join("hosts/lucy.closure"), format!("{a}\n")).unwrap();
+    env.repo.git(&["add", "-A"]);
+    env.repo
+        .git(&["commit", "-q", "-S", "-m", "signed pointer"]);
+    let signed = env.repo.head();
+    env.dropin(
+        "20-sig.toml",
+        &format!(
+            "[sources.hephaestus]\nallowed_signers_file = \"{}\"\n",
+            signers.display()
+        ),
+    );
+    let d = env.start();
+    d.wait_applied(&signed);
+    assert_eq!(profile(&env), "system-2-link");
+    // An unsigned commit moving the pointer: refused by the source, never realised.
+    let unsigned = env
+        .repo
+        .commit("hosts/lucy.closure", &format!("{b}\n"), "unsigned pointer");
+    d.ctl(&["sync"]);
+    let st = d.status();
+    let src = &st["sources"]["hephaestus"];
+    assert_eq!(src["refused"]["revision"], unsigned.as_str(), "{src:#}");
+    assert!(
+        src["error"].as_str().unwrap().contains("it is not signed"),
+        "{src:#}"
+    );
+    assert_eq!(last_attempt(&d)["revision"], signed.as_str());
+    assert!(
+        !Path::new(&b).exists(),
+        "the unsigned pointer's path was fetched"
+    );
+    assert_eq!(profile(&env), "system-2-link");
     d.stop();
 }
 
@@ -281,6 +392,20 @@ fn a_wrong_key_a_missing_path_a_malformed_pointer_and_no_nixos_system_are_refuse
     assert!(
         err.contains("hosts/lucy.closure") && err.contains("must be 32 characters"),
         "{att:#}"
+    );
+
+    let other_host = systems.build("nixos-system-makise-26.05", true);
+    cache.push(&other_host);
+    forget(&other_host);
+    let att = point_at(&env, &d, &other_host);
+    let err = att["error"].as_str().unwrap_or_default().to_owned();
+    assert!(
+        err.contains("is not a system of this node") && err.contains("\"nixos-system-lucy-\""),
+        "{att:#}"
+    );
+    assert!(
+        !Path::new(&other_host).exists(),
+        "refused before anything ran"
     );
 
     let plain = systems.build("plain", false);
