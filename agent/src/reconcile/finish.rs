@@ -34,6 +34,9 @@ impl Reconciler {
                 .filter(|c| crate::types::check_store_path(&c.path).is_ok())
         });
         let closure_mode = cfg.apply.mode == crate::config::ApplyMode::Closure;
+        let max_rss_kib = self.core.running().and_then(|r| {
+            crate::apply::runner::read_result(r.dir.as_ref()?, r.token.as_deref())?.max_rss_kib
+        });
         let (outcome, exit_code, error, give_up) = match &finished.exit {
             Exit::Code(0) => (Outcome::Succeeded, Some(0), None, false),
             Exit::Code(COLMENA_CONFIG_ERROR) if kind == AttemptKind::Apply && !closure_mode => (
@@ -160,6 +163,7 @@ impl Reconciler {
             generation_after,
             isolation: done.isolation.clone(),
             closure,
+            max_rss_kib,
         };
         let took = attempt.finished_at.duration_since(attempt.started_at);
         self.metrics
