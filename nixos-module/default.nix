@@ -125,6 +125,10 @@ let
       name = "settings.kubernetes.kubeconfig";
       value = cfg.settings.kubernetes.kubeconfig;
     }
+    ++ optional (cfg.settings.apply.closure.token_file or null != null) {
+      name = "settings.apply.closure.token_file";
+      value = cfg.settings.apply.closure.token_file;
+    }
     ++ optional (cfg.bootstrap.kubeconfig != null) {
       name = "bootstrap.kubeconfig";
       value = cfg.bootstrap.kubeconfig;

@@ -1,153 +1,14 @@
-//! Closure mode with real Nix (Debian's nix-bin): test systems built with a plain `derivation`
-//! (a fake "NixOS system": `nixos-version` and a `bin/switch-to-configuration` that records
-//! its argv), signed with a key from `nix-store --generate-binary-cache-key`, copied with `nix
-//! copy --to file://…` into a binary cache, then deleted from the store, so that ginx must
-//! fetch them. Each test's systems embed its own directory, so their store paths are its own.
+//! Closure mode with real Nix (Debian's nix-bin): signed test systems in a file binary cache,
+//! absent from the store until ginx fetches them (tests/support/nix.rs).
 
 use std::io::{BufRead, BufReader, Write};
 use std::path::{Path, PathBuf};
-use std::process::Command;
 
 use serde_json::Value;
 
 use crate::support::daemon::Daemon;
+use crate::support::nix::{Cache, Systems, closure_env, forget, require_nix};
 use crate::support::{self, Env};
-
-/// Nix as root without build users or a sandbox (a test machine has neither).
-const NIX_CONFIG: &str =
-    "build-users-group =\nsandbox = false\nexperimental-features = nix-command";
-
-fn nix(program: &str) -> Command {
-    let mut c = Command::new(program);
-    c.env("NIX_CONFIG", NIX_CONFIG);
-    c
-}
-
-fn ok(c: &mut Command) -> String {
-    String::from_utf8(support::succeed(c).stdout)
-        .unwrap()
-        .trim()
-        .to_owned()
-}
-
-/// A binary cache with its signing key, and the systems built for it.
-struct Cache {
-    dir: PathBuf,
-    secret: PathBuf,
-    /// `name:base64`
-    public: String,
-}
-
-impl Cache {
-    fn new(root: &Path, name: &str) -> Self {
-        let dir = root.join(format!("cache-{name}"));
-        std::fs::create_dir_all(&dir).unwrap();
-        let secret = root.join(format!("{name}.sk"));
-        let public = root.join(format!("{name}.pk"));
-        ok(nix("nix-store")
-            .args(["--generate-binary-cache-key", name])
-            .arg(&secret)
-            .arg(&public));
-        Self {
-            dir,
-            secret,
-            public: std::fs::read_to_string(public).unwrap().trim().to_owned(),
-        }
-    }
-
-    fn url(&self) -> String {
-        format!("file://{}", self.dir.display())
-    }
-
-    /// Signs `path` and copies it into the cache.
-    fn push(&self, path: &str) {
-        ok(nix("nix")
-            .arg("copy")
-            .arg("--to")
-            .arg(format!(
-                "{}?secret-key={}",
-                self.url(),
-                self.secret.display()
-            ))
-            .arg(path));
-    }
-}
-
-/// What the fake system's `switch-to-configuration` records, and the marker that makes it fail.
-struct Systems {
-    dir: PathBuf,
-}
-
-impl Systems {
-    fn new(root: &Path) -> Self {
-        let dir = root.join("systems");
-        std::fs::create_dir_all(&dir).unwrap();
-        Self { dir }
-    }
-
-    fn log(&self) -> String {
-        std::fs::read_to_string(self.dir.join("switch.log")).unwrap_or_default()
-    }
-
-    /// Builds a system named `name`; without `nixos`, a path that is no NixOS system. Its switch
-    /// appends `<path> <goal>` to the log and fails when the `fail` marker exists.
-    fn build(&self, name: &str, nixos: bool) -> String {
-        let script = self.dir.join(format!("{name}.stc"));
-        std::fs::write(
-            &script,
-            format!(
-                "#!/bin/sh\nself=\"$(cd \"$(dirname \"$0\")/..\" && pwd)\"\necho \"$self $*\" >> {d}/switch.log\n\
-                 if [ -e {d}/fail ]; then echo 'activation script failed' >&2; exit 1; fi\n",
-                d = self.dir.display()
-            ),
-        )
-        .unwrap();
-        let version = if nixos {
-            "echo 26.05.test > $out/nixos-version; "
-        } else {
-            ""
-        };
-        let expr = format!(
-            "derivation {{ name = \"nixos-system-lucy-{name}\"; system = builtins.currentSystem; \
-             builder = \"/bin/sh\"; args = [ \"-c\" \"/bin/mkdir -p $out/bin; {version}\
-             /bin/cp {s} $out/bin/switch-to-configuration; /bin/chmod 755 $out/bin/switch-to-configuration\" ]; }}",
-            s = script.display()
-        );
-        let file = self.dir.join(format!("{name}.nix"));
-        std::fs::write(&file, expr).unwrap();
-        ok(nix("nix-build").arg("--no-out-link").arg(&file))
-    }
-}
-
-/// Removes `path` from the store: the node must fetch it.
-fn forget(path: &str) {
-    ok(nix("nix-store").arg("--delete").arg(path));
-    assert!(!Path::new(path).exists());
-}
-
-fn require_nix() -> bool {
-    ["nix-store", "nix-build", "nix", "nix-env"]
-        .iter()
-        .all(|t| support::require(t))
-}
-
-/// A node in closure mode with the fake profile of `fake_nix`, fetching from `cache` and
-/// trusting `key`.
-fn closure_env(cache: &Cache, key: &str, extra: &str) -> Env {
-    let mut env = Env::new();
-    env.fake_nix();
-    env.daemon_env
-        .push(("NIX_CONFIG".into(), NIX_CONFIG.into()));
-    env.dropin(
-        "50-closure.toml",
-        &format!(
-            "[apply]\nmode = \"closure\"\n\n[apply.closure]\nsubstituters = [\"{}\"]\n\
-             trusted_public_keys = [\"{key}\"]\n{extra}",
-            cache.url()
-        ),
-    );
-    env
-}
 
 fn profile(env: &Env) -> String {
     let p = env.stub_dir.join("nix/profiles/system");
@@ -217,21 +78,120 @@ fn a_commit_of_the_pointer_is_fetched_set_as_the_profile_and_switched_and_a_fail
         "{text}"
     );
 
-    // A system whose switch fails: the attempt fails, and the profile is back at generation 2.
+    // A system whose switch fails: the attempt fails, the profile is back at generation 2,
+    // the failed generation 3 is gone, and system a is the boot default again.
     let b = systems.build("b", true);
     cache.push(&b);
     forget(&b);
-    std::fs::write(systems.dir.join("fail"), "").unwrap();
+    systems.mark("b", "fail");
     let att = point_at(&env, &d, &b);
     assert_eq!(att["outcome"], "failed", "{att:#}");
     let err = att["error"].as_str().unwrap();
     assert!(
         err.contains("bin/switch-to-configuration switch failed (exit 1)")
-            && err.contains("the profile points back at generation 2"),
+            && err.contains(
+                "the profile points back at generation 2 (generation 3 deleted), and it boots by default again"
+            ),
         "{err}"
     );
     assert_eq!(profile(&env), "system-2-link");
-    assert!(systems.log().ends_with(&format!("{b} switch\n")));
+    assert!(!env.stub_dir.join("nix/profiles/system-3-link").exists());
+    assert!(
+        systems.log().ends_with(&format!("{b} switch\n{a} boot\n")),
+        "{}",
+        systems.log()
+    );
+    d.stop();
+}
+
+#[test]
+fn a_switch_that_hangs_past_the_timeout_is_stopped_and_ginx_puts_the_profile_back() {
+    if !require_nix() {
+        return;
+    }
+    let tmp = tempfile::tempdir().unwrap();
+    let cache = Cache::new(tmp.path(), "ginx-test-4");
+    let systems = Systems::new(tmp.path());
+    let a = systems.build("hangs", true);
+    cache.push(&a);
+    forget(&a);
+    systems.mark("hangs", "hang");
+    let env = closure_env(&cache, &cache.public, "realise_timeout = \"5s\"\n");
+    env.dropin("60-timeout.toml", "[apply]\ntimeout = \"6s\"\n");
+    let d = env.start();
+    let att = point_at(&env, &d, &a);
+    // The runner stops apply-closure with the switch; the daemon puts the profile back.
+    assert_eq!(att["outcome"], "timed-out", "{att:#}");
+    let err = att["error"].as_str().unwrap();
+    assert!(
+        err.contains("timed out") && err.contains("the profile points back at generation 1"),
+        "{err}"
+    );
+    assert_eq!(profile(&env), "system-1-link");
+    assert!(!env.stub_dir.join("nix/profiles/system-2-link").exists());
+    d.stop();
+}
+
+#[test]
+fn a_pointer_in_an_unsigned_commit_is_refused_at_the_source() {
+    if !require_nix() || !support::require("ssh-keygen") {
+        return;
+    }
+    let tmp = tempfile::tempdir().unwrap();
+    let cache = Cache::new(tmp.path(), "ginx-test-5");
+    let systems = Systems::new(tmp.path());
+    let a = systems.build("signed", true);
+    let b = systems.build("unsigned", true);
+    for p in [&a, &b] {
+        cache.push(p);
+        forget(p);
+    }
+    let env = closure_env(&cache, &cache.public, "");
+    let key = env.root.join("alice");
+    let public = crate::support::ssh::keygen(&key, "alice");
+    let signers = env.root.join("allowed_signers");
+    std::fs::write(
+        &signers,
+        format!("alice@example.com namespaces=\"git\" {public}\n"),
+    )
+    .unwrap();
+    env.repo.git(&["config", "gpg.format", "ssh"]);
+    env.repo
+        .git(&["config", "user.signingkey", key.to_str().unwrap()]);
+    std::fs::create_dir_all(env.repo.path.join("hosts")).unwrap();
+    std::fs::write(env.repo.path.join("hosts/lucy.closure"), format!("{a}\n")).unwrap();
+    env.repo.git(&["add", "-A"]);
+    env.repo
+        .git(&["commit", "-q", "-S", "-m", "signed pointer"]);
+    let signed = env.repo.head();
+    env.dropin(
+        "20-sig.toml",
+        &format!(
+            "[sources.hephaestus]\nallowed_signers_file = \"{}\"\n",
+            signers.display()
+        ),
+    );
+    let d = env.start();
+    d.wait_applied(&signed);
+    assert_eq!(profile(&env), "system-2-link");
+    // An unsigned commit moving the pointer: refused by the source, never realised.
+    let unsigned = env
+        .repo
+        .commit("hosts/lucy.closure", &format!("{b}\n"), "unsigned pointer");
+    d.ctl(&["sync"]);
+    let st = d.status();
+    let src = &st["sources"]["hephaestus"];
+    assert_eq!(src["refused"]["revision"], unsigned.as_str(), "{src:#}");
+    assert!(
+        src["error"].as_str().unwrap().contains("it is not signed"),
+        "{src:#}"
+    );
+    assert_eq!(last_attempt(&d)["revision"], signed.as_str());
+    assert!(
+        !Path::new(&b).exists(),
+        "the unsigned pointer's path was fetched"
+    );
+    assert_eq!(profile(&env), "system-2-link");
     d.stop();
 }
 
@@ -281,6 +241,20 @@ fn a_wrong_key_a_missing_path_a_malformed_pointer_and_no_nixos_system_are_refuse
     assert!(
         err.contains("hosts/lucy.closure") && err.contains("must be 32 characters"),
         "{att:#}"
+    );
+
+    let other_host = systems.build("nixos-system-makise-26.05", true);
+    cache.push(&other_host);
+    forget(&other_host);
+    let att = point_at(&env, &d, &other_host);
+    let err = att["error"].as_str().unwrap_or_default().to_owned();
+    assert!(
+        err.contains("is not a system of this node") && err.contains("\"nixos-system-lucy-\""),
+        "{att:#}"
+    );
+    assert!(
+        !Path::new(&other_host).exists(),
+        "refused before anything ran"
     );
 
     let plain = systems.build("plain", false);

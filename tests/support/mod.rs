@@ -14,6 +14,7 @@ pub mod inetd;
 pub mod kubeadm_schema;
 pub mod kubelet;
 pub mod netns;
+pub mod nix;
 pub mod reboot;
 pub mod ssh;
 pub mod tls;

@@ -63,6 +63,7 @@ pub async fn resolve(
             .map_err(|e| format!("{origin}: cannot read the closure pointer: {e}"))?;
         let store_path = text.trim().to_owned();
         check_store_path(&store_path).map_err(|e| format!("{origin}: {e}"))?;
+        check_node_name(cfg, node, &store_path).map_err(|e| format!("{origin}: {e}"))?;
         return Ok((store_path, origin));
     }
     let raw = cfg.url.clone().unwrap_or_default().replace("{node}", node);
@@ -102,16 +103,47 @@ pub async fn resolve(
             }
         ));
     }
-    let body = resp.bytes().await.map_err(masked)?;
-    if body.len() > MAX_PIN {
+    if resp.content_length().is_some_and(|n| n > MAX_PIN as u64) {
         return Err(format!(
-            "{origin}: the answer is {} bytes, not a store path",
-            body.len()
+            "{origin}: the answer is over {MAX_PIN} bytes, not a store path"
         ));
+    }
+    let mut resp = resp;
+    let mut body = Vec::new();
+    while let Some(chunk) = resp.chunk().await.map_err(masked)? {
+        body.extend_from_slice(&chunk);
+        if body.len() > MAX_PIN {
+            return Err(format!(
+                "{origin}: the answer is over {MAX_PIN} bytes, not a store path"
+            ));
+        }
     }
     let store_path = String::from_utf8_lossy(&body).trim().to_owned();
     check_store_path(&store_path).map_err(|e| format!("{origin}: {e}"))?;
+    check_node_name(cfg, node, &store_path).map_err(|e| format!("{origin}: {e}"))?;
     Ok((store_path, origin))
+}
+
+/// With `require_node_name`, the path must be this node's system: NixOS names a system's
+/// toplevel `nixos-system-<hostname>-<version>`. A pointer to another host's system (or to
+/// anything else the cache signed) is refused before anything runs.
+fn check_node_name(cfg: &ClosureConfig, node: &str, store_path: &str) -> Result<(), String> {
+    if !cfg.require_node_name {
+        return Ok(());
+    }
+    let name = store_path
+        .strip_prefix(crate::types::STORE_DIR)
+        .and_then(|r| r.get(33..))
+        .unwrap_or("");
+    let want = format!("nixos-system-{node}-");
+    if name.starts_with(&want) {
+        Ok(())
+    } else {
+        Err(format!(
+            "{store_path} is not a system of this node: its name does not start with {want:?} \
+             (apply.closure.require_node_name)"
+        ))
+    }
 }
 
 /// A token file's content, refused when others may read it.
@@ -119,6 +151,21 @@ fn read_secret(path: &Path) -> Result<String, String> {
     use std::os::unix::fs::MetadataExt;
     let meta = std::fs::metadata(path)
         .map_err(|e| format!("apply.closure.token_file {}: {e}", path.display()))?;
+    if !meta.is_file() {
+        return Err(format!(
+            "apply.closure.token_file {} is not a regular file",
+            path.display()
+        ));
+    }
+    let me = nix::unistd::geteuid().as_raw();
+    if meta.uid() != me {
+        return Err(format!(
+            "apply.closure.token_file {} is owned by uid {}, not by ginx's user (uid {me}); \
+             refusing to use it",
+            path.display(),
+            meta.uid()
+        ));
+    }
     if meta.mode() & 0o077 != 0 {
         return Err(format!(
             "apply.closure.token_file {} is accessible by group or others (mode {:04o}); run \
@@ -232,18 +279,22 @@ fn run_step(
         .spawn()
         .map_err(|e| format!("cannot run {program}: {e}"))?;
     let stderr = child.stderr.take();
-    let reader = std::thread::spawn(move || {
-        let mut tail: Vec<String> = Vec::new();
+    let tail = std::sync::Arc::new(std::sync::Mutex::new(Vec::<String>::new()));
+    let (done_tx, done_rx) = std::sync::mpsc::channel::<()>();
+    let lines = std::sync::Arc::clone(&tail);
+    std::thread::spawn(move || {
         if let Some(s) = stderr {
             for line in BufReader::new(s).lines().map_while(Result::ok) {
                 eprintln!("{line}");
-                tail.push(line);
-                if tail.len() > 40 {
-                    tail.remove(0);
+                if let Ok(mut t) = lines.lock() {
+                    t.push(line);
+                    if t.len() > 40 {
+                        t.remove(0);
+                    }
                 }
             }
         }
-        tail
+        let _ = done_tx.send(());
     });
     let start = Instant::now();
     let code = loop {
@@ -258,7 +309,11 @@ fn run_step(
             Err(e) => return Err(format!("waiting for {program}: {e}")),
         }
     };
-    Ok((code, reader.join().unwrap_or_default()))
+    // A process the step left behind (an activation may start some) can hold the pipe open
+    // for ever: its last lines are waited for a moment, not until it ends.
+    let _ = done_rx.recv_timeout(Duration::from_secs(2));
+    let tail = tail.lock().map(|t| t.clone()).unwrap_or_default();
+    Ok((code, tail))
 }
 
 /// Nix's own words for why a realise failed, from its stderr.
@@ -268,7 +323,11 @@ fn realise_problem(tail: &[String]) -> Option<String> {
             .find(|l| l.contains(needle))
             .map(|l| l.trim_start_matches("warning: ").trim().to_owned())
     };
-    if let Some(l) = find("is not signed by any of the keys")
+    // Nix 2.8: "the substitute for '…' from '…' is not signed by any of the keys in …";
+    // newer: "ignoring substitute for '…' from '…', as it's not signed by any of the keys in
+    // …", and "… lacks a valid signature".
+    if let Some(l) = find("not signed by any of the keys")
+        .or_else(|| find("lacks a valid signature"))
         .or_else(|| find("lacks a signature"))
         .or_else(|| find("no signature"))
     {
@@ -424,46 +483,71 @@ fn steps(a: &Args, info: &mut ClosureInfo) -> Result<(), Refused> {
     }
     // 5. The switch; on failure the profile goes back before the attempt ends.
     let stc = root.join("bin/switch-to-configuration");
-    let (code, _) = run_step(
-        {
-            let mut c = Command::new(&stc);
-            c.arg(a.goal.as_str());
-            c
-        },
-        None,
-    )
-    .map_err(|e| refused(e, false))?;
-    if code == Some(0) {
-        return Ok(());
-    }
-    let back = match before {
-        _ if !sets_profile => "the profile was not changed".to_owned(),
-        Some(n) => {
-            let mut cmd = Command::new(&a.nix_env);
-            cmd.arg("--profile")
-                .arg(&a.profile)
-                .arg("--switch-generation")
-                .arg(n.to_string());
-            match run_step(cmd, None) {
-                Ok((Some(0), _)) => format!("the profile points back at generation {n}"),
-                _ => format!(
-                    "the profile could NOT be pointed back at generation {n}: run `nix-env \
-                     --profile {} --switch-generation {n}`",
-                    a.profile.display()
-                ),
-            }
-        }
-        None => "the profile had no generation before".to_owned(),
-    };
-    Err(refused(
-        format!(
-            "{} {} failed ({}); {back}",
+    let mut cmd = Command::new(&stc);
+    cmd.arg(a.goal.as_str());
+    let failed = match run_step(cmd, None) {
+        Ok((Some(0), _)) => return Ok(()),
+        Ok((code, _)) => format!(
+            "{} {} failed ({})",
             stc.display(),
             a.goal.as_str(),
             code.map_or_else(|| "killed".to_owned(), |c| format!("exit {c}"))
         ),
-        false,
-    ))
+        Err(e) => e,
+    };
+    let back = match before {
+        _ if !sets_profile => "the profile was not changed".to_owned(),
+        Some(n) => restore_profile(&a.nix_env, &a.profile, n),
+        None => "the profile had no generation before".to_owned(),
+    };
+    Err(refused(format!("{failed}; {back}"), false))
+}
+
+/// Puts the profile back at generation `before` after a failed switch, the way `nixos-rebuild
+/// --rollback` would: the profile pointed at it, the failed generation deleted (so neither
+/// the boot menu nor a later `--rollback` lands on it), and the old system's boot loader entry
+/// made the default again (`bin/switch-to-configuration boot`). Says what it did.
+pub fn restore_profile(nix_env: &Path, profile: &Path, before: u64) -> String {
+    let Some(now) = profile_generation(profile) else {
+        return format!(
+            "the profile {} has no generation to go back from",
+            profile.display()
+        );
+    };
+    if now == before {
+        return format!("the profile is at generation {before}, as before");
+    }
+    let nix_env_ok = |args: &[&str]| {
+        let mut cmd = Command::new(nix_env);
+        cmd.arg("--profile").arg(profile).args(args);
+        matches!(run_step(cmd, None), Ok((Some(0), _)))
+    };
+    if !nix_env_ok(&["--switch-generation", &before.to_string()]) {
+        return format!(
+            "the profile could NOT be pointed back at generation {before}: run `nix-env --profile \
+             {} --switch-generation {before}`",
+            profile.display()
+        );
+    }
+    let mut said = format!("the profile points back at generation {before}");
+    if now > before && nix_env_ok(&["--delete-generations", &now.to_string()]) {
+        said.push_str(&format!(" (generation {now} deleted)"));
+    }
+    // The system the profile points at again (its store path, for the log).
+    let system = std::fs::canonicalize(profile).unwrap_or_else(|_| profile.to_owned());
+    let stc = system.join("bin/switch-to-configuration");
+    if stc.exists() {
+        let mut cmd = Command::new(&stc);
+        cmd.arg("boot");
+        match run_step(cmd, None) {
+            Ok((Some(0), _)) => said.push_str(", and it boots by default again"),
+            _ => said.push_str(&format!(
+                ", but its boot loader entry could not be restored: run `{} boot`",
+                stc.display()
+            )),
+        }
+    }
+    said
 }
 
 /// `ginx apply-closure`: the steps, the report, exit 0 or 1.
@@ -509,6 +593,14 @@ mod tests {
             why.starts_with("the signature check refused it: the substitute for"),
             "{why}"
         );
+        // Newer Nix's wordings.
+        for line in [
+            "warning: ignoring substitute for '/nix/store/x-y' from 'https://c', as it's not signed by any of the keys in 'trusted-public-keys'",
+            "error: cannot add path '/nix/store/x-y' because it lacks a valid signature",
+        ] {
+            let why = realise_problem(&[line.to_owned()]).unwrap();
+            assert!(why.starts_with("the signature check refused it"), "{why}");
+        }
         let tail = [
             "don't know how to build these paths:".to_owned(),
             "error: build of '/nix/store/x-y' failed".to_owned(),

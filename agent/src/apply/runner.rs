@@ -33,6 +33,18 @@ pub struct RunResult {
     /// The `--token` the runner was started with.
     #[serde(default)]
     pub token: Option<String>,
+    /// The memory high-water mark of the attempt: the largest resident set of any process of
+    /// its tree (`ru_maxrss` of the runner's reaped descendants), in KiB.
+    #[serde(default)]
+    pub max_rss_kib: Option<u64>,
+}
+
+/// `ru_maxrss` of every descendant reaped so far (the runner is their subreaper), in KiB.
+fn children_max_rss_kib() -> Option<u64> {
+    let mut usage: libc::rusage = unsafe { std::mem::zeroed() };
+    // SAFETY: getrusage writes one rusage into the valid struct given.
+    let rc = unsafe { libc::getrusage(libc::RUSAGE_CHILDREN, &mut usage) };
+    (rc == 0).then(|| u64::try_from(usage.ru_maxrss).unwrap_or(0))
 }
 
 /// Reads `<dir>/result.json`, if the attempt is over. With `token`, only a result written by
@@ -148,6 +160,7 @@ pub fn run(args: RunArgs) -> ExitCode {
         exit: finished.exit.clone(),
         finished_at: crate::util::now(),
         token: args.token.clone(),
+        max_rss_kib: children_max_rss_kib(),
     };
     let written = serde_json::to_vec(&result)
         .map_err(std::io::Error::other)

@@ -59,33 +59,7 @@ pub enum GinxCommand {
     /// the substituters with signatures required, check it is a NixOS system, set the profile,
     /// switch; on a failed switch point the profile back.
     #[command(hide = true)]
-    ApplyClosure {
-        #[arg(long)]
-        path: String,
-        #[arg(long)]
-        goal: crate::types::Goal,
-        #[arg(long)]
-        profile: PathBuf,
-        #[arg(long)]
-        gcroot: PathBuf,
-        #[arg(long)]
-        report: PathBuf,
-        /// Where the path came from (JSON).
-        #[arg(long)]
-        origin: String,
-        #[arg(long = "substituter", required = true)]
-        substituters: Vec<String>,
-        #[arg(long = "trusted-public-key", required = true)]
-        trusted_public_keys: Vec<String>,
-        #[arg(long)]
-        realise_timeout: config::Duration,
-        #[arg(long, default_value = "nix-store")]
-        nix_store: PathBuf,
-        #[arg(long, default_value = "nix-env")]
-        nix_env: PathBuf,
-        #[arg(long, default_value = "nix")]
-        nix: PathBuf,
-    },
+    ApplyClosure(ApplyClosureArgs),
     /// Internal (packaging): write shell completions (bash, zsh, fish) and man pages of both
     /// binaries under DIR/completions and DIR/man.
     #[command(hide = true)]
@@ -93,6 +67,36 @@ pub enum GinxCommand {
         #[arg(long)]
         out: PathBuf,
     },
+}
+
+/// `ginx apply-closure`'s arguments (see `apply::closure`).
+#[derive(Debug, clap::Args)]
+pub struct ApplyClosureArgs {
+    #[arg(long)]
+    path: String,
+    #[arg(long)]
+    goal: crate::types::Goal,
+    #[arg(long)]
+    profile: PathBuf,
+    #[arg(long)]
+    gcroot: PathBuf,
+    #[arg(long)]
+    report: PathBuf,
+    /// Where the path came from (JSON).
+    #[arg(long)]
+    origin: String,
+    #[arg(long = "substituter", required = true)]
+    substituters: Vec<String>,
+    #[arg(long = "trusted-public-key", required = true)]
+    trusted_public_keys: Vec<String>,
+    #[arg(long)]
+    realise_timeout: config::Duration,
+    #[arg(long, default_value = "nix-store")]
+    nix_store: PathBuf,
+    #[arg(long, default_value = "nix-env")]
+    nix_env: PathBuf,
+    #[arg(long, default_value = "nix")]
+    nix: PathBuf,
 }
 
 pub fn ginx_main() -> ExitCode {
@@ -118,42 +122,26 @@ pub fn ginx_main() -> ExitCode {
             token,
             argv,
         }),
-        GinxCommand::ApplyClosure {
-            path,
-            goal,
-            profile,
-            gcroot,
-            report,
-            origin,
-            substituters,
-            trusted_public_keys,
-            realise_timeout,
-            nix_store,
-            nix_env,
-            nix,
-        } => {
-            let origin = match serde_json::from_str(&origin) {
-                Ok(o) => o,
-                Err(e) => {
-                    eprintln!("ginx apply-closure: --origin is not an origin: {e}");
-                    return ExitCode::from(2);
-                }
-            };
-            crate::apply::closure::run(crate::apply::closure::Args {
-                path,
-                goal,
-                profile,
-                gcroot,
-                report,
+        GinxCommand::ApplyClosure(a) => match serde_json::from_str(&a.origin) {
+            Ok(origin) => crate::apply::closure::run(crate::apply::closure::Args {
+                path: a.path,
+                goal: a.goal,
+                profile: a.profile,
+                gcroot: a.gcroot,
+                report: a.report,
                 origin,
-                substituters,
-                trusted_public_keys,
-                realise_timeout: realise_timeout.get(),
-                nix_store,
-                nix_env,
-                nix,
-            })
-        }
+                substituters: a.substituters,
+                trusted_public_keys: a.trusted_public_keys,
+                realise_timeout: a.realise_timeout.get(),
+                nix_store: a.nix_store,
+                nix_env: a.nix_env,
+                nix: a.nix,
+            }),
+            Err(e) => {
+                eprintln!("ginx apply-closure: --origin is not an origin: {e}");
+                ExitCode::from(1)
+            }
+        },
         GinxCommand::Run => run_daemon(args.config),
         GinxCommand::GenerateAssets { out } => match generate_assets(&out) {
             Ok(()) => ExitCode::SUCCESS,

@@ -79,8 +79,13 @@ pub struct ClosureConfig {
     /// commit that changes it is verified like any other.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub file: Option<String>,
-    /// Or an http(s) pin endpoint answering with the store path (`{node}` replaced).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    /// Or an http(s) pin endpoint answering with the store path (`{node}` replaced); plain
+    /// http only on loopback. Printed without credentials.
+    #[serde(
+        default,
+        skip_serializing_if = "Option::is_none",
+        serialize_with = "shown_pin_url"
+    )]
     pub url: Option<String>,
     /// Sent as HTTP basic auth with `username`, as for sources.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -91,6 +96,9 @@ pub struct ClosureConfig {
     pub substituters: Vec<String>,
     /// Nix's `trusted-public-keys`; `require-sigs` is always on.
     pub trusted_public_keys: Vec<String>,
+    /// The store path's name must be this node's system, `nixos-system-<node>-…`.
+    #[serde(default = "default_true")]
+    pub require_node_name: bool,
     /// How long fetching the closure may take (within `apply.timeout`).
     #[serde(default = "default_realise_timeout")]
     pub realise_timeout: Duration,
@@ -112,11 +120,39 @@ pub const DEFAULT_CLOSURE_FILE: &str = "hosts/{node}.closure";
 fn default_username() -> String {
     "git".into()
 }
+fn default_true() -> bool {
+    true
+}
+
+/// The longest `pin_timeout`: the pin is read while the apply loop waits, which must keep
+/// answering (the socket, the watchdog).
+pub const MAX_PIN_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(20);
+
+/// A pin URL as shown: no user name or password, query values masked (`{node}` kept).
+fn shown_pin_url<S: serde::Serializer>(url: &Option<String>, s: S) -> Result<S::Ok, S::Error> {
+    match url {
+        Some(u) => s.serialize_str(&shown_url(u)),
+        None => s.serialize_none(),
+    }
+}
+
+const NODE_MARK: &str = "ginx-node-placeholder";
+
+/// `u` with its credentials left out, by the rule of every URL ginx prints.
+pub fn shown_url(u: &str) -> String {
+    match u
+        .replace("{node}", NODE_MARK)
+        .parse::<crate::types::EndpointUrl>()
+    {
+        Ok(e) => e.to_string().replace(NODE_MARK, "{node}"),
+        Err(_) => "<an invalid URL>".to_owned(),
+    }
+}
 fn default_realise_timeout() -> Duration {
     Duration::from_secs(20 * 60)
 }
 fn default_pin_timeout() -> Duration {
-    Duration::from_secs(30)
+    Duration::from_secs(15)
 }
 fn default_nix_store() -> PathBuf {
     "nix-store".into()
@@ -157,12 +193,27 @@ impl ClosureConfig {
                 format!("{f:?} must be a path relative to the checkout, without .."),
             ));
         }
-        if let Some(u) = &self.url
-            && let Err(e) = u
+        if let Some(u) = &self.url {
+            let parsed = u
                 .replace("{node}", "node")
                 .parse::<crate::types::EndpointUrl>()
-        {
-            return Err(ctx.error("apply.closure.url", e));
+                .map_err(|e| ctx.error("apply.closure.url", e))?;
+            let loopback = match parsed.url().host() {
+                Some(url::Host::Ipv4(a)) => a.is_loopback(),
+                Some(url::Host::Ipv6(a)) => a.is_loopback(),
+                Some(url::Host::Domain(d)) => d == "localhost",
+                None => false,
+            };
+            if parsed.scheme() == "http" && !loopback {
+                return Err(ctx.error(
+                    "apply.closure.url",
+                    format!(
+                        "{} is plain http: the pointer and the token would travel in clear; use \
+                         https (http is for 127.0.0.1 only)",
+                        shown_url(u)
+                    ),
+                ));
+            }
         }
         if self.token_file.is_some() && self.url.is_none() {
             return Err(ctx.error(
@@ -191,10 +242,32 @@ impl ClosureConfig {
             }
         }
         for (i, s) in self.substituters.iter().enumerate() {
+            let key = format!("apply.closure.substituters[{i}]");
             if s.split_whitespace().count() != 1 {
+                return Err(ctx.error(&key, "one URL per entry, without spaces"));
+            }
+            // `?trusted=1` makes Nix skip the signature check for that cache.
+            let query = s.split_once('?').map_or("", |(_, q)| q);
+            if query
+                .split('&')
+                .any(|p| p.split('=').next() == Some("trusted"))
+            {
                 return Err(ctx.error(
-                    &format!("apply.closure.substituters[{i}]"),
-                    "one URL per entry, without spaces",
+                    &key,
+                    "has a `trusted` parameter, which turns Nix's signature check off for that \
+                     cache; signatures are always checked: remove it",
+                ));
+            }
+            if let Some((_, rest)) = s.split_once("://")
+                && rest
+                    .split('/')
+                    .next()
+                    .is_some_and(|auth| auth.contains('@'))
+                && !s.starts_with("ssh")
+            {
+                return Err(ctx.error(
+                    &key,
+                    "carries credentials in the URL; give them to Nix in a netrc-file instead",
                 ));
             }
         }
@@ -205,6 +278,12 @@ impl ClosureConfig {
             if d.is_zero() {
                 return Err(ctx.error(key, "must be longer than 0s"));
             }
+        }
+        if self.pin_timeout.get() > MAX_PIN_TIMEOUT {
+            return Err(ctx.error(
+                "apply.closure.pin_timeout",
+                "at most 20s: the apply loop waits for the pin endpoint",
+            ));
         }
         Ok(())
     }
@@ -306,7 +385,18 @@ impl ApplyConfig {
                     "\"closure\" needs [apply.closure] with substituters and trusted_public_keys",
                 ));
             }
-            (_, Some(c)) => c.validate(ctx)?,
+            (_, Some(c)) => {
+                c.validate(ctx)?;
+                if c.realise_timeout > self.timeout {
+                    return Err(ctx.error(
+                        "apply.closure.realise_timeout",
+                        format!(
+                            "{} is longer than apply.timeout ({}), which ends the whole attempt",
+                            c.realise_timeout, self.timeout
+                        ),
+                    ));
+                }
+            }
             _ => {}
         }
         for (key, argv) in [

@@ -558,6 +558,13 @@ url = "ssh://git@git.example.com/infra/hephaestus.git"
         assert_eq!(ok.apply.mode, ApplyMode::Closure);
         assert_eq!(c.file_for("lucy").as_deref(), Some("hosts/lucy.closure"));
         assert_eq!(c.realise_timeout, Duration::from_secs(20 * 60));
+        // A pin URL is printed without its credentials.
+        let shown =
+            crate::config::apply::shown_url("https://u:secret@pins.example.com/{node}?k=tok");
+        assert!(
+            !shown.contains("secret") && !shown.contains("tok") && shown.contains("{node}"),
+            "{shown}"
+        );
         let e = err_text(&format!("{BASE}\n[apply]\nmode = \"closure\"\n"));
         assert!(
             e.contains("apply.mode") && e.contains("[apply.closure]"),
@@ -591,6 +598,26 @@ url = "ssh://git@git.example.com/infra/hephaestus.git"
             (
                 "substituters = [\"s\"]\ntrusted_public_keys = [\"k:1\"]\ntoken_file = \"/t\"\n",
                 "apply.closure.token_file",
+            ),
+            (
+                "substituters = [\"https://c?trusted=1\"]\ntrusted_public_keys = [\"k:1\"]\n",
+                "apply.closure.substituters[0]",
+            ),
+            (
+                "substituters = [\"https://u:p@c\"]\ntrusted_public_keys = [\"k:1\"]\n",
+                "netrc-file",
+            ),
+            (
+                "substituters = [\"s\"]\ntrusted_public_keys = [\"k:1\"]\nurl = \"http://pins.example.com/{node}\"\n",
+                "plain http",
+            ),
+            (
+                "substituters = [\"s\"]\ntrusted_public_keys = [\"k:1\"]\npin_timeout = \"1m\"\n",
+                "apply.closure.pin_timeout",
+            ),
+            (
+                "substituters = [\"s\"]\ntrusted_public_keys = [\"k:1\"]\nrealise_timeout = \"2h\"\n",
+                "apply.closure.realise_timeout",
             ),
         ] {
             let e = err_text(&format!(

@@ -17,6 +17,12 @@ impl Reconciler {
         let now = util::now();
         let cfg = Arc::clone(&self.config.borrow());
         let kind = self.core.running().map(|r| r.kind).unwrap_or_default();
+        let running_goal = self.core.running().map(|r| r.goal);
+        let running_before = self
+            .core
+            .running()
+            .and_then(|r| r.generation_before.as_ref())
+            .and_then(|g| g.number);
         // Closure mode: what `ginx apply-closure` found (its report), else what was started.
         let closure = self.core.running().and_then(|r| {
             r.dir
@@ -24,10 +30,16 @@ impl Reconciler {
                 .and_then(|d| std::fs::read(d.join(crate::apply::closure::REPORT_FILE)).ok())
                 .and_then(|b| serde_json::from_slice::<crate::types::ClosureInfo>(&b).ok())
                 .or_else(|| r.closure.clone())
+                // Read back from a file: its path is what was checked, or it is not taken.
+                .filter(|c| crate::types::check_store_path(&c.path).is_ok())
+        });
+        let closure_mode = cfg.apply.mode == crate::config::ApplyMode::Closure;
+        let max_rss_kib = self.core.running().and_then(|r| {
+            crate::apply::runner::read_result(r.dir.as_ref()?, r.token.as_deref())?.max_rss_kib
         });
         let (outcome, exit_code, error, give_up) = match &finished.exit {
             Exit::Code(0) => (Outcome::Succeeded, Some(0), None, false),
-            Exit::Code(COLMENA_CONFIG_ERROR) if kind == AttemptKind::Apply => (
+            Exit::Code(COLMENA_CONFIG_ERROR) if kind == AttemptKind::Apply && !closure_mode => (
                 Outcome::Failed,
                 Some(COLMENA_CONFIG_ERROR),
                 Some(format!(
@@ -77,8 +89,36 @@ impl Reconciler {
             ),
             _ => (error, give_up),
         };
+        // A closure attempt that did not end by itself (timed out, stopped, killed) could not
+        // put the profile back: ginx does, before the attempt is recorded.
+        let mut error = error;
+        if closure.is_some()
+            && kind == AttemptKind::Apply
+            && matches!(running_goal, Some(Goal::Switch | Goal::Boot))
+            && !matches!(finished.exit, Exit::Code(_))
+            && let Some(before) = running_before
+            && system::generation(&cfg.system.profile).and_then(|g| g.number) != Some(before)
+        {
+            let (nix_env, profile) = (
+                cfg.apply
+                    .closure
+                    .as_ref()
+                    .map_or_else(|| "nix-env".into(), |c| c.nix_env.clone()),
+                cfg.system.profile.clone(),
+            );
+            let said = tokio::task::spawn_blocking(move || {
+                crate::apply::closure::restore_profile(&nix_env, &profile, before)
+            })
+            .await
+            .unwrap_or_else(|e| format!("the profile could not be put back: {e}"));
+            tracing::warn!(attempt = id, "{said}");
+            error = Some(format!("{}; {said}", error.unwrap_or_default()));
+        }
         if closure.is_some() {
             self.core.state.closure = closure.clone();
+        } else if kind == AttemptKind::Rollback && outcome == Outcome::Succeeded {
+            // The closure shown is no longer what runs.
+            self.core.state.closure = None;
         }
         let ending = Ending {
             outcome,
@@ -123,6 +163,7 @@ impl Reconciler {
             generation_after,
             isolation: done.isolation.clone(),
             closure,
+            max_rss_kib,
         };
         let took = attempt.finished_at.duration_since(attempt.started_at);
         self.metrics

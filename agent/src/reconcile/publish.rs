@@ -304,7 +304,8 @@ impl Reconciler {
                 .in_flight
                 .as_ref()
                 .and_then(|r| r.closure.clone())
-                .or_else(|| st.closure.clone()),
+                .or_else(|| st.closure.clone())
+                .filter(|_| cfg.apply.mode == crate::config::ApplyMode::Closure),
         };
         drop(cfg);
         let next = Published {

@@ -381,6 +381,9 @@ pub struct Attempt {
     /// Closure mode: the store path, its size, the time to fetch it, where it came from.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub closure: Option<ClosureInfo>,
+    /// The memory high-water mark of the attempt's largest process, in KiB (from the runner).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_rss_kib: Option<u64>,
 }
 
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
@@ -676,6 +679,7 @@ mod tests {
             generation_after: None,
             isolation: "process".into(),
             closure: None,
+            max_rss_kib: None,
         }
     }
 
@@ -729,6 +733,7 @@ mod tests {
                 generation_after: None,
                 isolation: "process".into(),
                 closure: None,
+                max_rss_kib: None,
             });
         }
         assert_eq!(h.attempts.len(), HISTORY_LIMIT);

@@ -91,8 +91,12 @@ pub struct ClosureInfo {
 impl ClosureInfo {
     /// `/nix/store/pbp9n4v9…-nixos-system-lucy`: the hash cut to 8 characters.
     pub fn short_path(&self) -> String {
-        match self.path.strip_prefix(STORE_DIR) {
-            Some(rest) if rest.len() > 33 => format!("{STORE_DIR}{}…{}", &rest[..8], &rest[32..]),
+        let rest = self.path.strip_prefix(STORE_DIR);
+        match (
+            rest.and_then(|r| r.get(..8)),
+            rest.and_then(|r| r.get(32..)),
+        ) {
+            (Some(head), Some(tail)) if !tail.is_empty() => format!("{STORE_DIR}{head}…{tail}"),
             _ => self.path.clone(),
         }
     }
@@ -136,6 +140,12 @@ mod tests {
             info.short_path(),
             "/nix/store/pbp9n4v9…-nixos-system-lucy-26.05"
         );
+        // Whatever a report file says, printing it never panics.
+        let odd = ClosureInfo {
+            path: format!("/nix/store/a{}-x", "é".repeat(16)),
+            ..info.clone()
+        };
+        assert_eq!(odd.short_path(), odd.path);
         assert_eq!(
             info.origin.to_string(),
             "hephaestus:hosts/lucy.closure@0123456789ab"
