@@ -6,6 +6,7 @@ mod support;
 mod apply_engine;
 mod bootstrap;
 mod closure;
+mod cluster_api;
 mod control_socket;
 mod core_loop;
 mod fleet;
