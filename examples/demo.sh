@@ -55,6 +55,9 @@ command = ["$work/colmena", "apply-local", "--node", "{node}"]
 
 [control]
 group = "$(id -gn)"
+
+[rollout.gate]
+settle = "2s"        # the health gate after each activation (default 1m; short for the demo)
 TOML
 
 echo "==> ginx check-config"

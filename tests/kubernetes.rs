@@ -1090,3 +1090,44 @@ fn stand_in_strategic_merge_upserts_conditions_by_type() {
         "merge replaces lists"
     );
 }
+
+/// Issue 19.4: an unreachable kubelet or Cilium is `unknown` ("no cluster yet") on a machine
+/// that is not a Kubernetes node, `failed` once it is (the marker kubeadm writes exists); a
+/// kubelet that answers badly is `failed` either way.
+#[test]
+fn unreachable_components_are_unknown_before_the_cluster_and_failed_on_a_node() {
+    let env = Env::new();
+    let marker = env.root.join("kubelet.conf");
+    // Nothing listens on the kubelet's port: a port that was just free.
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    env.dropin(
+        "80-probes.toml",
+        &format!(
+            "[health]\ninterval = \"200ms\"\nnode_marker = \"{}\"\n\
+             [health.kubelet]\nenabled = true\nurl = \"http://127.0.0.1:{port}/healthz\"\n\
+             [health.cilium]\nenabled = true\nsocket = \"{}\"\nfallback_url = \"http://127.0.0.1:{port}/healthz\"\n",
+            marker.display(),
+            env.root.join("no-cilium.sock").display()
+        ),
+    );
+    let d = env.start();
+    let s = d.wait_status("both probes unknown", |s| {
+        s["health"]["kubelet"]["status"] == "unknown"
+            && s["health"]["cilium"]["status"] == "unknown"
+    });
+    for p in ["kubelet", "cilium"] {
+        let m = s["health"][p]["message"].as_str().unwrap();
+        assert!(m.starts_with("no cluster yet ("), "{p}: {m}");
+    }
+    assert_ne!(s["health_overall"], "failed");
+    // kubeadm made this machine a node: the same probes are failed now.
+    std::fs::write(&marker, "apiVersion: v1\nkind: Config\n").unwrap();
+    d.wait_status("both probes failed", |s| {
+        s["health"]["kubelet"]["status"] == "failed" && s["health"]["cilium"]["status"] == "failed"
+    });
+    d.stop();
+}

@@ -798,7 +798,10 @@ fn url_credentials_reach_no_output_check_config_status_health_or_log() {
              \"deploy:SEC/RET3+x==@127.0.0.1:infra/h.git\", \
              \"https://t:SECRET4@127.0.0.1:{port}/h.git\", \
              \"https://127.0.0.1:{port}/h.git?private_token=SECRET5&access_token=SECRET6\"]\n\
-             [health.kubelet]\nurl = \"http://u:SECRET7@127.0.0.1:{port}/healthz?token=SECRET8\"\n"
+             [health]\nnode_marker = \"{marker}\"\n\
+             [health.kubelet]\nurl = \"http://u:SECRET7@127.0.0.1:{port}/healthz?token=SECRET8\"\n",
+            // A Kubernetes node (the marker exists): an unreachable kubelet is failed.
+            marker = env.config.display()
         ),
     );
     let check = support::check_config(&env.config);

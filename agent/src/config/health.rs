@@ -13,6 +13,10 @@ use crate::types::EndpointUrl;
 pub struct HealthConfig {
     pub interval: Duration,
     pub timeout: Duration,
+    /// A file that exists once this machine is a Kubernetes node (kubeadm writes it at init
+    /// and join). Before it, an unreachable kubelet or Cilium is `unknown` (no cluster yet),
+    /// not `failed`: `failed` means the component is there and broken.
+    pub node_marker: std::path::PathBuf,
     pub kubelet: KubeletProbe,
     pub apiserver: ApiserverProbe,
     pub kube_vip: KubeVipProbe,
@@ -26,6 +30,7 @@ impl Default for HealthConfig {
         Self {
             interval: Duration::from_secs(30),
             timeout: Duration::from_secs(5),
+            node_marker: "/etc/kubernetes/kubelet.conf".into(),
             kubelet: KubeletProbe::default(),
             apiserver: ApiserverProbe::default(),
             kube_vip: KubeVipProbe::default(),

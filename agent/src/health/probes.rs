@@ -76,10 +76,10 @@ impl Probe {
     pub async fn run(self, cfg: &Config, ctx: &Context) -> Verdict {
         let timeout = self.timing(cfg).1;
         match self {
-            Probe::Kubelet => kubelet(&cfg.health.kubelet.url, timeout).await,
+            Probe::Kubelet => not_yet(cfg, kubelet(&cfg.health.kubelet.url, timeout).await),
             Probe::Apiserver => apiserver(cfg, ctx, timeout).await,
             Probe::KubeVip => kube_vip(cfg, ctx).await,
-            Probe::Cilium => cilium(cfg, timeout).await,
+            Probe::Cilium => not_yet(cfg, cilium(cfg, timeout).await),
             Probe::Systemd => systemd(cfg, timeout).await,
             Probe::NodeReady => node_ready(cfg, ctx).await,
         }
@@ -90,6 +90,35 @@ fn snippet(body: &[u8]) -> String {
     let text = String::from_utf8_lossy(body);
     let one_line: String = text.split_whitespace().collect::<Vec<_>>().join(" ");
     one_line.chars().take(200).collect()
+}
+
+/// The rule for components of a Kubernetes node (kubelet, Cilium): on a machine that is not a
+/// node yet (`health.node_marker` absent: before `kubeadm init` or join), a component that
+/// cannot be reached is `unknown`, "no cluster yet"; on a node, it is `failed`. A component
+/// that answers is judged by its answer either way: there and broken is `failed`.
+pub fn unreachable_verdict(is_node: bool, marker: &std::path::Path, why: String) -> Verdict {
+    if is_node {
+        (HealthStatus::Failed, why)
+    } else {
+        (
+            HealthStatus::Unknown,
+            format!(
+                "no cluster yet ({} absent: not a Kubernetes node): {why}",
+                marker.display()
+            ),
+        )
+    }
+}
+
+/// Applies [`unreachable_verdict`] to a verdict whose failure is that nothing answered.
+fn not_yet(cfg: &Config, v: Verdict) -> Verdict {
+    let marker = &cfg.health.node_marker;
+    match v {
+        (HealthStatus::Failed, why) if why.contains("unreachable") => {
+            unreachable_verdict(marker.exists(), marker, why)
+        }
+        other => other,
+    }
 }
 
 async fn kubelet(url: &EndpointUrl, timeout: Duration) -> Verdict {
@@ -103,7 +132,10 @@ async fn kubelet(url: &EndpointUrl, timeout: Duration) -> Verdict {
             HealthStatus::Failed,
             format!("healthz answered {code}: {}", snippet(&body)),
         ),
-        Err(e) => (HealthStatus::Failed, format!("kubelet at {url}: {e}")),
+        Err(e) => (
+            HealthStatus::Failed,
+            format!("kubelet at {url}: unreachable: {e}"),
+        ),
     }
 }
 
@@ -365,5 +397,34 @@ async fn node_ready(cfg: &Config, ctx: &Context) -> Verdict {
                 ),
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn unreachable_is_unknown_before_the_cluster_and_failed_on_a_node() {
+        let marker = std::path::Path::new("/etc/kubernetes/kubelet.conf");
+        let (s, m) =
+            unreachable_verdict(false, marker, "kubelet at x: unreachable: refused".into());
+        assert_eq!(s, HealthStatus::Unknown);
+        assert!(
+            m.starts_with("no cluster yet (/etc/kubernetes/kubelet.conf absent"),
+            "{m}"
+        );
+        let (s, _) = unreachable_verdict(true, marker, "refused".into());
+        assert_eq!(s, HealthStatus::Failed);
+        // There and broken is failed, node or not.
+        let mut cfg = Config::default();
+        cfg.health.node_marker = "/nonexistent/ginx-marker".into();
+        let broken = (HealthStatus::Failed, "healthz answered 500: no".to_owned());
+        assert_eq!(not_yet(&cfg, broken.clone()), broken);
+        let away = (
+            HealthStatus::Failed,
+            "kubelet at u: unreachable: refused".to_owned(),
+        );
+        assert_eq!(not_yet(&cfg, away).0, HealthStatus::Unknown);
     }
 }
