@@ -16,6 +16,7 @@ pub mod kubelet;
 pub mod netns;
 pub mod nix;
 pub mod reboot;
+pub mod soak;
 pub mod ssh;
 pub mod tls;
 
