@@ -182,9 +182,32 @@ pub fn peek_socket(main: &Path) -> Result<Option<PathBuf>, ConfigError> {
 
 fn load_files(files: &[PathBuf]) -> Result<Config, ConfigError> {
     let (merged, origins) = load::read_merged(files)?;
+    validated(merged, &origins, files)
+}
+
+/// What [`load`] does once the files are read: `files` are the main file and its drop-ins in
+/// merge order, with their texts (the fuzzer's way in: no file system).
+pub fn load_texts(files: &[(PathBuf, String)]) -> Result<Config, ConfigError> {
+    let (merged, origins) = load::merge_texts(files)?;
+    let names: Vec<PathBuf> = files.iter().map(|(f, _)| f.clone()).collect();
+    validated(merged, &origins, &names)
+}
+
+fn validated(
+    merged: toml::Table,
+    origins: &Origins,
+    files: &[PathBuf],
+) -> Result<Config, ConfigError> {
+    let Some(main) = files.first() else {
+        return Err(ConfigError::Invalid {
+            place: "(no file)".into(),
+            key: String::new(),
+            message: "no configuration file".into(),
+        });
+    };
     let ctx = Ctx {
-        origins: &origins,
-        main: &files[0],
+        origins,
+        main,
         files,
     };
     let mut config: Config =
