@@ -170,10 +170,15 @@ fn a_sweep_reports_kind_file_and_offset_never_the_secret() {
     let [f] = &outcome.findings[..] else {
         panic!("{:?}", outcome.findings)
     };
-    assert_eq!((f.file.as_path(), f.offset), (leaky.as_path(), status.find(token).unwrap() as u64)
+    assert_eq!(
+        (f.file.as_path(), f.offset),
+        (leaky.as_path(), status.find(token).unwrap() as u64)
     );
     let said = f.to_string();
-    assert!(said.contains("pin-endpoint token") && said.contains("t::b"), "{said}");
+    assert!(
+        said.contains("pin-endpoint token") && said.contains("t::b"),
+        "{said}"
+    );
     assert!(!said.contains(token) && !format!("{f:?}").contains(token));
 }
 

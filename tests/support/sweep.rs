@@ -164,8 +164,7 @@ pub fn secret_pem(kind: &str, pem: &str) {
 /// Registers the private key file at `path` (PEM or OpenSSH format).
 #[track_caller]
 pub fn secret_key_file(kind: &str, path: &Path) {
-    let text = std::fs::read_to_string(path)
-        .unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+    let text = std::fs::read_to_string(path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
     secret_pem(kind, &text);
 }
 
@@ -188,7 +187,13 @@ fn new_file(label: &str, mode: &str, origin: &str) -> (PathBuf, File) {
     let n = w.seq.fetch_add(1, Ordering::Relaxed);
     let label: String = label
         .chars()
-        .map(|c| if c.is_ascii_alphanumeric() || c == '-' { c } else { '_' })
+        .map(|c| {
+            if c.is_ascii_alphanumeric() || c == '-' {
+                c
+            } else {
+                '_'
+            }
+        })
         .take(80)
         .collect();
     let path = w.root.join("collected").join(format!("{n:06}-{label}"));
@@ -217,7 +222,45 @@ pub fn collect_ctl(args: &[&str], out: &std::process::Output) {
     if args.contains(&"--show-secrets") {
         return;
     }
-    collect_output("ginxctl", &format!("ginxctl {}", args.join(" ")), out);
+    // The collection's own words must hold no secret: arguments may (`kubeadm join TOKEN`),
+    // so only subcommands and flags are named.
+    let shown: Vec<&str> = args
+        .iter()
+        .map(|a| {
+            let word = a.bytes().all(|b| b.is_ascii_lowercase() || b == b'-');
+            if word { a } else { "…" }
+        })
+        .collect();
+    collect_deduplicated(
+        "ginxctl",
+        &format!("ginxctl {}", shown.join(" ")),
+        &[&out.stdout, &out.stderr],
+    );
+}
+
+/// Collects what a test reads again and again (`ginxctl status` in a wait, a metrics scrape):
+/// a test's pieces of one `label` go to one file, each different one once, after a
+/// `==> what <==` line.
+pub fn collect_deduplicated(label: &str, what: &str, pieces: &[&[u8]]) {
+    use std::collections::{HashMap, HashSet};
+    use std::hash::{DefaultHasher, Hash, Hasher};
+    type Seen = (Sink, HashSet<u64>);
+    static SINKS: OnceLock<Mutex<HashMap<(String, String), Seen>>> = OnceLock::new();
+    let mut h = DefaultHasher::new();
+    pieces.hash(&mut h);
+    let mut sinks = SINKS
+        .get_or_init(Mutex::default)
+        .lock()
+        .unwrap_or_else(|e| e.into_inner());
+    let (sink, seen) = sinks
+        .entry((test_name(), label.to_owned()))
+        .or_insert_with(|| (Sink::new(label, label), HashSet::new()));
+    if seen.insert(h.finish()) {
+        sink.write(format!("==> {what} <==").as_bytes());
+        for piece in pieces {
+            sink.write(piece);
+        }
+    }
 }
 
 /// Copies the file at `path` into the collection, if it exists.
@@ -244,29 +287,40 @@ pub fn collect_audit_log_at_end(path: &Path) {
     index(path, "audit", &path.display().to_string());
 }
 
-/// Copies every regular file under `dir` (a state directory), but not Git's object store:
-/// objects are compressed, no secret could be read in them.
+/// Copies every regular file under `dir` (a state directory) into one collected file, each
+/// after a `==> path <==` line; not Git's object store: objects are compressed, no secret could
+/// be read in them.
 pub fn collect_dir(label: &str, dir: &Path) {
-    let Ok(entries) = std::fs::read_dir(dir) else {
-        return;
-    };
-    for entry in entries.flatten() {
-        let path = entry.path();
-        let Ok(kind) = entry.file_type() else {
-            continue;
+    fn walk(dir: &Path, into: &mut File) {
+        let Ok(entries) = std::fs::read_dir(dir) else {
+            return;
         };
-        if kind.is_dir() {
-            if path.file_name().is_some_and(|n| n == "objects")
-                && path.parent().is_some_and(|p| p.join("HEAD").is_file())
-            {
+        let mut entries: Vec<_> = entries.flatten().collect();
+        entries.sort_by_key(|e| e.file_name());
+        for entry in entries {
+            let path = entry.path();
+            let Ok(kind) = entry.file_type() else {
                 continue;
+            };
+            if kind.is_dir() {
+                let git_objects =
+                    path.file_name().is_some_and(|n| n == "objects") && dir.join("HEAD").is_file();
+                if !git_objects {
+                    walk(&path, into);
+                }
+            } else if kind.is_file()
+                && let Ok(mut from) = File::open(&path)
+            {
+                writeln!(into, "\n==> {} <==", path.display()).unwrap();
+                std::io::copy(&mut from, into).unwrap();
             }
-            collect_dir(label, &path);
-        } else if kind.is_file() {
-            let name = path.file_name().unwrap_or_default().to_string_lossy();
-            collect_file(&format!("{label}-{name}"), &path);
         }
     }
+    if !dir.is_dir() {
+        return;
+    }
+    let (_, mut into) = new_file(label, "raw", &dir.display().to_string());
+    walk(dir, &mut into);
 }
 
 /// An append-only collected file, for a server that logs what it is sent.
