@@ -182,11 +182,7 @@ fn https_token_is_used_and_never_shown() {
     let status = d.ctl_ok(&["status", "--json"]);
     let human = d.ctl_ok(&["status"]);
     let history = d.ctl_ok(&["history", "--json", "--output"]);
-    let check = std::process::Command::new(support::ginx_bin())
-        .args(["check-config", "--config"])
-        .arg(&env.config)
-        .output()
-        .unwrap();
+    let check = support::check_config(&env.config);
     let check = String::from_utf8_lossy(&check.stdout).into_owned();
     drop(d);
     for (what, text) in [
@@ -765,6 +761,12 @@ fn url_credentials_reach_no_output_check_config_status_health_or_log() {
             String::from_utf8_lossy(&o.stderr)
         )
     };
+    for password in ["SECRET1", "SE@CRET2", "SEC/RET3+x==", "SECRET4"] {
+        support::sweep::secret_in_url("password in a URL", password);
+    }
+    for token in ["SECRET5", "SECRET6", "SECRET7", "SECRET8"] {
+        support::sweep::secret_in_url("token in a URL", token);
+    }
     // Ambiguous credentials are refused, and the refusal does not echo them.
     for url in ["https:/user:SECRET1@host/x", "git:SE@CRET2@host:x"] {
         env.dropin(
