@@ -515,9 +515,10 @@ fn fetch_one(
         // A download, not `fetch`: libgit2's tip update (1.9) truncates FETCH_HEAD on every
         // fetch, even told not to write it, so an idle node would rewrite a file in the clone
         // every interval. The tracking refs are updated below, and only when they move.
-        remote
-            .download(&refspecs, Some(&mut opts))
-            .and_then(|()| remote.disconnect())
+        // Disconnected whether or not the download worked, as `fetch` does.
+        let downloaded = remote.download(&refspecs, Some(&mut opts));
+        let disconnected = remote.disconnect();
+        downloaded.and(disconnected)
     };
     result.map_err(|e| fetch_err(&e, &refusal))?;
     let advertised: Vec<(String, git2::Oid)> = remote
@@ -532,6 +533,8 @@ fn fetch_one(
             continue;
         };
         let tracking = tracking_ref(b);
+        // Forced, not compared-and-swapped: one fetch per clone runs at a time (the poller's
+        // busy flag, and the state dir's lock between processes).
         if repo.refname_to_id(&tracking).ok() != Some(*oid) {
             repo.reference(&tracking, *oid, true, "ginx: fetch")
                 .map_err(|e| fetch_err(&e, &refusal))?;
