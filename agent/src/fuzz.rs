@@ -18,8 +18,11 @@ use crate::source::{auth, verify};
 use crate::status::{ClusterView, Status};
 use crate::types::{EndpointUrl, RemoteUrl, Role};
 
+/// A fuzz target: bytes in, a panic when an invariant breaks.
+pub type Target = fn(&[u8]);
+
 /// The targets by name, as `fuzz/fuzz_targets/<name>.rs` and `fuzz/corpus/<name>/` call them.
-pub const TARGETS: &[(&str, fn(&[u8]))] = &[
+pub const TARGETS: &[(&str, Target)] = &[
     ("config", config_files),
     ("control_request", control_request),
     ("kubeadm_cluster", kubeadm_cluster),
@@ -217,7 +220,8 @@ pub fn kubeadm_cluster(data: &[u8]) {
 /// the file (both parsers read the same text).
 ///
 /// Invariants: an allowed_signers error names a line of the file; a host-key check's error names
-/// the file.
+/// the file; a host key is accepted only when a line that is not a marker (`@revoked`,
+/// `@cert-authority`) lists exactly that key.
 pub fn trust_files(data: &[u8]) {
     let text = String::from_utf8_lossy(data);
     let (name, file) = text.split_once('\n').unwrap_or(("git.example", &text));
@@ -230,11 +234,21 @@ pub fn trust_files(data: &[u8]) {
     }
     let key = ssh_key::PublicKey::from_openssh(HOST_KEY).expect("the fixed host key");
     let path = Path::new("/fuzz/known_hosts");
-    if let Err(e) = auth::check_host_key_in(file, path, name, &key) {
-        assert!(
+    match auth::check_host_key_in(file, path, name, &key) {
+        Ok(()) => {
+            let blob = HOST_KEY.split_whitespace().nth(1).unwrap_or_default();
+            assert!(
+                file.lines().any(|l| {
+                    let l = l.trim_start();
+                    !l.starts_with('@') && l.split_whitespace().any(|f| f == blob)
+                }),
+                "the host key of {name:?} is accepted, but no plain line lists it"
+            );
+        }
+        Err(e) => assert!(
             e.contains("/fuzz/known_hosts"),
             "the error names no file: {e}"
-        );
+        ),
     }
 }
 
@@ -242,9 +256,10 @@ pub fn trust_files(data: &[u8]) {
 const HOST_KEY: &str =
     "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIG7oKscui8sXH7Lf0hBWsgRK1/CWfvNbr013Z9uff8Vw";
 
-/// URL parsing and credential masking. The first byte picks how the URL is written; the rest
-/// is split at newlines into the user name and what follows the `@`, and the password is
-/// always [`SECRET`]. The input is also parsed as written.
+/// URL parsing and credential masking. The first byte picks how the URL is written (its low
+/// three bits the scheme, the next two where [`SECRET`] goes: the password, the user name of an
+/// HTTP(S) or git:// URL, a query value, the fragment); the rest is split at the first newline
+/// into the user name and what follows the `@`. The input is also parsed as written.
 ///
 /// Invariant: the secret appears in no output and no error: `Display`, `Debug`, the serialised
 /// form, and a message naming the URL as configured once scrubbed.
@@ -282,7 +297,15 @@ pub fn url_secrets(data: &[u8]) {
         "HTTPS://",
         "",
     ][usize::from(first) % 8];
-    let raw = format!("{scheme}{user}:{SECRET}@{tail}");
+    let raw = match (first >> 3) % 4 {
+        // Over SSH the user name is shown on purpose; an SCP-like path has no query.
+        1 if ["https://", "http://", "git://", "HTTPS://"].contains(&scheme) => {
+            format!("{scheme}{SECRET}@{tail}")
+        }
+        2 if !scheme.is_empty() => format!("{scheme}{user}@{tail}?private_token={SECRET}"),
+        3 if !scheme.is_empty() => format!("{scheme}{user}@{tail}#{SECRET}"),
+        _ => format!("{scheme}{user}:{SECRET}@{tail}"),
+    };
     let hidden = |what: &str, shown: &str| {
         assert!(
             !shown.contains(SECRET),

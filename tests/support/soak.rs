@@ -24,6 +24,7 @@
 //! and by the integration test `soak::` (5 minutes, in CI).
 
 use std::collections::{BTreeMap, HashMap};
+use std::os::unix::process::ExitStatusExt;
 use std::path::Path;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
@@ -238,11 +239,35 @@ pub fn run(cp: &ControlPlane, plan: &Plan) -> Report {
     let mut next_commit = Instant::now();
     let mut next_hup = began + plan.hup_every;
     let mut next_api = began + plan.api_restart_every;
+    // The kill moments are random; the seed is printed so that a run can be repeated
+    // (`SOAK_SEED`).
+    let seed = std::env::var("SOAK_SEED")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or_else(|| fastrand::u64(..));
+    println!("soak: seed {seed} (SOAK_SEED)");
+    let mut rng = fastrand::Rng::with_seed(seed);
+    // Somewhere in the middle 80 % of each window, so that the last one falls inside the run.
+    let mut kill_at = |window: u32| {
+        let window_len = plan.kill_every.min(plan.length);
+        began + plan.kill_every * window + window_len.mul_f64(0.1 + 0.8 * rng.f64())
+    };
     let mut kill_window = 0u32;
-    let mut next_kill = began + plan.kill_every.mul_f64(fastrand::f64());
+    let mut next_kill = kill_at(0);
     let mut next_sample = Instant::now();
     while began.elapsed() < plan.length {
         let now = Instant::now();
+        // A ginx that ends on its own (a panic on a reload, on the API going away) is the
+        // worst finding: say so, and go on with a new one.
+        if let Some(status) = d.as_mut().unwrap().exited() {
+            report.problems.push(format!(
+                "ginx exited on its own ({status}); log: {}",
+                d.as_ref().unwrap().log.display()
+            ));
+            d = Some(env.start());
+            life += 1;
+            born = Instant::now();
+        }
         if now >= next_commit {
             report.commits += 1;
             env.repo.commit(
@@ -265,11 +290,18 @@ pub fn run(cp: &ControlPlane, plan: &Plan) -> Report {
             next_api += plan.api_restart_every;
         }
         if now >= next_kill {
-            let daemon = d.take().unwrap();
-            if env.calls().iter().any(|c| !c.finished) {
+            let mut daemon = d.take().unwrap();
+            if has_children(daemon.pid) {
                 report.kills_during_apply += 1;
             }
-            daemon.crash();
+            daemon.signal(Signal::SIGKILL);
+            let status = daemon.wait_exit();
+            if status.signal() != Some(Signal::SIGKILL as i32) {
+                report
+                    .problems
+                    .push(format!("ginx had ended before the SIGKILL: {status}"));
+            }
+            drop(daemon);
             report.kills += 1;
             report.state_files_checked += check_state_files(&env.state_dir, &mut report);
             read_history(&env.state_dir, &mut seen, &mut report);
@@ -277,8 +309,7 @@ pub fn run(cp: &ControlPlane, plan: &Plan) -> Report {
             life += 1;
             born = Instant::now();
             kill_window += 1;
-            next_kill =
-                began + plan.kill_every * kill_window + plan.kill_every.mul_f64(fastrand::f64());
+            next_kill = kill_at(kill_window);
         }
         if now >= next_sample {
             if let Some(s) = sample(d.as_ref().unwrap(), life, born) {
@@ -355,7 +386,22 @@ fn watch_lease(
     })
 }
 
+/// Whether `pid` has child processes (an apply in flight: its pipes are open fds of ginx).
+fn has_children(pid: i32) -> bool {
+    let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) else {
+        return false;
+    };
+    tasks.flatten().any(|t| {
+        std::fs::read_to_string(t.path().join("children")).is_ok_and(|c| !c.trim().is_empty())
+    })
+}
+
+/// RSS and open fds of ginx, when no apply is in flight (its pipes and the runner would count
+/// as noise in the slopes).
 fn sample(d: &Daemon, life: usize, born: Instant) -> Option<Sample> {
+    if has_children(d.pid) {
+        return None;
+    }
     let status = std::fs::read_to_string(format!("/proc/{}/status", d.pid)).ok()?;
     let rss_kib = status
         .lines()
@@ -396,6 +442,11 @@ fn check_state_files(dir: &Path, report: &mut Report) -> usize {
                 {
                     stack.push(p);
                 }
+            } else if name.contains(".corrupt") {
+                // What ginx moves aside when it cannot read a file it wrote.
+                report
+                    .problems
+                    .push(format!("{} was set aside as unreadable", p.display()));
             } else if name.ends_with(".json") {
                 checked += 1;
                 let text = std::fs::read(&p).unwrap_or_default();
@@ -480,7 +531,8 @@ fn check_attempts(env: &Env, seen: &BTreeMap<u64, Seen>, report: &mut Report) {
             continue;
         }
         for (later, b) in &applies {
-            if b.revision == a.revision && b.started_at > a.finished_at {
+            // Ids grow with time: a later attempt of the same revision.
+            if b.revision == a.revision && later > id {
                 report.problems.push(format!(
                     "{} applied again (attempt {later}) after attempt {id} succeeded",
                     a.revision
@@ -497,8 +549,12 @@ fn check_attempts(env: &Env, seen: &BTreeMap<u64, Seen>, report: &mut Report) {
         *by_call.entry(rev).or_default() += 1;
     }
     let mut by_attempt: HashMap<String, i64> = HashMap::new();
+    let mut interrupted: HashMap<String, i64> = HashMap::new();
     for (_, a) in &applies {
         *by_attempt.entry(a.revision.clone()).or_default() += 1;
+        if a.outcome == "interrupted" {
+            *interrupted.entry(a.revision.clone()).or_default() += 1;
+        }
     }
     let mut revisions: Vec<&String> = by_call.keys().chain(by_attempt.keys()).collect();
     revisions.sort();
@@ -508,9 +564,14 @@ fn check_attempts(env: &Env, seen: &BTreeMap<u64, Seen>, report: &mut Report) {
             by_call.get(rev).copied().unwrap_or(0),
             by_attempt.get(rev).copied().unwrap_or(0),
         );
-        if c != a {
+        // A call without an attempt is an attempt lost. An attempt without a call is one
+        // only when it was not interrupted: a kill between recording the attempt and the
+        // stand-in writing its call leaves an interrupted attempt and no call.
+        let spare = interrupted.get(rev).copied().unwrap_or(0);
+        if c > a || a - c > spare {
             report.problems.push(format!(
-                "revision {rev}: {c} calls of colmena but {a} attempts in the history"
+                "revision {rev}: {c} calls of colmena but {a} attempts in the history \
+                 ({spare} interrupted)"
             ));
         }
     }

@@ -44,11 +44,17 @@ struct Writer {
     seq: AtomicU64,
 }
 
-/// The collection of this process, cleared on first use.
+/// The collection of this process, cleared on first use. A benchmark (which includes this
+/// support code, but is not a test: no `cfg(test)`) collects into a directory of its own that
+/// nothing sweeps, so that one running beside the suite cannot clear the suite's collection.
 fn writer() -> &'static Writer {
     static WRITER: OnceLock<Writer> = OnceLock::new();
     WRITER.get_or_init(|| {
-        let root = root();
+        let root = if cfg!(test) {
+            root()
+        } else {
+            root().with_file_name(format!("secrets-sweep-bench-{}", std::process::id()))
+        };
         let _ = std::fs::remove_dir_all(&root);
         std::fs::create_dir_all(root.join("collected")).unwrap();
         let now = std::time::SystemTime::now()

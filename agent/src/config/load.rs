@@ -270,7 +270,7 @@ pub(super) fn merge_texts(
     let mut origins = Origins::default();
     for (file, text) in files {
         let text = text.as_str();
-        let index = LineIndex::new(&text);
+        let index = LineIndex::new(text);
         let at = Locator {
             file,
             text,
