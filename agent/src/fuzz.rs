@@ -246,7 +246,9 @@ pub fn trust_files(data: &[u8]) {
             let lists_it = |l: &str| {
                 let fields: Vec<&str> = l.split_whitespace().collect();
                 fields.windows(2).any(|w| {
-                    ssh_key::PublicKey::from_openssh(&format!("{} {}", w[0], w[1]))
+                    // A comment may follow the key, even without a space.
+                    let blob = w[1].split('#').next().unwrap_or_default();
+                    ssh_key::PublicKey::from_openssh(&format!("{} {blob}", w[0]))
                         .is_ok_and(|k| k.key_data() == key.key_data())
                 })
             };

@@ -183,6 +183,26 @@ fn one_at_in_authority(rest: &str) -> Result<(), String> {
                 .to_owned(),
         );
     }
+    // Another URL with a password further on (`https://proxy/https://u:pw@host/x`): it is
+    // part of the path, which is shown, and whoever wrote it meant it as credentials (found by
+    // the fuzzer: fuzz/regressions/config/a-url-in-the-path-with-a-password).
+    let path = rest[authority.len()..]
+        .split(['?', '#'])
+        .next()
+        .unwrap_or("");
+    for (at, _) in path.match_indices("://") {
+        let inner = path[at + 3..].split(['/', '?', '#']).next().unwrap_or("");
+        if let Some((userinfo, _)) = inner.rsplit_once('@')
+            && userinfo.contains(':')
+        {
+            return Err(
+                "another URL with a user name and password follows the host: ginx would show \
+                 it; give credentials with token_file (or write the inner `:` and `@` as %3A \
+                 and %40 if they are not credentials)"
+                    .to_owned(),
+            );
+        }
+    }
     Ok(())
 }
 
@@ -363,6 +383,29 @@ impl<'de> Deserialize<'de> for Revision {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_url_with_a_password_in_the_path_is_refused_without_echoing_it() {
+        for raw in [
+            "https://proxy.example/https://u:hunter2x@git.example/x.git",
+            "ssh://git@proxy.example/git+ssh://u:hunter2x@git.example/x",
+        ] {
+            let e = raw.parse::<RemoteUrl>().unwrap_err();
+            assert!(
+                e.contains("another URL with a user name and password"),
+                "{e}"
+            );
+            assert!(!e.contains("hunter2x"), "{e}");
+        }
+        // Without a password, or in the query (which is masked), it is a path like any other.
+        "https://proxy.example/https://git.example/x.git"
+            .parse::<RemoteUrl>()
+            .unwrap();
+        let u: RemoteUrl = "https://h.example/x?next=https://u:hunter2x@g"
+            .parse()
+            .unwrap();
+        assert!(!u.to_string().contains("hunter2x"));
+    }
 
     #[test]
     fn https_credentials_are_never_shown() {
