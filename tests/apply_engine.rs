@@ -27,6 +27,7 @@ fn an_apply_that_restarts_ginx_completes_and_is_recorded_once() {
     let mut env = Env::new();
     let systemd = env.use_systemd_run();
     // Something secret in ginx's environment (a Nix access token, say).
+    crate::support::sweep::secret("secret in ginx's environment", "hunter2-token");
     env.daemon_env
         .push(("NIX_TEST_TOKEN".into(), "hunter2-token".into()));
     let go = env.root.join("go");

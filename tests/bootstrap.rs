@@ -178,6 +178,7 @@ fn setup(cp: &ControlPlane, user: &str, node: &str, timeout: &str) -> Setup {
     let kubeconfig = env.root.join("admin.conf");
     cp.kubeconfig_for(&kubeconfig, user, &["system:masters"]);
     let token = env.root.join("argus.token");
+    crate::support::sweep::secret("bootstrap Flux token (Argus)", TOKEN);
     std::fs::write(&token, format!("{TOKEN}\n")).unwrap();
     {
         use std::os::unix::fs::PermissionsExt;
@@ -221,9 +222,16 @@ fn ginxctl(s: &Setup, args: &[&str]) -> Command {
 }
 
 fn bootstrap(s: &Setup, args: &[&str]) -> Output {
-    ginxctl(s, &[&["bootstrap"], args].concat())
-        .output()
-        .expect("running ginxctl")
+    let args = [&["bootstrap"], args].concat();
+    let out = ginxctl(s, &args).output().expect("running ginxctl");
+    crate::support::sweep::collect_ctl(&args, &out);
+    out
+}
+
+/// What a background `ginxctl bootstrap` wrote to `log` (see [`spawn_bootstrap`]).
+fn read_output(log: &std::path::Path) -> String {
+    crate::support::sweep::collect_file("ginxctl-bootstrap", log);
+    std::fs::read_to_string(log).unwrap()
 }
 
 fn text(o: &Output) -> String {
@@ -738,7 +746,7 @@ fn two_at_once_interrupted_and_killed(cp: &ControlPlane) {
     // What a waits for appears: it finishes, and gives the lock back.
     cp.apply(&crd("bsslows", "test.ginx.io", "BsSlow"));
     let code = run_a.wait().unwrap();
-    let t = std::fs::read_to_string(&log).unwrap();
+    let t = read_output(&log);
     assert!(code.success(), "{t}");
     assert!(t.contains("crd/bsslows.test.ginx.io holds"), "{t}");
     if crate::support::which("script").is_some() {
@@ -779,7 +787,7 @@ fn two_at_once_interrupted_and_killed(cp: &ControlPlane) {
     )
     .unwrap();
     let code = run.wait().unwrap();
-    let t = std::fs::read_to_string(&log).unwrap();
+    let t = read_output(&log);
     assert_eq!(code.code(), Some(130), "{t}");
     assert!(t.contains("interrupted"), "{t}");
     let lease = cp.lease("ginx-system", "ginx-bootstrap").unwrap();
@@ -863,14 +871,17 @@ fn after_init(cp: &ControlPlane) {
     );
     delete_lease(cp);
     let init = |extra: &[&str]| {
-        ginxctl(&s, &[&["kubeadm", "init"], extra].concat())
+        let args = [&["kubeadm", "init"], extra].concat();
+        let out = ginxctl(&s, &args)
             .env("STUB_KUBEADM_DIR", root.join("kubeadm-stub"))
             .env(
                 "STUB_KUBEADM_MANIFEST",
                 root.join("manifests/kube-vip.yaml"),
             )
             .output()
-            .unwrap()
+            .unwrap();
+        crate::support::sweep::collect_ctl(&args, &out);
+        out
     };
     // --no-bootstrap: kubeadm init alone.
     let out = init(&["--bootstrap", "--no-bootstrap"]);

@@ -323,6 +323,7 @@ fn a_pin_endpoint_with_a_token_points_the_node_and_the_token_stays_secret() {
         return;
     }
     const TOKEN: &str = "pin-token-Hq72kd";
+    support::sweep::secret("pin-endpoint token", TOKEN);
     let tmp = tempfile::tempdir().unwrap();
     let cache = Cache::new(tmp.path(), "ginx-test-3");
     let systems = Systems::new(tmp.path());

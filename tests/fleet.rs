@@ -126,14 +126,17 @@ fn as_nobody(env: &Env, member: bool, args: &[&str]) -> Output {
     } else {
         c.arg("--clear-groups");
     }
-    c.arg(support::ginxctl_bin())
+    let out = c
+        .arg(support::ginxctl_bin())
         .arg("--socket")
         .arg(&env.socket)
         .args(["--timeout", "90s"])
         .args(args)
         .env_remove("GINX_SOCKET")
         .output()
-        .unwrap()
+        .unwrap();
+    support::sweep::collect_ctl(args, &out);
+    out
 }
 
 fn text(b: &[u8]) -> String {

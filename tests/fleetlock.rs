@@ -294,6 +294,7 @@ fn an_unknown_group_is_refused_in_the_server_s_words() {
 
 #[test]
 fn credentials_in_the_url_are_sent_and_never_shown() {
+    crate::support::sweep::secret_in_url("FleetLock password and token in its URL", "SECRET");
     let server = FleetLockServer::poseidon();
     let dir = tempfile::tempdir().unwrap();
     let url = format!(

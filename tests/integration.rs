@@ -16,4 +16,5 @@ mod kubernetes;
 mod packaging;
 mod reboot;
 mod rollout;
+mod soak;
 mod sources;

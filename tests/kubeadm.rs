@@ -12,7 +12,9 @@ use crate::support::apiserver::ApiServer;
 use crate::support::kubeadm_schema::{self as schema, Doc};
 use crate::support::{self, Env, GitRepo, wait_for};
 
-const TOKEN: &str = "abcdef.0123456789abcdef";
+/// Not kubeadm's documented example token, which ginx names in a hint: the secrets sweep must
+/// tell the two apart.
+const TOKEN: &str = "q7x2ka.9v3m1c8z0b6n4p2r";
 const KEY: &str = "0f1e2d3c4b5a69788796a5b4c3d2e1f00f1e2d3c4b5a69788796a5b4c3d2e1f0";
 const HASH: &str = "sha256:2b0d9ab0d27c43c9c95b3e7c9a5d8d1c0ac1e2a8e3f4a5b6c7d8e9f0a1b2c3d4";
 
@@ -24,6 +26,8 @@ struct Node {
 /// A node of the three-node cluster behind the VIP 10.0.0.100:6443, with kubeadm facts in its
 /// configuration, the stand-in kubeadm, and every path under the test's directory.
 fn node(name: &str, role: &str, ip: &str) -> Node {
+    support::sweep::secret("kubeadm bootstrap token", TOKEN);
+    support::sweep::secret("kubeadm certificate key", KEY);
     let env = Env::new();
     let root = env.root.clone();
     let stub = root.join("bin/kubeadm");
@@ -67,7 +71,7 @@ manifest_path = "{root}/manifests/kube-vip.yaml"
 
 impl Node {
     fn ctl(&self, args: &[&str]) -> Output {
-        Command::new(support::ginxctl_bin())
+        let out = Command::new(support::ginxctl_bin())
             .arg("--config")
             .arg(&self.env.config)
             .arg("--socket")
@@ -79,7 +83,9 @@ impl Node {
                 self.env.root.join("manifests/kube-vip.yaml"),
             )
             .output()
-            .unwrap()
+            .unwrap();
+        support::sweep::collect_ctl(args, &out);
+        out
     }
 
     fn ctl_ok(&self, args: &[&str]) -> String {

@@ -141,6 +141,9 @@ fn a_bearer_token_works_too() {
          subjects: [{kind: ServiceAccount, name: ginx-token-test, namespace: ginx-system}]\n",
     );
     let token = cp.kubectl(&["-n", "ginx-system", "create", "token", "ginx-token-test"]);
+    support::sweep::secret("ServiceAccount bearer token", token.trim());
+    let signature = token.trim().rsplit('.').next().unwrap();
+    support::sweep::secret("ServiceAccount bearer token (signature)", signature);
     let env = Env::new();
     let kc = use_cluster(&env, cp, "hb-token", "");
     let text = std::fs::read_to_string(&kc).unwrap();
@@ -765,6 +768,11 @@ pub(crate) fn scrape(addr: &str) -> String {
     .unwrap();
     let mut out = String::new();
     s.read_to_string(&mut out).unwrap();
+    support::sweep::collect_deduplicated(
+        "metrics",
+        &format!("GET {addr}/metrics"),
+        &[out.as_bytes()],
+    );
     let (head, body) = out.split_once("\r\n\r\n").unwrap();
     assert!(head.starts_with("HTTP/1.1 200"), "{head}");
     // hyper may use chunked encoding; the body's lines are what matter.

@@ -182,11 +182,7 @@ fn https_token_is_used_and_never_shown() {
     let status = d.ctl_ok(&["status", "--json"]);
     let human = d.ctl_ok(&["status"]);
     let history = d.ctl_ok(&["history", "--json", "--output"]);
-    let check = std::process::Command::new(support::ginx_bin())
-        .args(["check-config", "--config"])
-        .arg(&env.config)
-        .output()
-        .unwrap();
+    let check = support::check_config(&env.config);
     let check = String::from_utf8_lossy(&check.stdout).into_owned();
     drop(d);
     for (what, text) in [
@@ -765,6 +761,12 @@ fn url_credentials_reach_no_output_check_config_status_health_or_log() {
             String::from_utf8_lossy(&o.stderr)
         )
     };
+    for password in ["SECRET1", "SE@CRET2", "SEC/RET3+x==", "SECRET4"] {
+        support::sweep::secret_in_url("password in a URL", password);
+    }
+    for token in ["SECRET5", "SECRET6", "SECRET7", "SECRET8"] {
+        support::sweep::secret_in_url("token in a URL", token);
+    }
     // Ambiguous credentials are refused, and the refusal does not echo them.
     for url in ["https:/user:SECRET1@host/x", "git:SE@CRET2@host:x"] {
         env.dropin(
@@ -917,4 +919,63 @@ fn a_ref_lock_left_by_a_killed_fetch_does_not_stop_later_fetches() {
         "{}",
         d.log()
     );
+}
+
+/// Every file and directory under `dir`, with what changes when it is written or replaced.
+fn versions(dir: &Path) -> std::collections::BTreeMap<std::path::PathBuf, (i64, i64, u64, u64)> {
+    use std::os::unix::fs::MetadataExt;
+    let mut m = std::collections::BTreeMap::new();
+    let mut stack = vec![dir.to_owned()];
+    while let Some(d) = stack.pop() {
+        for e in std::fs::read_dir(&d).unwrap().flatten() {
+            let md = e.path().symlink_metadata().unwrap();
+            if md.is_dir() {
+                stack.push(e.path());
+            }
+            m.insert(e.path(), (md.mtime(), md.mtime_nsec(), md.len(), md.ino()));
+        }
+    }
+    m
+}
+
+/// Regression: libgit2's fetch truncated `FETCH_HEAD` in each clone on every fetch (even with
+/// `update_fetchhead(false)`), so an idle node rewrote a file under the state dir every poll
+/// interval.
+#[test]
+fn a_fetch_that_finds_nothing_new_rewrites_no_file() {
+    let env = Env::new();
+    let bare = env.bare();
+    let server = inetd::git_daemon(bare.parent().unwrap());
+    use_remote(
+        &env,
+        &format!("git://127.0.0.1:{}/hephaestus.git", server.port),
+        "",
+    );
+    let d = env.start();
+    d.wait_applied(&env.repo.head());
+    d.ctl_ok(&["sync"]);
+    let before = versions(&env.state_dir);
+    for _ in 0..3 {
+        d.ctl_ok(&["sync"]);
+    }
+    let after = versions(&env.state_dir);
+    let changed: Vec<_> = after
+        .iter()
+        .filter(|(p, v)| before.get(*p) != Some(v))
+        .map(|(p, _)| p.display().to_string())
+        .chain(
+            before
+                .keys()
+                .filter(|p| !after.contains_key(*p))
+                .map(|p| format!("{} (removed)", p.display())),
+        )
+        .collect();
+    assert!(changed.is_empty(), "rewritten: {changed:#?}");
+    let fetch_head = env.state_dir.join("sources/hephaestus/FETCH_HEAD");
+    assert!(!fetch_head.exists(), "{} written", fetch_head.display());
+    // A new commit still arrives.
+    let next = env.repo.commit("next.nix", "{ }\n", "next");
+    env.push("main", false);
+    d.ctl_ok(&["sync"]);
+    d.wait_applied(&next);
 }

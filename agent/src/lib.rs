@@ -10,6 +10,8 @@ pub mod cli;
 pub mod config;
 pub mod control;
 pub mod daemon;
+#[doc(hidden)]
+pub mod fuzz;
 pub mod health;
 pub mod kube;
 pub mod kubeadm;

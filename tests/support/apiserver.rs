@@ -156,6 +156,7 @@ impl ApiServer {
             ca.server_config_for(&["127.0.0.1", "localhost", "kubernetes"], true),
         );
         let token = format!("ginx-test-token-{}", fastrand::u64(..));
+        super::sweep::secret("kubeconfig bearer token", &token);
         let store = Arc::new(Mutex::new(Store::default()));
         store
             .lock()
@@ -165,6 +166,7 @@ impl ApiServer {
         let shared = Arc::new(Shared {
             store: Arc::clone(&store),
             token: token.clone(),
+            sent: super::sweep::Sink::new("apiserver-requests", "the stand-in API server"),
         });
         runtime.spawn(async move {
             loop {
@@ -309,6 +311,9 @@ impl Drop for ApiServer {
 struct Shared {
     store: Arc<Mutex<Store>>,
     token: String,
+    /// Every request line and body, for the secrets sweep (not the headers: the token is
+    /// meant to reach this server).
+    sent: super::sweep::Sink,
 }
 
 /// An `Err` makes hyper drop the connection without an answer.
@@ -332,6 +337,8 @@ impl Shared {
         }
         let method = req.method().to_string();
         let path = req.uri().path().to_owned();
+        self.sent
+            .write(format!("{method} {}", req.uri()).as_bytes());
         let content_type = req
             .headers()
             .get(hyper::header::CONTENT_TYPE)
@@ -350,6 +357,7 @@ impl Shared {
             .await
             .map(|b| b.to_bytes())
             .unwrap_or_default();
+        self.sent.write(&body);
         let (code, value, drop_it) = {
             let mut s = self.store.lock().unwrap();
             if s.faults.down {

@@ -77,7 +77,10 @@ pub fn shared() -> Option<&'static ControlPlane> {
                 .tempdir()
                 .unwrap()
                 .keep();
-            Some(ControlPlane::start_in(&bin, dir))
+            let cp = ControlPlane::start_in(&bin, dir);
+            // Written until this process exits, and kept: swept where it is.
+            super::sweep::collect_audit_log_at_end(&cp.audit_log);
+            Some(cp)
         })
         .as_ref()
 }
@@ -144,13 +147,22 @@ impl ControlPlane {
         let serving = write("apiserver.crt", &serving);
         let serving_key = write("apiserver.key", &serving_key);
         let sa = rcgen::KeyPair::generate().unwrap();
+        super::sweep::secret_pem("service-account signing key", &sa.serialize_pem());
         let sa_key = write("sa.key", &sa.serialize_pem());
         let sa_pub = write("sa.pub", &sa.public_key_pem());
         let audit_policy = dir.join("audit-policy.yaml");
+        // Every request at Metadata level; writes by the identities the tests give ginx also with
+        // their bodies (level Request), for the secrets sweep: not the admin's, not the control
+        // plane's own, and never a Secret's (ginx writes the Flux pull secret on purpose).
         std::fs::write(
             &audit_policy,
             "apiVersion: audit.k8s.io/v1\nkind: Policy\nomitStages: [RequestReceived]\n\
-             rules:\n- level: Metadata\n",
+             rules:\n\
+             - level: Metadata\n  resources: [{group: \"\", resources: [secrets]}]\n\
+             - level: Metadata\n  users: [admin, system:kube-controller-manager, system:apiserver]\n\
+             - level: Metadata\n  userGroups: [system:nodes, \"system:serviceaccounts:kube-system\"]\n\
+             - level: Request\n  verbs: [create, update, patch]\n\
+             - level: Metadata\n",
         )
         .unwrap();
         let audit_log = dir.join("audit.log");
@@ -480,6 +492,10 @@ impl Drop for ControlPlane {
     fn drop(&mut self) {
         for c in [&self.controller_manager, &self.apiserver, &self.etcd] {
             c.lock().unwrap_or_else(|e| e.into_inner()).kill();
+        }
+        // A private one's directory goes with it.
+        if self._tmp.is_some() {
+            super::sweep::collect_audit_log("audit-log", &self.audit_log);
         }
     }
 }

@@ -458,17 +458,35 @@ impl Drop for Daemon {
             let _ = c.kill();
             let _ = c.wait();
         }
+        // For the secrets sweep: everything this ginx said on stderr and to systemd.
+        self.poll_notes();
+        super::sweep::collect_file("ginx-log", &self.log);
+        super::sweep::collect(
+            "ginx-sd-notify",
+            &format!("sd_notify of ginx {}", self.pid),
+            self.notes.join("\n").as_bytes(),
+        );
+    }
+}
+
+impl Drop for Env {
+    /// For the secrets sweep: what the daemons left in the state directory (state file,
+    /// history, attempt output, bootstrap report, the clones' Git configuration).
+    fn drop(&mut self) {
+        super::sweep::collect_dir("state-dir", &self.state_dir);
     }
 }
 
 /// Runs the real `ginxctl` against `socket`.
 pub fn ctl_at(socket: &Path, args: &[&str]) -> Output {
-    Command::new(ginxctl_bin())
+    let out = Command::new(ginxctl_bin())
         .arg("--socket")
         .arg(socket)
         .args(["--timeout", "90s"])
         .args(args)
         .env_remove("GINX_SOCKET")
         .output()
-        .expect("running ginxctl")
+        .expect("running ginxctl");
+    super::sweep::collect_ctl(args, &out);
+    out
 }

@@ -90,6 +90,9 @@ struct State {
     requests: Vec<Recorded>,
     next: VecDeque<Answer>,
     always: Option<Answer>,
+    /// Every request line and body, for the secrets sweep (not the headers: credentials are
+    /// meant to reach this server).
+    sent: super::sweep::Sink,
 }
 
 /// What the handler does with one request.
@@ -122,6 +125,7 @@ impl FleetLockServer {
             requests: Vec::new(),
             next: VecDeque::new(),
             always: None,
+            sent: super::sweep::Sink::new("fleetlock-requests", "the stand-in FleetLock server"),
         }));
         let shared = Arc::clone(&state);
         runtime.spawn(async move {
@@ -248,6 +252,12 @@ async fn handle(state: &Mutex<State>, req: Request<Incoming>) -> Reply {
         Ok(b) => b.to_bytes(),
         Err(_) => return Reply::HangUp,
     };
+    {
+        let s = state.lock().unwrap_or_else(|e| e.into_inner());
+        s.sent
+            .write(format!("{} {}", seen.method, seen.path).as_bytes());
+        s.sent.write(&body);
+    }
     let params = serde_json::from_slice::<Value>(&body).ok();
     let param = |key: &str| {
         params.as_ref()?["client_params"][key]

@@ -51,6 +51,9 @@ impl GitHttpServer {
             .as_ref()
             .map(|ca| tokio_rustls::TlsAcceptor::from(ca.server_config()));
         let requests = Arc::new(Mutex::new(Vec::new()));
+        if let Some((_, password)) = &opts.basic_auth {
+            super::sweep::secret_in_url("HTTPS token", password);
+        }
         let state = Arc::new(Shared {
             root: root.to_owned(),
             gate: opts.gate,

@@ -16,7 +16,9 @@ pub mod kubelet;
 pub mod netns;
 pub mod nix;
 pub mod reboot;
+pub mod soak;
 pub mod ssh;
+pub mod sweep;
 pub mod tls;
 
 use std::path::{Path, PathBuf};
@@ -55,11 +57,13 @@ pub fn loopback_server(
 
 /// Runs `ginx check-config --config <config>` (with the drop-ins beside it).
 pub fn check_config(config: &Path) -> std::process::Output {
-    std::process::Command::new(ginx_bin())
+    let out = std::process::Command::new(ginx_bin())
         .args(["check-config", "--config"])
         .arg(config)
         .output()
-        .unwrap()
+        .unwrap();
+    sweep::collect_output("check-config", &config.display().to_string(), &out);
+    out
 }
 
 /// Runs `cmd`, failing the test with its output unless it exits 0.

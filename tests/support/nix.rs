@@ -45,6 +45,9 @@ impl Cache {
             .args(["--generate-binary-cache-key", name])
             .arg(&secret)
             .arg(&public));
+        let key = std::fs::read_to_string(&secret).unwrap();
+        let (_, key) = key.trim().split_once(':').expect("name:base64");
+        support::sweep::secret("binary-cache signing key", key);
         Self {
             dir,
             secret,

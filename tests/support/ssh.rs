@@ -19,6 +19,7 @@ pub fn keygen(path: &Path, comment: &str) -> String {
             .arg(path),
     );
     std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600)).unwrap();
+    super::sweep::secret_key_file("SSH private key", path);
     pub_line(path)
 }
 

@@ -20,7 +20,9 @@ impl TestCa {
         params
             .distinguished_name
             .push(rcgen::DnType::CommonName, "ginx test CA");
-        let issuer = CertifiedIssuer::self_signed(params, KeyPair::generate().unwrap()).unwrap();
+        let key = KeyPair::generate().unwrap();
+        super::sweep::secret_pem("CA private key", &key.serialize_pem());
+        let issuer = CertifiedIssuer::self_signed(params, key).unwrap();
         let pem_path = dir.join("test-ca.pem");
         std::fs::write(&pem_path, issuer.pem()).unwrap();
         Self { issuer, pem_path }
@@ -33,6 +35,7 @@ impl TestCa {
     /// A certificate and key for `names` (DNS names or IP addresses), signed by this CA.
     pub fn issue(&self, names: &[&str]) -> (CertificateDer<'static>, PrivateKeyDer<'static>) {
         let key = KeyPair::generate().unwrap();
+        super::sweep::secret_pem("TLS server private key", &key.serialize_pem());
         let params =
             CertificateParams::new(names.iter().map(|s| (*s).to_owned()).collect::<Vec<_>>())
                 .unwrap();
@@ -52,6 +55,7 @@ impl TestCa {
     /// server reads a certificate: CN the user, O the groups) and its key, both PEM.
     pub fn issue_client_pem(&self, common_name: &str, organizations: &[&str]) -> (String, String) {
         let key = KeyPair::generate().unwrap();
+        super::sweep::secret_pem("client certificate key (kubeconfig)", &key.serialize_pem());
         let mut params = CertificateParams::new(Vec::<String>::new()).unwrap();
         for o in organizations {
             params
@@ -69,6 +73,7 @@ impl TestCa {
     /// A serving certificate for `names` (DNS names or IP addresses) and its key, both PEM.
     pub fn issue_server_pem(&self, names: &[&str]) -> (String, String) {
         let key = KeyPair::generate().unwrap();
+        super::sweep::secret_pem("TLS server private key", &key.serialize_pem());
         let mut params =
             CertificateParams::new(names.iter().map(|s| (*s).to_owned()).collect::<Vec<_>>())
                 .unwrap();

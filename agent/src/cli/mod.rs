@@ -6,7 +6,7 @@
 mod bootstrap;
 mod ctl;
 mod kubeadm;
-mod render;
+pub mod render;
 
 use std::path::PathBuf;
 use std::process::ExitCode;

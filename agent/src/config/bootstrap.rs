@@ -251,6 +251,28 @@ impl BootstrapConfig {
                     ),
                 ));
             }
+            // The URL goes into the FluxInstance as written, which anyone who can read the
+            // cluster's custom resources sees, and into check-config's output: credentials go
+            // into the pull secret (the source's token_file or deploy key), never into it.
+            if let Some(url) = &f.url {
+                let parsed = url.parse::<crate::types::RemoteUrl>().map_err(|e| {
+                    ctx.error(
+                        "bootstrap.flux.url",
+                        format!("is not a Git URL Flux can use: {e}"),
+                    )
+                })?;
+                if parsed.has_inline_credentials() {
+                    return Err(ctx.error(
+                        "bootstrap.flux.url",
+                        format!(
+                            "{parsed} carries credentials (a password, a user name over HTTP(S), \
+                             a query or a fragment): they would be readable in the FluxInstance; \
+                             drop them, the pull secret carries the source's token_file or \
+                             deploy key"
+                        ),
+                    ));
+                }
+            }
             if f.path.trim().is_empty() || f.path.starts_with('/') {
                 return Err(ctx.error(
                     "bootstrap.flux.path",

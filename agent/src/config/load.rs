@@ -255,19 +255,30 @@ pub(super) fn read_file(path: &Path) -> Result<String, ConfigError> {
 
 /// The merged document of all `files`, and where each key came from.
 pub(super) fn read_merged(files: &[PathBuf]) -> Result<(toml::Table, Origins), ConfigError> {
+    let texts = files
+        .iter()
+        .map(|f| Ok((f.clone(), read_file(f)?)))
+        .collect::<Result<Vec<_>, ConfigError>>()?;
+    merge_texts(&texts)
+}
+
+/// [`read_merged`] over texts already read, named by their files.
+pub(super) fn merge_texts(
+    files: &[(PathBuf, String)],
+) -> Result<(toml::Table, Origins), ConfigError> {
     let mut merged = toml::Table::new();
     let mut origins = Origins::default();
-    for file in files {
-        let text = read_file(file)?;
-        let index = LineIndex::new(&text);
+    for (file, text) in files {
+        let text = text.as_str();
+        let index = LineIndex::new(text);
         let at = Locator {
             file,
-            text: &text,
+            text,
             index: &index,
         };
-        let spanned = DeTable::parse(&text).map_err(|e| at.parse_error(&e, None))?;
+        let spanned = DeTable::parse(text).map_err(|e| at.parse_error(&e, None))?;
         let table: toml::Table =
-            toml::from_str(&text).map_err(|e| at.parse_error(&e, Some(spanned.get_ref())))?;
+            toml::from_str(text).map_err(|e| at.parse_error(&e, Some(spanned.get_ref())))?;
         record_table(&mut origins, &at, "", spanned.get_ref());
         merge_into(&mut merged, table);
     }
@@ -319,8 +330,18 @@ impl Locator<'_> {
 
 /// The key written on the line of `offset`, under the table header above it: `apply` for a
 /// `[apply]` line, `apply.goal` for `goal = …` below it. Only for messages, when the document
-/// does not parse.
+/// does not parse; what does not look like a key (bare keys, dots, quotes) is not named, since
+/// a broken line may hold anything, a URL with its password too (found by the fuzzer:
+/// fuzz/regressions/config/key-read-off-a-broken-line-echoes-a-url-password).
 fn key_in_text(text: &str, offset: usize) -> Option<String> {
+    let looks_like_key = |k: &str| {
+        k.chars()
+            .all(|c| c.is_ascii_alphanumeric() || "_-. \t\"'".contains(c))
+    };
+    key_on_line(text, offset).filter(|k| looks_like_key(k))
+}
+
+fn key_on_line(text: &str, offset: usize) -> Option<String> {
     let offset = offset.min(text.len());
     let start = text.get(..offset)?.rfind('\n').map_or(0, |i| i + 1);
     let end = text[start..].find('\n').map_or(text.len(), |i| start + i);
@@ -423,6 +444,21 @@ fn merge_into(base: &mut toml::Table, over: toml::Table) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn key_read_off_a_broken_line_echoes_a_url_password() {
+        // The fuzzer's finding, reduced: a line that does not parse, holding a URL with its
+        // password before an `=`; the error named "sources.hep.url i \"https://git:…" as the key.
+        let text = "[sources.hep]\nurl i \"https://git:hunter2x@git.example = 2\n";
+        let at = text.find("url").unwrap();
+        assert_eq!(key_in_text(text, at), None);
+        let text = "[https://git:hunter2x@git.example]\nx = 1\n";
+        assert_eq!(key_in_text(text, 0), None);
+        // A key that is one is still named.
+        let text = "[apply]\ngoal = = 1\n";
+        let at = text.find("goal").unwrap();
+        assert_eq!(key_in_text(text, at).as_deref(), Some("apply.goal"));
+    }
 
     #[test]
     fn locations_count_lines_and_characters() {

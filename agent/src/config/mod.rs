@@ -182,19 +182,40 @@ pub fn peek_socket(main: &Path) -> Result<Option<PathBuf>, ConfigError> {
 
 fn load_files(files: &[PathBuf]) -> Result<Config, ConfigError> {
     let (merged, origins) = load::read_merged(files)?;
+    validated(merged, &origins, files)
+}
+
+/// What [`load`] does once the files are read: `files` are the main file and its drop-ins in
+/// merge order, with their texts (the fuzzer's way in: no file system).
+pub fn load_texts(files: &[(PathBuf, String)]) -> Result<Config, ConfigError> {
+    let (merged, origins) = load::merge_texts(files)?;
+    let names: Vec<PathBuf> = files.iter().map(|(f, _)| f.clone()).collect();
+    validated(merged, &origins, &names)
+}
+
+fn validated(
+    merged: toml::Table,
+    origins: &Origins,
+    files: &[PathBuf],
+) -> Result<Config, ConfigError> {
+    let Some(main) = files.first() else {
+        return Err(ConfigError::Invalid {
+            place: "(no file)".into(),
+            key: String::new(),
+            message: "no configuration file".into(),
+        });
+    };
     let ctx = Ctx {
-        origins: &origins,
-        main: &files[0],
+        origins,
+        main,
         files,
     };
     let mut config: Config =
         serde_path_to_error::deserialize(toml::Value::Table(merged)).map_err(|e| {
             let key = path_string(e.path());
-            let mut message = e.inner().message().trim().to_owned();
-            if key == "sources" || key.starts_with("sources.") {
-                // A misplaced URL there may carry a token: never echo the value.
-                message = without_string_value(&message);
-            }
+            // A misplaced URL may carry a token, under any key (`substituters = "https://u:pw@…"`
+            // expects a list): never echo a string value.
+            let message = without_string_value(e.inner().message().trim());
             let message = if message.starts_with("unknown field") {
                 format!("{message}; remove or correct the key")
             } else {
@@ -502,6 +523,42 @@ url = "ssh://git@git.example.com/infra/hephaestus.git"
         ));
         assert!(e.contains("reboot.blocking_pod_selector"), "{e}");
         assert!(e.contains("config.toml:"), "{e}");
+    }
+
+    #[test]
+    fn a_misplaced_url_with_a_password_is_not_echoed_under_any_key() {
+        // A string where a list is expected, outside `sources`: the message says so without it.
+        let e = err_text(&format!(
+            "{BASE}\n[apply.closure]\nsubstituters = \"https://ci:hunter2x@cache.example.com\"\n\
+             trusted_public_keys = []\n"
+        ));
+        assert!(e.contains("apply.closure.substituters"), "{e}");
+        assert!(e.contains("invalid type: a string"), "{e}");
+        assert!(!e.contains("hunter2x"), "{e}");
+    }
+
+    #[test]
+    fn a_flux_url_with_credentials_is_refused_without_echoing_them() {
+        let flux = |url: &str| {
+            format!(
+                "{BASE}\n[bootstrap.flux]\nsource = \"hephaestus\"\npath = \"clusters/lab\"\n\
+                 url = \"{url}\"\n"
+            )
+        };
+        for url in [
+            "https://git:hunter2x@git.example.com/argus.git",
+            "https://hunter2x@git.example.com/argus.git",
+            "https://git.example.com/argus.git?private_token=hunter2x",
+        ] {
+            let e = err_text(&flux(url));
+            assert!(
+                e.contains("bootstrap.flux.url") && e.contains("carries credentials"),
+                "{e}"
+            );
+            assert!(!e.contains("hunter2x"), "{e}");
+        }
+        let ok = load_text(&flux("ssh://git@git.example.com/argus.git")).unwrap();
+        assert!(ok.bootstrap.flux.is_some());
     }
 
     #[test]

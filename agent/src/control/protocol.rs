@@ -69,6 +69,36 @@ pub enum Command {
     },
 }
 
+/// One request line (without its newline) as the daemon reads it: valid JSON, the protocol
+/// version, a known command. The refusal is the response to send.
+pub fn parse_request(line: &[u8]) -> Result<Request, Response> {
+    let value: serde_json::Value = serde_json::from_slice(line).map_err(|e| {
+        Response::error(
+            ErrorKind::BadRequest,
+            format!("request is not valid JSON: {e}"),
+        )
+    })?;
+    match value.get("version").and_then(serde_json::Value::as_u64) {
+        Some(v) if v == u64::from(PROTOCOL_VERSION) => {}
+        Some(v) => {
+            return Err(Response::error(
+                ErrorKind::UnsupportedVersion,
+                format!(
+                    "protocol version {v} is not supported; this ginx speaks {PROTOCOL_VERSION}: use a matching ginxctl"
+                ),
+            ));
+        }
+        None => {
+            return Err(Response::error(
+                ErrorKind::BadRequest,
+                "request has no \"version\" number",
+            ));
+        }
+    }
+    serde_json::from_value(value)
+        .map_err(|e| Response::error(ErrorKind::BadRequest, format!("not a valid request: {e}")))
+}
+
 impl Command {
     /// Whether the command changes what ginx does (root or the control group only).
     pub fn mutates(&self) -> bool {

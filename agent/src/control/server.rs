@@ -17,8 +17,7 @@ use tokio::sync::{mpsc, oneshot, watch};
 
 use super::protocol::{
     AcceptReport, ClearReport, Command, ErrorKind, FleetReport, HistoryReport, MAX_REQUEST,
-    PROTOCOL_VERSION, Request, Response, RollbackReport, SourceFileReport, SuspendReport,
-    SyncReport,
+    Response, RollbackReport, SourceFileReport, SuspendReport, SyncReport, parse_request,
 };
 use crate::reconcile;
 use crate::rollout::fleet::{ClearError, Fleet, RevisionError};
@@ -743,32 +742,9 @@ async fn handle(stream: UnixStream, peer: Option<Peer>, backend: Arc<Backend>) {
 }
 
 async fn respond(line: &[u8], peer: Option<&Peer>, backend: &Backend) -> Response {
-    let value: serde_json::Value = match serde_json::from_slice(line) {
-        Ok(v) => v,
-        Err(e) => {
-            return Response::error(
-                ErrorKind::BadRequest,
-                format!("request is not valid JSON: {e}"),
-            );
-        }
-    };
-    match value.get("version").and_then(serde_json::Value::as_u64) {
-        Some(v) if v == u64::from(PROTOCOL_VERSION) => {}
-        Some(v) => {
-            return Response::error(
-                ErrorKind::UnsupportedVersion,
-                format!(
-                    "protocol version {v} is not supported; this ginx speaks {PROTOCOL_VERSION}: use a matching ginxctl"
-                ),
-            );
-        }
-        None => return Response::error(ErrorKind::BadRequest, "request has no \"version\" number"),
-    }
-    let request: Request = match serde_json::from_value(value) {
+    let request = match parse_request(line) {
         Ok(r) => r,
-        Err(e) => {
-            return Response::error(ErrorKind::BadRequest, format!("not a valid request: {e}"));
-        }
+        Err(refusal) => return refusal,
     };
     if request.command.mutates() {
         let group = backend.parts.config.borrow().control.group.clone();

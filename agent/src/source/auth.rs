@@ -194,19 +194,30 @@ fn known_hosts_name(host: &str, url: &RemoteUrl) -> String {
 pub fn check_host_key(path: &Path, name: &str, blob: &[u8]) -> Result<(), String> {
     let key = PublicKey::from_bytes(blob)
         .map_err(|e| format!("the SSH server {name} sent a host key ginx cannot read: {e}"))?;
+    let text = std::fs::read_to_string(path).map_err(|e| {
+        format!(
+            "cannot read known_hosts_file {}: {e}; the host key of {name} ({}) \
+             cannot be checked",
+            path.display(),
+            key.fingerprint(HashAlg::Sha256)
+        )
+    })?;
+    check_host_key_in(&text, path, name, &key)
+}
+
+/// [`check_host_key`] against the known_hosts `text` read from `path`.
+pub fn check_host_key_in(
+    text: &str,
+    path: &Path,
+    name: &str,
+    key: &PublicKey,
+) -> Result<(), String> {
     let fingerprint = key.fingerprint(HashAlg::Sha256);
     let offered = key
         .to_openssh()
         .map(|s| s.split_whitespace().take(2).collect::<Vec<_>>().join(" "))
         .unwrap_or_default();
-    let text = std::fs::read_to_string(path).map_err(|e| {
-        format!(
-            "cannot read known_hosts_file {}: {e}; the host key of {name} ({fingerprint}) \
-             cannot be checked",
-            path.display()
-        )
-    })?;
-    let entries: Vec<_> = KnownHosts::new(&text)
+    let entries: Vec<_> = KnownHosts::new(text)
         .flatten()
         .filter(|e| patterns_match(e.host_patterns(), name))
         .collect();

@@ -511,18 +511,40 @@ fn fetch_one(
         callbacks.sideband_progress(move |_| !cancel.load(Ordering::Relaxed));
         let mut opts = FetchOptions::new();
         opts.remote_callbacks(callbacks)
-            .download_tags(AutotagOption::None)
-            .update_fetchhead(false);
-        remote.fetch(&refspecs, Some(&mut opts), None)
+            .download_tags(AutotagOption::None);
+        // A download, not `fetch`: libgit2's tip update (1.9) truncates FETCH_HEAD on every
+        // fetch, even told not to write it, so an idle node would rewrite a file in the clone
+        // every interval. The tracking refs are updated below, and only when they move.
+        // Disconnected whether or not the download worked, as `fetch` does.
+        let downloaded = remote.download(&refspecs, Some(&mut opts));
+        let disconnected = remote.disconnect();
+        downloaded.and(disconnected)
     };
     result.map_err(|e| fetch_err(&e, &refusal))?;
-    let advertised: Vec<String> = remote
+    let advertised: Vec<(String, git2::Oid)> = remote
         .list()
         .map_err(|e| fetch_err(&e, &refusal))?
         .iter()
-        .map(|h| h.name().to_owned())
+        .map(|h| (h.name().to_owned(), h.oid()))
         .collect();
-    let has = |b: &str| advertised.iter().any(|n| n == &format!("refs/heads/{b}"));
+    for b in &branches {
+        let name = format!("refs/heads/{b}");
+        let Some((_, oid)) = advertised.iter().find(|(n, _)| *n == name) else {
+            continue;
+        };
+        let tracking = tracking_ref(b);
+        // Forced, not compared-and-swapped: one fetch per clone runs at a time (the poller's
+        // busy flag, and the state dir's lock between processes).
+        if repo.refname_to_id(&tracking).ok() != Some(*oid) {
+            repo.reference(&tracking, *oid, true, "ginx: fetch")
+                .map_err(|e| fetch_err(&e, &refusal))?;
+        }
+    }
+    let has = |b: &str| {
+        advertised
+            .iter()
+            .any(|(n, _)| n == &format!("refs/heads/{b}"))
+    };
     if !has(spec.branch) {
         return Err(GitError::NoBranch {
             name: spec.source.to_owned(),

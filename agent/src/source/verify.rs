@@ -231,18 +231,18 @@ fn check_openpgp(file: &Path, armored: &str, data: &[u8]) -> Result<Signed, Fail
 
 /// One line of an allowed-signers file.
 #[derive(Debug)]
-struct AllowedSigner {
-    principals: Vec<String>,
-    cert_authority: bool,
-    namespaces: Option<Vec<String>>,
-    valid_after: Option<Timestamp>,
-    valid_before: Option<Timestamp>,
-    key: PublicKey,
+pub struct AllowedSigner {
+    pub principals: Vec<String>,
+    pub cert_authority: bool,
+    pub namespaces: Option<Vec<String>>,
+    pub valid_after: Option<Timestamp>,
+    pub valid_before: Option<Timestamp>,
+    pub key: PublicKey,
 }
 
 /// Parses git's allowed-signers format (ssh-keygen(1), ALLOWED SIGNERS):
 /// `principals [options] keytype base64-key [comment]`.
-fn parse_allowed_signers(text: &str) -> Result<Vec<AllowedSigner>, (usize, String)> {
+pub fn parse_allowed_signers(text: &str) -> Result<Vec<AllowedSigner>, (usize, String)> {
     let mut out = Vec::new();
     for (i, raw) in text.lines().enumerate() {
         let line = raw.trim();
