@@ -196,8 +196,10 @@ fn one_at_in_authority(rest: &str) -> Result<(), String> {
 
 /// Refuses a path (shown as written) that holds a URL with a user name and password.
 fn no_url_with_password_in(path: &str) -> Result<(), String> {
-    for (at, _) in path.match_indices("://") {
-        let inner = path[at + 3..].split(['/', '?', '#']).next().unwrap_or("");
+    // `//` rather than `://`: the scheme's `:` may end the authority (`https://h:/…`, found
+    // by the fuzzer), and `//user:pw@host` is a URL too.
+    for (at, _) in path.match_indices("//") {
+        let inner = path[at + 2..].split(['/', '?', '#']).next().unwrap_or("");
         if let Some((userinfo, _)) = inner.rsplit_once('@')
             && userinfo.contains(':')
         {
@@ -398,6 +400,8 @@ mod tests {
             "https://proxy.example/https://u:hunter2x@git.example/x.git",
             "ssh://git@proxy.example/git+ssh://u:hunter2x@git.example/x",
             "/ttps://git:hunter2x@git.example/x",
+            "https://proxy.example://u:hunter2x@git.example/x",
+            "https://proxy.example//u:hunter2x@git.example/x",
         ] {
             let e = raw.parse::<RemoteUrl>().unwrap_err();
             assert!(e.contains("a URL with a user name and password"), "{e}");
