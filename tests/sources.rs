@@ -979,3 +979,99 @@ fn a_fetch_that_finds_nothing_new_rewrites_no_file() {
     d.ctl_ok(&["sync"]);
     d.wait_applied(&next);
 }
+
+/// The objects of a clone, as git itself lists them.
+fn objects(clone: &Path) -> std::collections::BTreeSet<String> {
+    let out = support::git::git_cmd()
+        .arg("-C")
+        .arg(clone)
+        .args([
+            "cat-file",
+            "--batch-all-objects",
+            "--batch-check=%(objectname)",
+        ])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8(out.stdout)
+        .unwrap()
+        .lines()
+        .map(str::to_owned)
+        .collect()
+}
+
+fn packs(clone: &Path) -> usize {
+    std::fs::read_dir(clone.join("objects/pack"))
+        .unwrap()
+        .flatten()
+        .filter(|e| e.file_name().to_string_lossy().ends_with(".pack"))
+        .count()
+}
+
+/// Regression (found by the soak): every fetch that brings something leaves a pack in the
+/// clone and libgit2 runs no `git gc`, so a node that fetched for months held thousands of
+/// packs, each searched by every object lookup. A fetch that leaves more than 50 (git's
+/// `gc.autoPackLimit`) folds them into one, keeping every object; git reads the result.
+#[test]
+fn a_fetch_folds_the_clones_packs_into_one_past_fifty_keeping_every_object() {
+    let env = Env::new();
+    let bare = env.bare();
+    let server = inetd::git_daemon(bare.parent().unwrap());
+    use_remote(
+        &env,
+        &format!("git://127.0.0.1:{}/hephaestus.git", server.port),
+        "",
+    );
+    let clone = env.state_dir.join("sources/hephaestus");
+    let d = env.start();
+    d.wait_applied(&env.repo.head());
+    let mut commits = vec![env.repo.head()];
+    let mut next = |i: usize| {
+        commits.push(
+            env.repo
+                .commit("n.nix", &format!("{{ n = {i}; }}\n"), "next"),
+        );
+        env.push("main", false);
+        d.ctl_ok(&["sync"]);
+    };
+    let mut i = 0;
+    while packs(&clone) < 50 {
+        i += 1;
+        assert!(
+            i <= 60,
+            "no pack per fetch? {} packs after {i} fetches",
+            packs(&clone)
+        );
+        next(i);
+    }
+    let before = objects(&clone);
+    next(i + 1);
+    assert_eq!(packs(&clone), 1, "51 packs were not folded into one");
+    let after = objects(&clone);
+    let lost: Vec<_> = before.difference(&after).collect();
+    assert!(lost.is_empty(), "objects lost by the fold: {lost:?}");
+    let fsck = support::git::git_cmd()
+        .arg("-C")
+        .arg(&clone)
+        .args(["fsck", "--no-dangling"])
+        .output()
+        .unwrap();
+    assert!(
+        fsck.status.success(),
+        "git fsck of the folded clone: {}",
+        String::from_utf8_lossy(&fsck.stderr)
+    );
+    // Fetches and applies go on from the folded clone.
+    next(i + 2);
+    assert_eq!(packs(&clone), 2);
+    d.wait_applied(commits.last().unwrap());
+    assert!(
+        d.log().contains("folded the clone's packs into one"),
+        "{}",
+        d.log()
+    );
+}

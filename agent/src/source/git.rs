@@ -65,6 +65,10 @@ impl GitError {
 /// Prefix of messages classified as local corruption.
 const CORRUPT: &str = "the local clone is damaged: ";
 
+/// The packs a clone may hold before a fetch folds them into one: `git gc --auto`'s
+/// `gc.autoPackLimit`.
+pub const PACK_LIMIT: usize = 50;
+
 /// How one remote fared in a fetch.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct RemoteResult {
@@ -236,6 +240,8 @@ impl Clone {
             }
             match fetch_one(&repo, url, spec) {
                 Ok((main, testing)) => {
+                    drop(repo);
+                    self.compact_if_needed(spec.source);
                     results.push(RemoteResult {
                         url: url.to_string(),
                         error: None,
@@ -261,6 +267,112 @@ impl Clone {
             (1, Some(e)) => Err(e),
             _ => Err(GitError::AllRemotes(results)),
         }
+    }
+
+    /// The packs in the clone (`objects/pack/pack-*.pack`), by name without extension.
+    pub fn packs(&self) -> Vec<String> {
+        let Ok(entries) = std::fs::read_dir(self.dir.join("objects/pack")) else {
+            return Vec::new();
+        };
+        let mut names: Vec<String> = entries
+            .flatten()
+            .filter_map(|e| {
+                let name = e.file_name().into_string().ok()?;
+                let stem = name.strip_suffix(".pack")?;
+                stem.starts_with("pack-").then(|| stem.to_owned())
+            })
+            .collect();
+        names.sort();
+        names
+    }
+
+    /// Folds the packs into one after a fetch left more than [`PACK_LIMIT`]; logs a failure
+    /// and carries on (the clone is whole either way, and the next fetch tries again).
+    fn compact_if_needed(&self, source: &str) {
+        if self.packs().len() <= PACK_LIMIT {
+            return;
+        }
+        match self.compact() {
+            Ok(folded) => tracing::info!(%source, packs = folded,
+                "folded the clone's packs into one (a pack per fetch, as git gc --auto does)"),
+            Err(e) => tracing::warn!(%source, error = %e,
+                "cannot fold the clone's packs into one; the next fetch tries again"),
+        }
+    }
+
+    /// Writes every object of the clone into one new pack and removes the packs it replaces;
+    /// returns how many packs were folded. Every fetch that brings something leaves a pack
+    /// (libgit2 runs no `git gc`), and every object lookup searches every pack, so without
+    /// this a node that has fetched for months would hold thousands of them. No object is
+    /// dropped, reachable or not: the new pack holds all of them, and the old packs are
+    /// removed only after it is written (under its final name, by libgit2's indexer).
+    /// A reader holding an old pack open keeps reading it; one that lists packs anew finds
+    /// the new one (libgit2 rescans the pack directory when an object is not found). Call
+    /// it only where fetches are (one per clone at a time).
+    pub fn compact(&self) -> Result<usize, GitError> {
+        let fail = |what: &str, message: String| GitError::Clone {
+            path: self.dir.clone(),
+            message: format!("folding the packs: {what}: {message}"),
+        };
+        let old = self.packs();
+        let repo = self.open_existing()?;
+        let odb = repo
+            .odb()
+            .map_err(|e| fail("cannot open the object database", e.message().to_owned()))?;
+        let mut oids = Vec::new();
+        odb.foreach(|oid| {
+            oids.push(*oid);
+            true
+        })
+        .map_err(|e| fail("cannot list the objects", e.message().to_owned()))?;
+        let mut builder = repo
+            .packbuilder()
+            .map_err(|e| fail("cannot start a pack", e.message().to_owned()))?;
+        for oid in &oids {
+            builder
+                .insert_object(*oid, None)
+                .map_err(|e| fail(&format!("cannot add object {oid}"), e.message().to_owned()))?;
+        }
+        let pack_dir = self.dir.join("objects/pack");
+        builder
+            .write(&pack_dir, 0o444)
+            .map_err(|e| fail("cannot write the pack", e.message().to_owned()))?;
+        if builder.written() != oids.len() {
+            return Err(fail(
+                "the new pack is short",
+                format!("{} of {} objects written", builder.written(), oids.len()),
+            ));
+        }
+        let new = match builder.name() {
+            Ok(Some(hash)) => format!("pack-{hash}"),
+            _ => return Err(fail("the new pack has no name", String::new())),
+        };
+        drop(builder);
+        drop(odb);
+        drop(repo);
+        if !self.packs().contains(&new) {
+            return Err(fail(
+                "the new pack is not in place",
+                format!("{new}.pack missing"),
+            ));
+        }
+        for name in old.iter().filter(|n| **n != new) {
+            // The index first: a reader listing the directory meanwhile skips the pack.
+            for ext in ["idx", "pack", "rev", "mtimes"] {
+                let path = pack_dir.join(format!("{name}.{ext}"));
+                match std::fs::remove_file(&path) {
+                    Ok(()) => {}
+                    Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+                    Err(e) => {
+                        return Err(fail(
+                            &format!("cannot remove {}", path.display()),
+                            e.to_string(),
+                        ));
+                    }
+                }
+            }
+        }
+        Ok(old.len())
     }
 
     /// Decides which revision to offer: the main head if it descends from the anchor, the
