@@ -890,6 +890,8 @@ fn a_refused_revision_is_not_called_a_failed_fetch() {
 
 /// Regression: a SIGKILL in the middle of a fetch left `refs/remotes/origin/main.lock` in the
 /// clone, and libgit2 then refused every later fetch of the source (found by the crash test).
+/// The partial pack and index lock it was writing (libgit2's temporary names) are removed too:
+/// nothing else would ever remove them.
 #[test]
 fn a_ref_lock_left_by_a_killed_fetch_does_not_stop_later_fetches() {
     let env = Env::new();
@@ -900,6 +902,8 @@ fn a_ref_lock_left_by_a_killed_fetch_does_not_stop_later_fetches() {
     let locks = [
         clone.join("refs/remotes/origin/main.lock"),
         clone.join("packed-refs.lock"),
+        clone.join("objects/pack/pack_git2_0f1e2d3c4b5a6978"),
+        clone.join("objects/pack/pack-0123456789abcdef0123456789abcdef01234567.idx.lock"),
     ];
     for lock in &locks {
         std::fs::write(lock, "").unwrap();
@@ -915,7 +919,7 @@ fn a_ref_lock_left_by_a_killed_fetch_does_not_stop_later_fetches() {
     }
     assert!(
         d.log()
-            .contains("removed git lock files left by an interrupted fetch"),
+            .contains("removed git lock files and partial packs left by an interrupted fetch"),
         "{}",
         d.log()
     );

@@ -158,7 +158,9 @@ impl Clone {
     /// `refs/`. libgit2 refuses to update a ref whose lock file exists, so one left by a
     /// SIGKILL in the middle of a fetch would fail every later fetch of the source. Call it
     /// only at start, before this process fetches, while ginx holds the state_dir lock (so no
-    /// other ginx uses the clone). Returns the files removed.
+    /// other ginx uses the clone). Also removes what the killed fetch was writing in
+    /// `objects/pack`: the partial pack (`pack_git2_*`, libgit2's temporary name) and its
+    /// index's lock file, which nothing else would ever remove. Returns the files removed.
     pub fn remove_stale_locks(&self) -> Vec<PathBuf> {
         fn walk(dir: &Path, recurse: bool, removed: &mut Vec<PathBuf>) {
             let Ok(entries) = std::fs::read_dir(dir) else {
@@ -183,6 +185,19 @@ impl Clone {
         let mut removed = Vec::new();
         walk(&self.dir, false, &mut removed);
         walk(&self.dir.join("refs"), true, &mut removed);
+        if let Ok(entries) = std::fs::read_dir(self.dir.join("objects/pack")) {
+            for entry in entries.flatten() {
+                let name = entry.file_name();
+                let name = name.to_string_lossy();
+                let partial = name.starts_with("pack_git2_") || name.ends_with(".lock");
+                if partial
+                    && entry.file_type().is_ok_and(|t| t.is_file())
+                    && std::fs::remove_file(entry.path()).is_ok()
+                {
+                    removed.push(entry.path());
+                }
+            }
+        }
         removed
     }
 
