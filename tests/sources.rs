@@ -903,7 +903,8 @@ fn a_ref_lock_left_by_a_killed_fetch_does_not_stop_later_fetches() {
         clone.join("refs/remotes/origin/main.lock"),
         clone.join("packed-refs.lock"),
         clone.join("objects/pack/pack_git2_0f1e2d3c4b5a6978"),
-        clone.join("objects/pack/pack-0123456789abcdef0123456789abcdef01234567.idx.lock"),
+        clone.join("objects/pack/pack_git2_0f1e2d3c4b5a6978.idx.lock"),
+        clone.join("objects/pack/pack-0123456789abcdef0123456789abcdef01234567.idx"),
     ];
     for lock in &locks {
         std::fs::write(lock, "").unwrap();
@@ -1034,11 +1035,15 @@ fn a_fetch_folds_the_clones_packs_into_one_past_fifty_keeping_every_object() {
     let d = env.start();
     d.wait_applied(&env.repo.head());
     let mut commits = vec![env.repo.head()];
+    // A file big enough that git daemon sends each change as a delta against the previous
+    // blob (a thin pack): libgit2 completes it with a copy of that base, so an object is in
+    // more than one pack.
+    let body: String = (0..400)
+        .map(|j| format!("  line{j} = \"{j:08}\";\n"))
+        .collect();
     let mut next = |i: usize| {
-        commits.push(
-            env.repo
-                .commit("n.nix", &format!("{{ n = {i}; }}\n"), "next"),
-        );
+        let text = format!("{{\n  n = {i};\n{body}}}\n");
+        commits.push(env.repo.commit("n.nix", &text, "next"));
         env.push("main", false);
         d.ctl_ok(&["sync"]);
     };

@@ -159,8 +159,9 @@ impl Clone {
     /// SIGKILL in the middle of a fetch would fail every later fetch of the source. Call it
     /// only at start, before this process fetches, while ginx holds the state_dir lock (so no
     /// other ginx uses the clone). Also removes what the killed fetch was writing in
-    /// `objects/pack`: the partial pack (`pack_git2_*`, libgit2's temporary name) and its
-    /// index's lock file, which nothing else would ever remove. Returns the files removed.
+    /// `objects/pack`: the partial pack (`pack_git2_*`, libgit2's temporary name), its index's
+    /// lock file, and an index whose pack never got into place, which nothing else would ever
+    /// remove. Returns the files removed.
     pub fn remove_stale_locks(&self) -> Vec<PathBuf> {
         fn walk(dir: &Path, recurse: bool, removed: &mut Vec<PathBuf>) {
             let Ok(entries) = std::fs::read_dir(dir) else {
@@ -189,7 +190,11 @@ impl Clone {
             for entry in entries.flatten() {
                 let name = entry.file_name();
                 let name = name.to_string_lossy();
-                let partial = name.starts_with("pack_git2_") || name.ends_with(".lock");
+                // An index renamed into place before its pack was: no pack to go with it.
+                let orphan = name.strip_suffix(".idx").is_some_and(|stem| {
+                    !self.dir.join(format!("objects/pack/{stem}.pack")).exists()
+                });
+                let partial = name.starts_with("pack_git2_") || name.ends_with(".lock") || orphan;
                 if partial
                     && entry.file_type().is_ok_and(|t| t.is_file())
                     && std::fs::remove_file(entry.path()).is_ok()
@@ -304,14 +309,29 @@ impl Clone {
     /// Folds the packs into one after a fetch left more than [`PACK_LIMIT`]; logs a failure
     /// and carries on (the clone is whole either way, and the next fetch tries again).
     fn compact_if_needed(&self, source: &str) {
+        /// When a fold of each clone failed: the next is tried an hour later, not at every
+        /// fetch (each would read and write the whole clone again).
+        static FAILED: std::sync::Mutex<Vec<(PathBuf, std::time::Instant)>> =
+            std::sync::Mutex::new(Vec::new());
+        const RETRY: std::time::Duration = std::time::Duration::from_secs(3600);
         if self.packs().len() <= PACK_LIMIT {
+            return;
+        }
+        let mut failed = FAILED
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        failed.retain(|(_, at)| at.elapsed() < RETRY);
+        if failed.iter().any(|(dir, _)| *dir == self.dir) {
             return;
         }
         match self.compact() {
             Ok(folded) => tracing::info!(%source, packs = folded,
                 "folded the clone's packs into one (a pack per fetch, as git gc --auto does)"),
-            Err(e) => tracing::warn!(%source, error = %e,
-                "cannot fold the clone's packs into one; the next fetch tries again"),
+            Err(e) => {
+                tracing::warn!(%source, error = %e,
+                    "cannot fold the clone's packs into one; trying again in an hour");
+                failed.push((self.dir.clone(), std::time::Instant::now()));
+            }
         }
     }
 
@@ -320,10 +340,12 @@ impl Clone {
     /// (libgit2 runs no `git gc`), and every object lookup searches every pack, so without
     /// this a node that has fetched for months would hold thousands of them. No object is
     /// dropped, reachable or not: the new pack holds all of them, and the old packs are
-    /// removed only after it is written (under its final name, by libgit2's indexer).
+    /// removed only after it is on disk: written by libgit2's indexer, its index counting
+    /// every object, and synced.
     /// A reader holding an old pack open keeps reading it; one that lists packs anew finds
-    /// the new one (libgit2 rescans the pack directory when an object is not found). Call
-    /// it only where fetches are (one per clone at a time).
+    /// the new one (libgit2 rescans the pack directory when an object is not found). Called
+    /// after a fetch, which the poller's busy flag keeps to one per clone at a time; two folds
+    /// at once would still lose nothing (each keeps every object it lists).
     pub fn compact(&self) -> Result<usize, GitError> {
         let fail = |what: &str, message: String| GitError::Clone {
             path: self.dir.clone(),
@@ -334,12 +356,16 @@ impl Clone {
         let odb = repo
             .odb()
             .map_err(|e| fail("cannot open the object database", e.message().to_owned()))?;
+        // Every copy: an object is in more than one pack when a thin pack's delta base was
+        // appended to complete it.
         let mut oids = Vec::new();
         odb.foreach(|oid| {
             oids.push(*oid);
             true
         })
         .map_err(|e| fail("cannot list the objects", e.message().to_owned()))?;
+        oids.sort_unstable();
+        oids.dedup();
         let mut builder = repo
             .packbuilder()
             .map_err(|e| fail("cannot start a pack", e.message().to_owned()))?;
@@ -352,12 +378,6 @@ impl Clone {
         builder
             .write(&pack_dir, 0o444)
             .map_err(|e| fail("cannot write the pack", e.message().to_owned()))?;
-        if builder.written() != oids.len() {
-            return Err(fail(
-                "the new pack is short",
-                format!("{} of {} objects written", builder.written(), oids.len()),
-            ));
-        }
         let new = match builder.name() {
             Ok(Some(hash)) => format!("pack-{hash}"),
             _ => return Err(fail("the new pack has no name", String::new())),
@@ -365,15 +385,29 @@ impl Clone {
         drop(builder);
         drop(odb);
         drop(repo);
-        if !self.packs().contains(&new) {
+        // The old packs go only once the new one is on disk, whole: its index counts every
+        // object, and both files and the directory are synced (libgit2 syncs nothing unless
+        // told to), so a power cut cannot leave the removals without the pack.
+        let indexed = pack_index_count(&pack_dir.join(format!("{new}.idx")))
+            .map_err(|e| fail(&format!("cannot read {new}.idx"), e.to_string()))?;
+        if indexed != oids.len() {
             return Err(fail(
-                "the new pack is not in place",
-                format!("{new}.pack missing"),
+                "the new pack is short",
+                format!("{indexed} of {} objects in {new}.idx", oids.len()),
             ));
+        }
+        for path in [
+            pack_dir.join(format!("{new}.pack")),
+            pack_dir.join(format!("{new}.idx")),
+            pack_dir.clone(),
+        ] {
+            std::fs::File::open(&path)
+                .and_then(|f| f.sync_all())
+                .map_err(|e| fail(&format!("cannot sync {}", path.display()), e.to_string()))?;
         }
         for name in old.iter().filter(|n| **n != new) {
             // The index first: a reader listing the directory meanwhile skips the pack.
-            for ext in ["idx", "pack", "rev", "mtimes"] {
+            for ext in ["idx", "pack", "rev", "bitmap", "mtimes", "promisor"] {
                 let path = pack_dir.join(format!("{name}.{ext}"));
                 match std::fs::remove_file(&path) {
                     Ok(()) => {}
@@ -592,6 +626,19 @@ pub(super) fn classify(e: &git2::Error) -> String {
     } else {
         e.message().to_owned()
     }
+}
+
+/// How many objects a pack index (version 2, as libgit2 and git write it) lists: the last
+/// entry of its fan-out table.
+fn pack_index_count(path: &Path) -> std::io::Result<usize> {
+    let bytes = std::fs::read(path)?;
+    let invalid = || std::io::Error::new(std::io::ErrorKind::InvalidData, "not a pack index v2");
+    if bytes.get(..8) != Some(b"\xfftOc\0\0\0\x02".as_slice()) {
+        return Err(invalid());
+    }
+    let last = bytes.get(8 + 255 * 4..8 + 256 * 4).ok_or_else(invalid)?;
+    let count = u32::from_be_bytes(last.try_into().map_err(|_| invalid())?);
+    usize::try_from(count).map_err(|_| invalid())
 }
 
 fn fetch_one(
