@@ -760,6 +760,25 @@ mod tests {
     use super::*;
 
     #[test]
+    fn a_pack_index_counts_its_objects_from_the_last_fan_out_entry() {
+        let dir = std::env::temp_dir().join(format!("ginx-idx-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let idx = dir.join("pack-x.idx");
+        let mut bytes = b"\xfftOc\0\0\0\x02".to_vec();
+        for n in 0..256u32 {
+            bytes.extend_from_slice(&(n / 64).to_be_bytes());
+        }
+        std::fs::write(&idx, &bytes).unwrap();
+        assert_eq!(pack_index_count(&idx).unwrap(), 3);
+        // Version 1, truncated, or not an index at all: refused, never a count.
+        std::fs::write(&idx, &bytes[..8 + 255 * 4]).unwrap();
+        assert!(pack_index_count(&idx).is_err());
+        std::fs::write(&idx, [0u8; 2048]).unwrap();
+        assert!(pack_index_count(&idx).is_err());
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
     fn a_missing_branch_names_the_sources_key_with_its_real_name() {
         let e = GitError::NoBranch {
             name: "argus".into(),
