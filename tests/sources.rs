@@ -890,6 +890,8 @@ fn a_refused_revision_is_not_called_a_failed_fetch() {
 
 /// Regression: a SIGKILL in the middle of a fetch left `refs/remotes/origin/main.lock` in the
 /// clone, and libgit2 then refused every later fetch of the source (found by the crash test).
+/// The partial pack and index lock it was writing (libgit2's temporary names) are removed too:
+/// nothing else would ever remove them.
 #[test]
 fn a_ref_lock_left_by_a_killed_fetch_does_not_stop_later_fetches() {
     let env = Env::new();
@@ -900,6 +902,9 @@ fn a_ref_lock_left_by_a_killed_fetch_does_not_stop_later_fetches() {
     let locks = [
         clone.join("refs/remotes/origin/main.lock"),
         clone.join("packed-refs.lock"),
+        clone.join("objects/pack/pack_git2_0f1e2d3c4b5a6978"),
+        clone.join("objects/pack/pack_git2_0f1e2d3c4b5a6978.idx.lock"),
+        clone.join("objects/pack/pack-0123456789abcdef0123456789abcdef01234567.idx"),
     ];
     for lock in &locks {
         std::fs::write(lock, "").unwrap();
@@ -915,10 +920,22 @@ fn a_ref_lock_left_by_a_killed_fetch_does_not_stop_later_fetches() {
     }
     assert!(
         d.log()
-            .contains("removed git lock files left by an interrupted fetch"),
+            .contains("removed git lock files and partial packs left by an interrupted fetch"),
         "{}",
         d.log()
     );
+}
+
+/// Serves the Hephaestus repo over `git daemon` on 127.0.0.1 and points the source at it.
+fn serve_over_git_daemon(env: &Env) -> inetd::InetdServer {
+    let bare = env.bare();
+    let server = inetd::git_daemon(bare.parent().unwrap());
+    use_remote(
+        env,
+        &format!("git://127.0.0.1:{}/hephaestus.git", server.port),
+        "",
+    );
+    server
 }
 
 /// Every file and directory under `dir`, with what changes when it is written or replaced.
@@ -944,13 +961,7 @@ fn versions(dir: &Path) -> std::collections::BTreeMap<std::path::PathBuf, (i64, 
 #[test]
 fn a_fetch_that_finds_nothing_new_rewrites_no_file() {
     let env = Env::new();
-    let bare = env.bare();
-    let server = inetd::git_daemon(bare.parent().unwrap());
-    use_remote(
-        &env,
-        &format!("git://127.0.0.1:{}/hephaestus.git", server.port),
-        "",
-    );
+    let _server = serve_over_git_daemon(&env);
     let d = env.start();
     d.wait_applied(&env.repo.head());
     d.ctl_ok(&["sync"]);
@@ -978,4 +989,84 @@ fn a_fetch_that_finds_nothing_new_rewrites_no_file() {
     env.push("main", false);
     d.ctl_ok(&["sync"]);
     d.wait_applied(&next);
+}
+
+/// The objects of a clone, as git itself lists them.
+fn objects(clone: &Path) -> std::collections::BTreeSet<String> {
+    let out = support::succeed(support::git::git_cmd().arg("-C").arg(clone).args([
+        "cat-file",
+        "--batch-all-objects",
+        "--batch-check=%(objectname)",
+    ]));
+    String::from_utf8(out.stdout)
+        .unwrap()
+        .lines()
+        .map(str::to_owned)
+        .collect()
+}
+
+fn packs(clone: &Path) -> usize {
+    std::fs::read_dir(clone.join("objects/pack"))
+        .unwrap()
+        .flatten()
+        .filter(|e| e.file_name().to_string_lossy().ends_with(".pack"))
+        .count()
+}
+
+/// Regression (found by the soak): every fetch that brings something leaves a pack in the
+/// clone and libgit2 runs no `git gc`, so a node that fetched for months held thousands of
+/// packs, each searched by every object lookup. A fetch that leaves more than 50 (git's
+/// `gc.autoPackLimit`) folds them into one, keeping every object; git reads the result.
+#[test]
+fn a_fetch_folds_the_clones_packs_into_one_past_fifty_keeping_every_object() {
+    let env = Env::new();
+    let _server = serve_over_git_daemon(&env);
+    let clone = env.state_dir.join("sources/hephaestus");
+    let d = env.start();
+    d.wait_applied(&env.repo.head());
+    let mut commits = vec![env.repo.head()];
+    // A file big enough that git daemon sends each change as a delta against the previous
+    // blob (a thin pack): libgit2 completes it with a copy of that base, so an object is in
+    // more than one pack.
+    let body: String = (0..400)
+        .map(|j| format!("  line{j} = \"{j:08}\";\n"))
+        .collect();
+    let mut next = |i: usize| {
+        let text = format!("{{\n  n = {i};\n{body}}}\n");
+        commits.push(env.repo.commit("n.nix", &text, "next"));
+        env.push("main", false);
+        d.ctl_ok(&["sync"]);
+    };
+    let mut i = 0;
+    while packs(&clone) < 50 {
+        i += 1;
+        assert!(
+            i <= 60,
+            "no pack per fetch? {} packs after {i} fetches",
+            packs(&clone)
+        );
+        next(i);
+    }
+    let before = objects(&clone);
+    next(i + 1);
+    assert_eq!(packs(&clone), 1, "51 packs were not folded into one");
+    let after = objects(&clone);
+    let lost: Vec<_> = before.difference(&after).collect();
+    assert!(lost.is_empty(), "objects lost by the fold: {lost:?}");
+    // git itself finds the folded clone whole.
+    support::succeed(
+        support::git::git_cmd()
+            .arg("-C")
+            .arg(&clone)
+            .args(["fsck", "--no-dangling"]),
+    );
+    // Fetches and applies go on from the folded clone.
+    next(i + 2);
+    assert_eq!(packs(&clone), 2);
+    d.wait_applied(commits.last().unwrap());
+    assert!(
+        d.log().contains("folded the clone's packs into one"),
+        "{}",
+        d.log()
+    );
 }

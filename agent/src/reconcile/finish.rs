@@ -13,7 +13,17 @@ use crate::types::{Goal, Revision};
 use crate::util;
 
 impl Reconciler {
-    pub(super) async fn finish(&mut self, id: u64, finished: Finished) {
+    pub(super) async fn finish(&mut self, id: u64, ended: Finished) {
+        // However it ends: the apply and its output are freed by then, so give the memory back.
+        struct Trim;
+        impl Drop for Trim {
+            fn drop(&mut self) {
+                util::memory::trim();
+            }
+        }
+        let _trim = Trim;
+        // A local declared after the guard (an argument would outlive it): freed before it trims.
+        let finished = ended;
         let now = util::now();
         let cfg = Arc::clone(&self.config.borrow());
         let kind = self.core.running().map(|r| r.kind).unwrap_or_default();

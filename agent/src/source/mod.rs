@@ -129,7 +129,7 @@ impl Workspace {
             if !removed.is_empty() {
                 let files: Vec<String> = removed.iter().map(|p| p.display().to_string()).collect();
                 tracing::warn!(source = %name, files = %files.join(", "),
-                    "removed git lock files left by an interrupted fetch");
+                    "removed git lock files and partial packs left by an interrupted fetch");
             }
         }
     }
