@@ -466,14 +466,28 @@ fn bounded_output<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Vec<OutputLi
             while let Some(line) = seq.next_element::<OutputLine>()? {
                 keep(&mut tail, line);
             }
-            Ok(tail.into())
+            let mut output = tail.into();
+            fit(&mut output);
+            Ok(output)
         }
     }
     d.deserialize_seq(Bounded)
 }
 
+/// An attempt's output as the history keeps it: without spare room. A tail is gathered in a
+/// buffer of [`OUTPUT_TAIL`] lines (6.4 KB), which a few lines of output would otherwise keep
+/// for as long as the attempt stays in the history. The soak of issue 19 found the heap
+/// growing by that much at each of a process's first 50 applies.
+fn fit(output: &mut Vec<OutputLine>) {
+    output.shrink_to_fit();
+    for l in output {
+        l.line.shrink_to_fit();
+    }
+}
+
 impl History {
-    pub fn push(&mut self, attempt: Attempt) {
+    pub fn push(&mut self, mut attempt: Attempt) {
+        fit(&mut attempt.output);
         self.attempts.push(attempt);
         let excess = self.attempts.len().saturating_sub(HISTORY_LIMIT);
         self.attempts.drain(..excess);
@@ -711,6 +725,46 @@ mod tests {
         assert!(last.output.last().unwrap().line.starts_with("299:399:"));
         let saved = serde_json::to_vec(&h).unwrap().len();
         assert!(saved < (HISTORY_LIMIT + 1) * (OUTPUT_TAIL_BYTES + OUTPUT_TAIL * 64));
+    }
+
+    /// Issue 19: an attempt kept in the history holds no spare room, whether it was just
+    /// made (its output gathered in a buffer of OUTPUT_TAIL lines, each line read into a
+    /// larger string) or read back from the file. Spare room stayed for as long as the attempt
+    /// did: 6.4 KB each, 320 KB once the history was full.
+    #[test]
+    fn attempts_in_the_history_hold_no_spare_room() {
+        let mut attempt = big_attempt(7, 3, 20);
+        let mut tail = VecDeque::with_capacity(OUTPUT_TAIL);
+        for mut l in std::mem::take(&mut attempt.output) {
+            l.line.reserve(1000);
+            keep(&mut tail, l);
+        }
+        attempt.output = tail.into();
+        assert!(
+            attempt.output.capacity() >= OUTPUT_TAIL,
+            "the test's premise"
+        );
+        let mut h = History {
+            version: HISTORY_VERSION,
+            ..History::default()
+        };
+        h.push(attempt);
+        let spare = |h: &History| {
+            let o = &h.attempts[0].output;
+            assert_eq!(o.len(), 3);
+            o.capacity() - o.len()
+                + o.iter()
+                    .map(|l| l.line.capacity() - l.line.len())
+                    .sum::<usize>()
+        };
+        assert_eq!(spare(&h), 0);
+
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("history.json");
+        std::fs::write(&p, serde_json::to_vec(&h).unwrap()).unwrap();
+        let (loaded, _) = load::<History>(&p).unwrap();
+        assert_eq!(loaded, h);
+        assert_eq!(spare(&loaded), 0);
     }
 
     #[test]
