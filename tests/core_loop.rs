@@ -156,6 +156,50 @@ fn timeout_kills_the_whole_process_group() {
     assert_eq!(history["attempts"][0]["outcome"], "timed-out");
 }
 
+/// Issue 19: the daemon runs with glibc's malloc tuned (one arena, no tcache). It starts
+/// itself again with `GLIBC_TUNABLES` set, in the same process, and the command it runs gets
+/// the environment ginx was given. An operator's own `GLIBC_TUNABLES` is left as it is.
+#[test]
+fn the_daemon_tunes_malloc_for_itself_and_not_for_the_commands_it_runs() {
+    // What the process was executed with (glibc's loader may cut the value at its colons
+    // in place while it reads it, hence the two parts).
+    let tuned = |pid: i32| -> bool {
+        let environ = std::fs::read(format!("/proc/{pid}/environ")).unwrap();
+        let environ = String::from_utf8_lossy(&environ);
+        environ.contains("GLIBC_TUNABLES=glibc.malloc.arena_max=1")
+            && environ.contains("glibc.malloc.tcache_count=0")
+    };
+    for operators in [None, Some("glibc.malloc.perturb=0")] {
+        let mut env = Env::new();
+        if let Some(t) = operators {
+            env.daemon_env.push(("GLIBC_TUNABLES".into(), t.into()));
+        }
+        let head = env.repo.head();
+        let d = env.start();
+        d.wait_applied(&head);
+        // The process the harness started, its argv as it was.
+        let cmdline = std::fs::read(format!("/proc/{}/cmdline", d.pid)).unwrap();
+        let arg0 = cmdline.split(|b| *b == 0).next().unwrap();
+        assert_eq!(arg0, support::ginx_bin().as_os_str().as_encoded_bytes());
+        let call = &env.calls()[0];
+        assert!(
+            !call.env.contains_key("GINX_MALLOC_TUNED"),
+            "{:?}",
+            call.env
+        );
+        match operators {
+            None => {
+                assert!(tuned(d.pid), "not started again with malloc tuned");
+                assert!(!call.env.contains_key("GLIBC_TUNABLES"), "{:?}", call.env);
+            }
+            Some(t) => {
+                assert!(!tuned(d.pid), "started again over the operator's tunables");
+                assert_eq!(call.env.get("GLIBC_TUNABLES").map(String::as_str), Some(t));
+            }
+        }
+    }
+}
+
 #[test]
 fn restart_does_not_apply_again() {
     let env = Env::new();

@@ -155,20 +155,63 @@ mod tests {
 }
 
 /// glibc's malloc, tuned for a daemon that idles between bursts of work (a fetch, an apply).
-/// Its heap in use stays flat (the soak of issue 19, under heaptrack: 1.6 MB after the first
-/// minute), but each thread that allocates gets an arena of its own (up to 8 per core), and
-/// memory freed after a burst stays in them, so RSS crept up by a few KiB an apply. Nothing
-/// happens on other C libraries.
+/// Two of its defaults cost a long-running ginx memory it does not need:
+/// - each thread that allocates gets an arena of its own (up to 8 per core), and memory freed
+///   after a burst stays in them, so RSS crept up by a few KiB an apply;
+/// - each thread keeps up to 7 freed chunks of each small size for itself (the tcache, up to
+///   about 240 KiB a thread), which fills over a process's first minutes: most of the growth
+///   the soak of issue 19 saw in them once the history's spare room was gone.
+///
+/// Both are off for the daemon: one arena, no tcache. ginx allocates little and seldom, so
+/// neither costs it speed. Nothing happens on other C libraries.
 pub mod memory {
-    /// One malloc arena for every thread, unless `MALLOC_ARENA_MAX` or `GLIBC_TUNABLES` set
-    /// it: ginx's threads (the runtime and a few blocking Git tasks) seldom allocate at once.
-    /// Call it first thing, before threads start.
-    pub fn limit_arenas() {
+    /// glibc's tunables as the daemon sets them.
+    pub const TUNABLES: &str = "glibc.malloc.arena_max=1:glibc.malloc.tcache_count=0";
+    /// Marks the process that [`tune`] started again, for the moment it takes to read it.
+    const STARTED_TUNED: &str = "GINX_MALLOC_TUNED";
+
+    /// Call it first thing in the daemon, before any thread starts. glibc reads its tunables
+    /// only when a program starts, so the daemon executes itself again (the same process and
+    /// pid, a few milliseconds) with `GLIBC_TUNABLES` set, and then removes the variable, so
+    /// that the commands it runs get the environment it was given. When the environment
+    /// tunes malloc already (`GLIBC_TUNABLES` or `MALLOC_ARENA_MAX` set), ginx leaves it as
+    /// it is, limiting the arenas only if nothing else did; when the new start fails, ginx
+    /// goes on with one arena and the tcache on.
+    pub fn tune() {
         #[cfg(all(target_os = "linux", target_env = "gnu"))]
         {
-            let tuned = std::env::var_os("MALLOC_ARENA_MAX").is_some()
-                || std::env::var("GLIBC_TUNABLES").is_ok_and(|t| t.contains("arena_max"));
-            if !tuned {
+            use std::os::unix::process::CommandExt;
+            if std::env::var_os(STARTED_TUNED).is_some() {
+                // SAFETY: called before any thread starts, so nothing reads the environment
+                // at the same time.
+                unsafe {
+                    std::env::remove_var(STARTED_TUNED);
+                    std::env::remove_var("GLIBC_TUNABLES");
+                }
+                return;
+            }
+            let tunables = std::env::var_os("GLIBC_TUNABLES");
+            let arena_set = std::env::var_os("MALLOC_ARENA_MAX").is_some()
+                || tunables
+                    .as_ref()
+                    .is_some_and(|t| t.to_string_lossy().contains("arena_max"));
+            if tunables.is_none() && !arena_set {
+                let mut args = std::env::args_os();
+                let mut cmd = std::process::Command::new("/proc/self/exe");
+                if let Some(arg0) = args.next() {
+                    cmd.arg0(arg0);
+                }
+                let err = cmd
+                    .args(args)
+                    .env("GLIBC_TUNABLES", TUNABLES)
+                    .env(STARTED_TUNED, "1")
+                    .exec();
+                eprintln!(
+                    "ginx: cannot start again with malloc tuned ({err}); going on with one \
+                     arena and the tcache on"
+                );
+            }
+            if !arena_set {
                 // SAFETY: mallopt only sets a malloc parameter; M_ARENA_MAX takes any count.
                 unsafe {
                     libc::mallopt(libc::M_ARENA_MAX, 1);

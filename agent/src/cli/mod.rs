@@ -210,7 +210,7 @@ fn check_config(path: &std::path::Path) -> ExitCode {
 }
 
 fn run_daemon(config: PathBuf) -> ExitCode {
-    crate::util::memory::limit_arenas();
+    crate::util::memory::tune();
     crate::logging::init();
     let runtime = match tokio::runtime::Builder::new_current_thread()
         .enable_all()
