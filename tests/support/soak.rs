@@ -105,6 +105,13 @@ pub struct Report {
     pub heartbeat_back: Vec<f64>,
     pub samples: usize,
     pub rss_slope_mib_per_hour: f64,
+    /// The same slope of RSS's two parts: anonymous memory (the heap, stacks) and file pages
+    /// (the binary's and libraries' code as it is first run, mapped pack files).
+    pub rss_anon_slope_mib_per_hour: f64,
+    pub rss_file_slope_mib_per_hour: f64,
+    /// The slope of RSS over the whole run, one line through every sample whatever its
+    /// life: what a restart carries over (state that grows with the run), not warm-up.
+    pub rss_run_slope_mib_per_hour: f64,
     pub fd_slope_per_hour: f64,
     pub rss_max_kib: u64,
     pub fds_max: u64,
@@ -147,6 +154,14 @@ impl Report {
             self.verdict(self.rss_slope_mib_per_hour < 1.0)
         );
         println!(
+            "    of which anonymous       {:+.3} MiB/h, file pages {:+.3} MiB/h",
+            self.rss_anon_slope_mib_per_hour, self.rss_file_slope_mib_per_hour
+        );
+        println!(
+            "  RSS slope over the run     {:+.3} MiB/h (every sample, across restarts)",
+            self.rss_run_slope_mib_per_hour
+        );
+        println!(
             "  open fds slope             {:+.2} /h (max {}){}",
             self.fd_slope_per_hour,
             self.fds_max,
@@ -181,8 +196,22 @@ struct Sample {
     life: usize,
     /// Seconds since that process started.
     age: f64,
+    /// Seconds since the run began.
+    at: f64,
     rss_kib: u64,
+    rss_anon_kib: u64,
+    rss_file_kib: u64,
     fds: u64,
+}
+
+impl Sample {
+    /// One line of the run's log, so that a slope can be traced to the lives behind it.
+    fn log(&self) {
+        println!(
+            "soak: sample life {} age {:.0} s: RSS {} KiB (anonymous {}, file {}), {} fds",
+            self.life, self.age, self.rss_kib, self.rss_anon_kib, self.rss_file_kib, self.fds
+        );
+    }
 }
 
 /// Kept from every history read: attempts by id.
@@ -312,7 +341,8 @@ pub fn run(cp: &ControlPlane, plan: &Plan) -> Report {
             next_kill = kill_at(kill_window);
         }
         if now >= next_sample {
-            if let Some(s) = sample(d.as_ref().unwrap(), life, born) {
+            if let Some(s) = sample(d.as_ref().unwrap(), life, born, began) {
+                s.log();
                 samples.push(s);
             }
             read_history(&env.state_dir, &mut seen, &mut report);
@@ -325,7 +355,7 @@ pub fn run(cp: &ControlPlane, plan: &Plan) -> Report {
     let daemon = d.take().unwrap();
     let head = env.repo.head();
     daemon.wait_applied(&head);
-    if let Some(s) = sample(&daemon, life, born) {
+    if let Some(s) = sample(&daemon, life, born, began) {
         samples.push(s);
     }
     let status = daemon.stop();
@@ -398,26 +428,31 @@ fn has_children(pid: i32) -> bool {
 
 /// RSS and open fds of ginx, when no apply is in flight (its pipes and the runner would count
 /// as noise in the slopes).
-fn sample(d: &Daemon, life: usize, born: Instant) -> Option<Sample> {
+fn sample(d: &Daemon, life: usize, born: Instant, began: Instant) -> Option<Sample> {
     if has_children(d.pid) {
         return None;
     }
     let status = std::fs::read_to_string(format!("/proc/{}/status", d.pid)).ok()?;
-    let rss_kib = status
-        .lines()
-        .find_map(|l| l.strip_prefix("VmRSS:"))?
-        .trim()
-        .trim_end_matches("kB")
-        .trim()
-        .parse()
-        .ok()?;
+    let kib = |field: &str| -> Option<u64> {
+        status
+            .lines()
+            .find_map(|l| l.strip_prefix(field)?.strip_prefix(':'))?
+            .trim()
+            .trim_end_matches("kB")
+            .trim()
+            .parse()
+            .ok()
+    };
     let fds = std::fs::read_dir(format!("/proc/{}/fd", d.pid))
         .ok()?
         .count() as u64;
     Some(Sample {
         life,
         age: born.elapsed().as_secs_f64(),
-        rss_kib,
+        at: began.elapsed().as_secs_f64(),
+        rss_kib: kib("VmRSS")?,
+        rss_anon_kib: kib("RssAnon")?,
+        rss_file_kib: kib("RssFile")?,
         fds,
     })
 }
@@ -603,31 +638,51 @@ fn check_heartbeat(
     }
 }
 
-/// The slope of RSS and fds within each process's life, after its first minute: a least-squares
-/// fit with one intercept per life.
+/// The slopes of RSS (and its parts) and fds within each process's life, after its first
+/// minute: a least-squares fit with one intercept per life.
 fn slopes(samples: &[Sample], report: &mut Report) {
     report.rss_max_kib = samples.iter().map(|s| s.rss_kib).max().unwrap_or(0);
     report.fds_max = samples.iter().map(|s| s.fds).max().unwrap_or(0);
     let settled: Vec<&Sample> = samples.iter().filter(|s| s.age >= 60.0).collect();
+    let per_hour = |f: fn(&Sample) -> u64| within_life_slope(&settled, f) * 3600.0;
+    report.rss_slope_mib_per_hour = per_hour(|s| s.rss_kib) / 1024.0;
+    report.rss_anon_slope_mib_per_hour = per_hour(|s| s.rss_anon_kib) / 1024.0;
+    report.rss_file_slope_mib_per_hour = per_hour(|s| s.rss_file_kib) / 1024.0;
+    report.fd_slope_per_hour = per_hour(|s| s.fds);
+    report.rss_run_slope_mib_per_hour = run_slope(samples, |s| s.rss_kib) * 3600.0 / 1024.0;
+}
+
+/// The least-squares slope of `f` against the time since the run began (per second), every
+/// sample on one line; 0 when there is nothing to fit.
+fn run_slope(samples: &[Sample], f: fn(&Sample) -> u64) -> f64 {
+    let n = samples.len() as f64;
+    let mt = samples.iter().map(|s| s.at).sum::<f64>() / n;
+    let my = samples.iter().map(|s| f(s) as f64).sum::<f64>() / n;
+    let (mut sxx, mut sxy) = (0.0, 0.0);
+    for s in samples {
+        sxx += (s.at - mt) * (s.at - mt);
+        sxy += (s.at - mt) * (f(s) as f64 - my);
+    }
+    if sxx > 0.0 { sxy / sxx } else { 0.0 }
+}
+
+/// The least-squares slope of `f` against age (per second), with one intercept per life; 0
+/// when there is nothing to fit.
+fn within_life_slope(samples: &[&Sample], f: fn(&Sample) -> u64) -> f64 {
     let mut lives: BTreeMap<usize, Vec<&Sample>> = BTreeMap::new();
-    for s in settled {
+    for s in samples {
         lives.entry(s.life).or_default().push(s);
     }
-    let (mut sxx, mut sxr, mut sxf) = (0.0, 0.0, 0.0);
+    let (mut sxx, mut sxy) = (0.0, 0.0);
     for group in lives.values() {
         let n = group.len() as f64;
         let mt = group.iter().map(|s| s.age).sum::<f64>() / n;
-        let mr = group.iter().map(|s| s.rss_kib as f64).sum::<f64>() / n;
-        let mf = group.iter().map(|s| s.fds as f64).sum::<f64>() / n;
+        let my = group.iter().map(|s| f(s) as f64).sum::<f64>() / n;
         for s in group {
             let dt = s.age - mt;
             sxx += dt * dt;
-            sxr += dt * (s.rss_kib as f64 - mr);
-            sxf += dt * (s.fds as f64 - mf);
+            sxy += dt * (f(s) as f64 - my);
         }
     }
-    if sxx > 0.0 {
-        report.rss_slope_mib_per_hour = sxr / sxx * 3600.0 / 1024.0;
-        report.fd_slope_per_hour = sxf / sxx * 3600.0;
-    }
+    if sxx > 0.0 { sxy / sxx } else { 0.0 }
 }
