@@ -303,11 +303,46 @@ fn reach_apply_source(
 }
 
 /// Talks to systemd from a thread of its own: a notify socket that nobody reads (a full
-/// queue blocks `sendmsg`) must never stall the daemon. Status lines are coalesced to the
-/// newest while the socket is slow; everything else is sent in order.
+/// queue blocks `sendmsg`) must never stall the daemon, nor make it hold more memory. What is
+/// waiting to go out is kept as one note of each kind, the newest status line only, however
+/// long the socket stays blocked: the soak of issue 19 found the notes of a stalled socket
+/// queued without end, about 1 KiB every 31 notes, for as long as the process lived.
 #[derive(Clone)]
 struct Notifier {
-    tx: std::sync::mpsc::Sender<Note>,
+    handle: Arc<NotifierHandle>,
+}
+
+/// What the daemon holds; when the last one goes, the thread ends once it has sent the rest.
+struct NotifierHandle {
+    shared: Arc<NotifyShared>,
+}
+
+#[derive(Default)]
+struct NotifyShared {
+    pending: Mutex<Pending>,
+    wake: std::sync::Condvar,
+}
+
+/// The notes not yet sent, coalesced: sent in this order when the socket takes them.
+#[derive(Default)]
+struct Pending {
+    ready: bool,
+    status: Option<String>,
+    watchdog: bool,
+    stopping: bool,
+    /// Waiting for everything noted before them to have gone out.
+    flushed: Vec<std::sync::mpsc::Sender<()>>,
+    closed: bool,
+}
+
+impl Pending {
+    fn is_empty(&self) -> bool {
+        !self.ready
+            && self.status.is_none()
+            && !self.watchdog
+            && !self.stopping
+            && self.flushed.is_empty()
+    }
 }
 
 enum Note {
@@ -315,54 +350,102 @@ enum Note {
     Status(String),
     Watchdog,
     Stopping,
-    Flush(std::sync::mpsc::Sender<()>),
 }
 
 impl Notifier {
     fn start() -> Self {
-        let (tx, rx) = std::sync::mpsc::channel::<Note>();
+        Self::start_with(sd_notify::notify)
+    }
+
+    /// `send` delivers the states of one datagram (sd_notify, but for the tests).
+    fn start_with(
+        mut send: impl FnMut(&[NotifyState]) -> std::io::Result<()> + Send + 'static,
+    ) -> Self {
+        let shared = Arc::new(NotifyShared::default());
+        let theirs = Arc::clone(&shared);
         let spawned = std::thread::Builder::new()
             .name("sd-notify".into())
             .spawn(move || {
-                while let Ok(first) = rx.recv() {
-                    let mut batch = vec![first];
-                    batch.extend(rx.try_iter());
-                    let newest_status = batch.iter().rposition(|n| matches!(n, Note::Status(_)));
-                    for (i, note) in batch.into_iter().enumerate() {
-                        let sent = match &note {
-                            Note::Ready => sd_notify::notify(&[NotifyState::Ready]),
-                            Note::Watchdog => sd_notify::notify(&[NotifyState::Watchdog]),
-                            Note::Stopping => sd_notify::notify(&[NotifyState::Stopping]),
-                            Note::Status(s) if Some(i) == newest_status => {
-                                sd_notify::notify(&[NotifyState::Status(s)])
-                            }
-                            Note::Status(_) => Ok(()),
-                            Note::Flush(done) => {
-                                let _ = done.send(());
-                                Ok(())
-                            }
-                        };
-                        if let Err(e) = sent {
-                            tracing::debug!(error = %e, "sd_notify failed");
+                loop {
+                    let batch = {
+                        let mut p = theirs.pending.lock().unwrap_or_else(|e| e.into_inner());
+                        while p.is_empty() && !p.closed {
+                            p = theirs.wake.wait(p).unwrap_or_else(|e| e.into_inner());
                         }
+                        if p.is_empty() {
+                            return;
+                        }
+                        let closed = p.closed;
+                        std::mem::replace(
+                            &mut *p,
+                            Pending {
+                                closed,
+                                ..Pending::default()
+                            },
+                        )
+                    };
+                    let mut states = Vec::new();
+                    if batch.ready {
+                        states.push(NotifyState::Ready);
+                    }
+                    if let Some(s) = &batch.status {
+                        states.push(NotifyState::Status(s));
+                    }
+                    if batch.watchdog {
+                        states.push(NotifyState::Watchdog);
+                    }
+                    if batch.stopping {
+                        states.push(NotifyState::Stopping);
+                    }
+                    if !states.is_empty()
+                        && let Err(e) = send(&states)
+                    {
+                        tracing::debug!(error = %e, "sd_notify failed");
+                    }
+                    for done in batch.flushed {
+                        let _ = done.send(());
                     }
                 }
             });
         if let Err(e) = spawned {
             tracing::warn!(error = %e, "cannot start the sd_notify thread; systemd will not hear from ginx");
         }
-        Self { tx }
+        Self {
+            handle: Arc::new(NotifierHandle { shared }),
+        }
+    }
+
+    fn update(&self, f: impl FnOnce(&mut Pending)) {
+        let shared = &self.handle.shared;
+        f(&mut shared.pending.lock().unwrap_or_else(|e| e.into_inner()));
+        shared.wake.notify_one();
     }
 
     fn send(&self, note: Note) {
-        let _ = self.tx.send(note);
+        self.update(|p| match note {
+            Note::Ready => p.ready = true,
+            Note::Status(s) => p.status = Some(s),
+            Note::Watchdog => p.watchdog = true,
+            Note::Stopping => p.stopping = true,
+        });
     }
 
     /// Waits (briefly) until everything sent so far has gone out.
     fn flush(&self) {
         let (tx, rx) = std::sync::mpsc::channel();
-        self.send(Note::Flush(tx));
+        self.update(|p| p.flushed.push(tx));
         let _ = rx.recv_timeout(Duration::from_secs(2));
+    }
+}
+
+impl Drop for NotifierHandle {
+    fn drop(&mut self) {
+        self.shared
+            .pending
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .closed = true;
+        self.shared.wake.notify_one();
     }
 }
 
@@ -649,5 +732,54 @@ impl ConfigWatcher {
         } else if !exists {
             self.watching_dropins = false;
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A notify socket that nobody reads for a while: the notes made meanwhile wait as one of
+    /// each kind, and the newest status is what goes out once it is read again.
+    #[test]
+    fn a_stalled_notify_socket_holds_one_status_and_gets_the_newest() {
+        let (sent_tx, sent_rx) = std::sync::mpsc::channel::<String>();
+        let (unblock_tx, unblock_rx) = std::sync::mpsc::channel::<()>();
+        let n = Notifier::start_with(move |states| {
+            let line = states
+                .iter()
+                .map(|s| s.to_string())
+                .collect::<Vec<_>>()
+                .join(" ");
+            // Every datagram waits for the test's go-ahead: a socket whose queue is full.
+            let _ = unblock_rx.recv();
+            let _ = sent_tx.send(line);
+            Ok(())
+        });
+        n.send(Note::Ready);
+        // The thread now sits in the send of READY=1, blocked.
+        while n.handle.shared.pending.lock().unwrap().ready {
+            std::thread::yield_now();
+        }
+        for i in 0..10_000 {
+            n.send(Note::Status(format!("status {i}")));
+            n.send(Note::Watchdog);
+        }
+        {
+            let p = n.handle.shared.pending.lock().unwrap();
+            assert_eq!(p.status.as_deref(), Some("status 9999"));
+            assert!(p.watchdog && !p.ready && !p.stopping && p.flushed.is_empty());
+        }
+        unblock_tx.send(()).unwrap();
+        unblock_tx.send(()).unwrap();
+        assert_eq!(sent_rx.recv().unwrap(), "READY=1");
+        assert_eq!(sent_rx.recv().unwrap(), "STATUS=status 9999 WATCHDOG=1");
+
+        // A flush returns once what came before it has gone out.
+        n.send(Note::Stopping);
+        unblock_tx.send(()).unwrap();
+        n.flush();
+        assert_eq!(sent_rx.try_recv().unwrap(), "STOPPING=1");
+        assert!(sent_rx.try_recv().is_err());
     }
 }
