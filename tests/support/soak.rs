@@ -666,9 +666,9 @@ fn check_heartbeat(
 }
 
 /// How long a new process takes to settle: over its first minutes its code is faulted in as
-/// it first runs and its heap grows to its working set (a 14-minute life, measured, rose by
-/// about 150 KiB over its first 3 minutes and was flat after). A leak is judged on what comes
-/// after, where growth is growth; the rise before is printed on its own.
+/// it first runs and its heap grows to its working set (a few hundred KiB in the lives
+/// measured, most of it in the first minute or two, and far slower after). A leak is judged on
+/// what comes after, where growth is growth; the rise before is printed on its own.
 const SETTLED_AGE: f64 = 180.0;
 
 /// The slopes of RSS (and its parts) and fds within each process's life once it has settled,
