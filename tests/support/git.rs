@@ -7,9 +7,23 @@ pub struct GitRepo {
     pub path: PathBuf,
 }
 
-/// A `git` command that ignores the machine's and the user's configuration.
+/// A `git` command that ignores the machine's and the user's configuration, and the
+/// repository the tests are run from: under `git bisect run` or a hook, git exports `GIT_DIR`,
+/// and every `git init` and commit of the tests went to that repository (it was set bare).
 pub fn git_cmd() -> Command {
     let mut c = Command::new("git");
+    for var in [
+        "GIT_DIR",
+        "GIT_WORK_TREE",
+        "GIT_COMMON_DIR",
+        "GIT_INDEX_FILE",
+        "GIT_OBJECT_DIRECTORY",
+        "GIT_ALTERNATE_OBJECT_DIRECTORIES",
+        "GIT_NAMESPACE",
+        "GIT_PREFIX",
+    ] {
+        c.env_remove(var);
+    }
     c.env("GIT_CONFIG_NOSYSTEM", "1")
         .env("GIT_CONFIG_GLOBAL", "/dev/null")
         .env("GIT_AUTHOR_NAME", "Test")
