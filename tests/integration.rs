@@ -9,6 +9,7 @@ mod closure;
 mod cluster_api;
 mod control_socket;
 mod core_loop;
+mod faults;
 mod fleet;
 mod fleetlock;
 mod kubeadm;

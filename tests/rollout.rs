@@ -18,13 +18,13 @@ use crate::support::kubelet::Kubelet;
 use crate::support::{Env, wait_for};
 
 /// A node of a test fleet.
-struct Node {
-    env: Env,
+pub(crate) struct Node {
+    pub(crate) env: Env,
 }
 
 /// Makes a node `name` in rollout group `group`, fetching from `origin`'s repository, every
 /// activation and gate step recorded in `journal`.
-fn node(
+pub(crate) fn node(
     cp: &ControlPlane,
     origin: &Path,
     journal: &Path,
@@ -55,7 +55,7 @@ fn node(
 }
 
 /// The journal's lines as (what, node).
-fn journal(path: &Path) -> Vec<(String, String)> {
+pub(crate) fn journal(path: &Path) -> Vec<(String, String)> {
     std::fs::read_to_string(path)
         .unwrap_or_default()
         .lines()
@@ -70,7 +70,7 @@ fn journal(path: &Path) -> Vec<(String, String)> {
 /// applying or verifying. The gate command also runs once for the gate's baseline, just
 /// before the activation and with the slot already held: the `verify` right before a node's
 /// `start` opens that activation's span instead of extending the previous one.
-fn most_at_once(lines: &[(String, String)]) -> usize {
+pub(crate) fn most_at_once(lines: &[(String, String)]) -> usize {
     let mut own: std::collections::BTreeMap<&str, Vec<(usize, &str)>> = Default::default();
     for (i, (what, node)) in lines.iter().enumerate() {
         own.entry(node).or_default().push((i, what));
@@ -138,7 +138,7 @@ fn most_at_once_counts_a_baseline_check_with_the_activation_after_it() {
 }
 
 /// The users that wrote the slot Lease `name`, in order, consecutive repeats folded.
-fn writers(events: &[AuditEvent], name: &str) -> Vec<String> {
+pub(crate) fn writers(events: &[AuditEvent], name: &str) -> Vec<String> {
     let mut out: Vec<String> = Vec::new();
     for e in events.iter().filter(|e| {
         e.resource == "leases"

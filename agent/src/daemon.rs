@@ -91,6 +91,7 @@ pub async fn run(config_path: PathBuf) -> anyhow::Result<Ending> {
     let health = Arc::new(watch::channel(status::HealthMap::new()).0);
     let (kube_clients_tx, kube_clients_rx) = watch::channel(None);
     let (fast_probes_tx, fast_probes_rx) = watch::channel(None);
+    let observed = Arc::new(Mutex::new(crate::rollout::slots::Observed::default()));
     let pollers: Arc<Mutex<BTreeMap<String, mpsc::Sender<PollerCmd>>>> =
         Arc::new(Mutex::new(BTreeMap::new()));
     let reconciler = Reconciler::new(Wiring {
@@ -100,6 +101,7 @@ pub async fn run(config_path: PathBuf) -> anyhow::Result<Ending> {
             health: health.subscribe(),
             fast_probes: fast_probes_tx,
             reach_source: Some(reach_apply_source(config_rx.clone(), Arc::clone(&pollers))),
+            observed: Arc::clone(&observed),
             metrics: Arc::clone(&metrics),
         },
         metrics: Arc::clone(&metrics),
@@ -148,6 +150,7 @@ pub async fn run(config_path: PathBuf) -> anyhow::Result<Ending> {
         kube: kube_clients_rx.clone(),
         bootstrap: bootstrap_tx,
         bootstrap_file,
+        observed: Arc::clone(&observed),
     });
     let workspace = Arc::clone(&sources.workspace);
     let read_file: crate::kubeadm::watch::ReadFile = Arc::new(move |name, revision, path| {

@@ -419,6 +419,22 @@ impl ControlPlane {
         self.kubeconfig_for(path, &format!("ginx:{node}"), &["ginx:nodes"]);
     }
 
+    /// Like [`Self::ginx_kubeconfig`], with the API server at `url` (a proxy in front of it).
+    pub fn ginx_kubeconfig_via(&self, path: &Path, node: &str, url: &str) {
+        let (cert, key) = self
+            .ca
+            .issue_client_pem(&format!("ginx:{node}"), &["ginx:nodes"]);
+        write_kubeconfig(path, url, &self.ca, &cert, &key);
+    }
+
+    /// The API server's address (`host:port` of [`Self::url`]).
+    pub fn addr(&self) -> std::net::SocketAddr {
+        self.url
+            .trim_start_matches("https://")
+            .parse()
+            .expect("the API server's URL is https://127.0.0.1:<port>")
+    }
+
     /// A kubeconfig at `path` for any user and groups, signed by the cluster CA.
     pub fn kubeconfig_for(&self, path: &Path, user: &str, groups: &[&str]) {
         let (cert, key) = self.ca.issue_client_pem(user, groups);

@@ -4,6 +4,7 @@
 #![allow(dead_code)] // Each test module uses a different part of the support code.
 
 pub mod apiserver;
+pub mod blackhole;
 pub mod control_plane;
 pub mod daemon;
 pub mod fakes;

@@ -30,7 +30,7 @@ use std::time::{Duration, Instant};
 
 use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::ConfigMap;
-use kube::api::{Api, DynamicObject, Patch, PatchParams, PostParams};
+use kube::api::{Api, DynamicObject, Patch, PatchParams};
 use kube::discovery::{self, ApiCapabilities, ApiResource, Scope};
 
 use crate::config::Wait;
@@ -39,7 +39,7 @@ use crate::types::api::{code, describe};
 pub use manifest::{FLUX_OWNER_LABELS, checksum, flux_owner, parse};
 
 /// The field manager of every apply.
-pub const FIELD_MANAGER: &str = "ginx";
+pub const FIELD_MANAGER: &str = crate::types::api::FIELD_MANAGER;
 /// Where the stages' checksums are kept.
 pub const RECORD_NAMESPACE: &str = "kube-system";
 pub const RECORD_NAME: &str = "ginx-bootstrap";
@@ -185,9 +185,10 @@ impl Bootstrap {
         s.acquire_time = Some(micro.clone());
         s.renew_time = Some(micro);
         let result = if lease.metadata.resource_version.is_some() {
-            api.replace(LOCK_NAME, &PostParams::default(), &lease).await
+            api.replace(LOCK_NAME, &crate::types::api::post_params(), &lease)
+                .await
         } else {
-            api.create(&PostParams::default(), &lease).await
+            api.create(&crate::types::api::post_params(), &lease).await
         };
         match result {
             Ok(_) => Ok(()),
@@ -218,7 +219,9 @@ impl Bootstrap {
                     jiff::Timestamp::now(),
                 ));
             }
-            let _ = api.replace(LOCK_NAME, &PostParams::default(), &l).await;
+            let _ = api
+                .replace(LOCK_NAME, &crate::types::api::post_params(), &l)
+                .await;
         }
     }
 
@@ -231,7 +234,9 @@ impl Bootstrap {
             if let Some(s) = l.spec.as_mut() {
                 s.holder_identity = None;
             }
-            let _ = api.replace(LOCK_NAME, &PostParams::default(), &l).await;
+            let _ = api
+                .replace(LOCK_NAME, &crate::types::api::post_params(), &l)
+                .await;
         }
     }
 

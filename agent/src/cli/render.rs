@@ -591,6 +591,7 @@ mod tests {
                 probes: BTreeMap::from([("kubelet".into(), "healthz answered 500".into())]),
                 reason: "health gate failed".into(),
                 at: "2026-12-01T10:00:00Z".parse().unwrap(),
+                cause: crate::status::HaltCause::GateFailed,
             },
         );
         let v = ClusterView {

@@ -51,8 +51,8 @@ pub use metrics::MetricsConfig;
 pub use node::NodeConfig;
 pub use reboot::{RebootConfig, RebootMode};
 pub use rollout::{
-    FleetLockConfig, GateConfig, GateRequire, LockBackend, OnApiUnavailable, RollbackPolicy,
-    RolloutConfig,
+    FleetLockConfig, GateConfig, GateRequire, LockBackend, OnApiUnavailable, OnHolderLost,
+    RollbackPolicy, RolloutConfig,
 };
 pub use sources::SourceConfig;
 pub use system::SystemConfig;

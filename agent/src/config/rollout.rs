@@ -45,6 +45,20 @@ pub enum OnApiUnavailable {
     Proceed,
 }
 
+/// `rollout.on_holder_lost`: what a node does when it takes over a slot whose holder vanished
+/// (stopped renewing, never released) while applying or verifying a revision.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum OnHolderLost {
+    /// Halt that revision cluster-wide (reason `holder-vanished`): a revision that kills its
+    /// node is the one the gate never sees. Lifted by itself if the holder comes back and its
+    /// gate passes.
+    #[default]
+    Halt,
+    /// Take the slot and go on.
+    Proceed,
+}
+
 /// `rollout.rollback`.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "kebab-case")]
@@ -128,6 +142,7 @@ pub struct RolloutConfig {
     /// A slot Lease not renewed for this long is free; renewed at a third of it.
     pub lease_duration: Duration,
     pub on_api_unavailable: OnApiUnavailable,
+    pub on_holder_lost: OnHolderLost,
     pub rollback: RollbackPolicy,
     /// Control-plane nodes wait until every other control-plane node is Ready and healthy.
     pub quorum_guard: bool,
@@ -149,6 +164,7 @@ impl Default for RolloutConfig {
             max_concurrent: 1,
             lease_duration: Duration::from_secs(60),
             on_api_unavailable: OnApiUnavailable::default(),
+            on_holder_lost: OnHolderLost::default(),
             rollback: RollbackPolicy::default(),
             quorum_guard: true,
             configmap: "ginx-rollout".to_owned(),

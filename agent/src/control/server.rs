@@ -55,6 +55,9 @@ pub struct Backend {
     /// The last report of `ginxctl bootstrap`, and the file it is kept in across restarts.
     pub bootstrap: watch::Sender<Option<BootstrapStatus>>,
     pub bootstrap_file: PathBuf,
+    /// When this daemon saw each Lease change (shared with the rollout lock): the ages
+    /// `cluster` shows.
+    pub observed: Arc<std::sync::Mutex<crate::rollout::slots::Observed>>,
 }
 
 /// The last bootstrap report kept in `path`; a missing or unreadable file is no report (it is
@@ -344,7 +347,7 @@ impl Backend {
     async fn cluster(&self) -> Result<Response, (ErrorKind, String)> {
         let client = self.kube_client(&Command::Cluster)?;
         let cfg = Arc::clone(&self.parts.config.borrow());
-        crate::rollout::cluster::view(&client, &cfg)
+        crate::rollout::cluster::view(&client, &cfg, &self.observed)
             .await
             .map(Response::ok)
             .map_err(|e| (ErrorKind::Unavailable, e))

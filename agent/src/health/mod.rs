@@ -83,6 +83,7 @@ fn record(statuses: &watch::Sender<HealthMap>, name: &str, status: HealthStatus,
             message: String::new(),
             since: Some(now),
             checked_at: None,
+            checked: None,
         });
         let changed = entry.status != status || entry.message != message;
         if entry.status != status {
@@ -92,6 +93,7 @@ fn record(statuses: &watch::Sender<HealthMap>, name: &str, status: HealthStatus,
         entry.status = status;
         entry.message = message;
         entry.checked_at = Some(now);
+        entry.checked = Some(std::time::Instant::now());
         // checked_at alone is not news worth waking everyone for.
         changed
     });

@@ -6,7 +6,6 @@
 use k8s_openapi::api::coordination::v1::{Lease, LeaseSpec};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{MicroTime, ObjectMeta};
 use kube::Api;
-use kube::api::PostParams;
 
 use crate::types::api::code;
 
@@ -68,7 +67,11 @@ impl Heartbeat {
                                 ..LeaseSpec::default()
                             }),
                         };
-                        match self.api.create(&PostParams::default(), &fresh).await {
+                        match self
+                            .api
+                            .create(&crate::types::api::post_params(), &fresh)
+                            .await
+                        {
                             Ok(l) => {
                                 self.cached = Some(l);
                                 return Ok(());
@@ -89,7 +92,7 @@ impl Heartbeat {
             spec.renew_time = Some(now);
             match self
                 .api
-                .replace(&self.name, &PostParams::default(), &lease)
+                .replace(&self.name, &crate::types::api::post_params(), &lease)
                 .await
             {
                 Ok(l) => {

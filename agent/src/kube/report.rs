@@ -12,7 +12,7 @@ use jiff::Timestamp;
 use k8s_openapi::api::core::v1::{Node, NodeCondition};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use kube::Api;
-use kube::api::{Patch, PatchParams};
+use kube::api::Patch;
 
 use crate::status::{self, HealthStatus, Status};
 
@@ -91,6 +91,17 @@ pub fn node_condition(status: &Status) -> (String, String, String) {
         );
     }
     let (s, reason, message) = condition(&status.health);
+    if status.rollout.phase == status::Phase::Lost {
+        return (
+            s,
+            "RolloutSlotLost".to_owned(),
+            format!(
+                "the rollout slot {} was lost (taken by another node, or not renewed in time): \
+                 nothing new starts until a slot is taken again; {message}",
+                status.rollout.lease.as_deref().unwrap_or("-")
+            ),
+        );
+    }
     let r = &status.rollout.reboot;
     match status.rollout.phase {
         status::Phase::Draining | status::Phase::Rebooting => {
@@ -237,7 +248,11 @@ impl NodeReport {
     /// Merge-patches only the annotations that differ.
     pub async fn patch_annotations(&self, patch: &serde_json::Value) -> Result<(), kube::Error> {
         self.api
-            .patch(&self.node, &PatchParams::default(), &Patch::Merge(patch))
+            .patch(
+                &self.node,
+                &crate::types::api::patch_params(),
+                &Patch::Merge(patch),
+            )
             .await
             .map(|_| ())
     }
@@ -265,7 +280,7 @@ impl NodeReport {
         self.api
             .patch_status(
                 &self.node,
-                &PatchParams::default(),
+                &crate::types::api::patch_params(),
                 &Patch::Strategic(&patch),
             )
             .await?;
@@ -294,6 +309,7 @@ mod tests {
                         message: (*m).to_owned(),
                         since: None,
                         checked_at: None,
+                        checked: None,
                     },
                 )
             })

@@ -75,6 +75,8 @@ pub struct Metrics {
     kube_requests: Family<RequestLabels, Counter>,
     heartbeat_last_success: Gauge<f64, AtomicU64>,
     rollout_lock_held: Gauge,
+    rollout_slot_lost: Gauge,
+    rollout_slots_lost: Counter,
     rollout_lock_wait: Histogram,
     rollout_gates: Family<ResultLabels, Counter>,
     rollout_rollbacks: Counter,
@@ -123,6 +125,8 @@ impl Metrics {
             kube_requests: Family::default(),
             heartbeat_last_success: Gauge::default(),
             rollout_lock_held: Gauge::default(),
+            rollout_slot_lost: Gauge::default(),
+            rollout_slots_lost: Counter::default(),
             rollout_lock_wait: Histogram::new(exponential_buckets(0.1, 2.0, 16)),
             rollout_gates: Family::default(),
             rollout_rollbacks: Counter::default(),
@@ -192,6 +196,16 @@ impl Metrics {
             m.rollout_lock_held.clone(),
         );
         registry.register(
+            "rollout_slot_lost",
+            "1 while the slot this node took was lost (taken by another node, or not renewed for its duration): nothing new starts until a slot is taken again",
+            m.rollout_slot_lost.clone(),
+        );
+        registry.register(
+            "rollout_slots_lost",
+            "Rollout slots this node lost while holding them",
+            m.rollout_slots_lost.clone(),
+        );
+        registry.register(
             "rollout_lock_wait_seconds",
             "How long the node waited for a rollout slot before it got one",
             m.rollout_lock_wait.clone(),
@@ -236,6 +250,14 @@ impl Metrics {
 
     pub fn lock_held(&self, held: bool) {
         self.rollout_lock_held.set(i64::from(held));
+    }
+
+    /// The held slot was lost (`true`), or the loss is over (a slot taken again or released).
+    pub fn slot_lost(&self, lost: bool) {
+        if lost && self.rollout_slot_lost.get() == 0 {
+            self.rollout_slots_lost.inc();
+        }
+        self.rollout_slot_lost.set(i64::from(lost));
     }
 
     pub fn lock_waited(&self, seconds: f64) {

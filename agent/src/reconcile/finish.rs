@@ -181,7 +181,11 @@ impl Reconciler {
         self.run_hook(&cfg, &attempt);
         if outcome == Outcome::Succeeded {
             // Before the record is written: a restart finds the gate open, never skipped.
-            self.open_gate(done.kind, done.goal);
+            if self.open_gate(done.kind, done.goal) {
+                self.gatekeeper
+                    .set_phase(crate::rollout::lease::SlotPhase::Verifying)
+                    .await;
+            }
         }
         let after_reboot = self
             .core

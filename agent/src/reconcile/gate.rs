@@ -8,9 +8,10 @@ use super::core::{Decision, Desired};
 use super::{Attempting, Reconciler};
 use crate::config::RollbackPolicy;
 use crate::rollout::gate::{self, Rules, Verdict};
+use crate::rollout::lease::SlotPhase;
 use crate::rollout::{CONTROL_PLANE_REQUIRED, Permit};
 use crate::state::{AfterGate, AttemptKind, Verifying};
-use crate::status::Halt;
+use crate::status::{Halt, WaitingFor};
 use crate::types::{Goal, Role};
 use crate::util;
 
@@ -49,6 +50,18 @@ impl Reconciler {
                     self.gatekeeper.new_gate();
                     self.baseline = gate::baseline(&self.gatekeeper.baseline_checks().await);
                 }
+                // Fencing, last before the activation: the slot's last renewal is fresh (or
+                // renewed now), and the slot is not lost.
+                if let Err(why) = self.gatekeeper.fence().await {
+                    if self
+                        .core
+                        .set_waiting(Some((WaitingFor::Lock, why.clone())), util::now())
+                    {
+                        tracing::warn!(revision = %desired.revision.short(), reason = %why,
+                            "not starting the activation: the rollout slot is not fresh");
+                    }
+                    return false;
+                }
                 true
             }
         }
@@ -79,7 +92,14 @@ impl Reconciler {
         if needed {
             if self.gatekeeper.held().is_none() {
                 // After a restart: take the slot up again (and renew it from now on).
-                if let Err(e) = self.gatekeeper.resume(&held).await {
+                let phase = if st.rebooting.is_some() {
+                    SlotPhase::Rebooting
+                } else if st.verifying.is_some() {
+                    SlotPhase::Verifying
+                } else {
+                    SlotPhase::Applying
+                };
+                if let Err(e) = self.gatekeeper.resume(&held, phase).await {
                     tracing::debug!(error = %e, "cannot resume the rollout lock yet");
                     self.lock_retry_at = Some(Instant::now() + crate::rollout::RECHECK);
                 } else {
@@ -126,6 +146,7 @@ impl Reconciler {
             probes: g.failing.clone(),
             reason,
             at: g.at,
+            cause: crate::status::HaltCause::GateFailed,
         };
         match self.gatekeeper.halt(halt).await {
             Ok(()) => {
@@ -171,6 +192,11 @@ impl Reconciler {
         let Some((revision, rollback)) = v else {
             return false;
         };
+        self.gate_times = Some((
+            now,
+            gate::Times::open(Instant::now(), cfg.rollout.gate.timeout.get()),
+            false,
+        ));
         let verifying = Verifying {
             revision: revision.clone(),
             rollback,
@@ -227,7 +253,31 @@ impl Reconciler {
         let rollback = v.rollback;
         let after_reboot = v.after_reboot;
         let revision = v.revision.clone();
-        let verdict = gate::step(v, &checks, &rules, now);
+        let mono = Instant::now();
+        let wall_elapsed = now.duration_since(v.started_at);
+        // The gate's monotonic times: kept since it opened in this process, or set again from
+        // the persisted wall-clock times once (after a restart, or a gate opened after a reboot).
+        let (_, times, step_logged) = match &mut self.gate_times {
+            Some(g) if g.0 == v.started_at => g,
+            slot => {
+                let left = v.deadline.duration_since(now);
+                slot.insert((
+                    v.started_at,
+                    gate::Times::resumed(mono, non_negative(wall_elapsed), non_negative(left)),
+                    false,
+                ))
+            }
+        };
+        let mono_elapsed = mono.saturating_duration_since(times.opened);
+        let drift =
+            (wall_elapsed - jiff::SignedDuration::try_from(mono_elapsed).unwrap_or_default()).abs();
+        if drift > jiff::SignedDuration::from_secs(CLOCK_STEP_SECS) && !*step_logged {
+            *step_logged = true;
+            tracing::warn!(revision = %revision.short(), wall_elapsed = %format!("{:#}", wall_elapsed),
+                gate_elapsed = %format!("{:#}", jiff::SignedDuration::try_from(mono_elapsed).unwrap_or_default()),
+                "the wall clock stepped during the health gate; the gate keeps its own (monotonic) time");
+        }
+        let verdict = gate::step(v, times, &checks, &rules, mono, now);
         let label = if rollback { "rollback-" } else { "" };
         match verdict {
             Verdict::Pending { failing, .. } => {
@@ -257,6 +307,8 @@ impl Reconciler {
                     tracing::warn!(revision = %revision.short(), "the rolled-back system passed its health gate; the revision stays rolled back");
                 } else {
                     tracing::info!(revision = %revision.short(), "health gate passed");
+                    self.gatekeeper.set_phase(SlotPhase::Done).await;
+                    self.gatekeeper.lift_vanished(&revision).await;
                 }
                 true
             }
@@ -322,6 +374,14 @@ impl Reconciler {
             }
         }
     }
+}
+
+/// A gap this large between the wall clock's and the monotonic clock's time since a gate opened
+/// is a step of the wall clock (NTP slews far less).
+const CLOCK_STEP_SECS: i64 = 5;
+
+fn non_negative(d: jiff::SignedDuration) -> std::time::Duration {
+    std::time::Duration::try_from(d).unwrap_or_default()
 }
 
 /// Whether an apply with `goal` activates something the gate must verify.

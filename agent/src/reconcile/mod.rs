@@ -109,6 +109,10 @@ pub struct Reconciler {
     baseline: BTreeMap<String, crate::status::HealthStatus>,
     /// What blocks the open gate now (for status).
     gate_failing: BTreeMap<String, String>,
+    /// The open gate's own times on the monotonic clock, for the gate that started at the
+    /// wall-clock time given (the persisted `verifying.started_at`); and whether a step of the
+    /// wall clock during it was logged.
+    gate_times: Option<(Timestamp, crate::rollout::gate::Times, bool)>,
     /// A lock release or a halt that failed is tried again after this.
     lock_retry_at: Option<std::time::Instant>,
     /// The reboot as far as it is not persisted: what it waits for, the drain's pods.
@@ -210,6 +214,7 @@ impl Reconciler {
             gatekeeper: crate::rollout::Gatekeeper::new(w.rollout),
             baseline: BTreeMap::new(),
             gate_failing: BTreeMap::new(),
+            gate_times: None,
             lock_retry_at: None,
             reboot_view: reboot::RebootView::default(),
         };
@@ -382,7 +387,7 @@ impl Reconciler {
                 } else if waiting {
                     gatekeeper.changed().await;
                 } else {
-                    std::future::pending::<()>().await;
+                    gatekeeper.until_lost().await;
                 }
             };
             let retry = async {

@@ -109,6 +109,12 @@ impl Reconciler {
                 ApplyState::Idle | ApplyState::Pending => Phase::Idle,
             },
         };
+        // A lost slot says so above all: whatever runs under it started before the loss.
+        let phase = if self.gatekeeper.lost() {
+            Phase::Lost
+        } else {
+            phase
+        };
         let waiting_for = if st.suspended && state == ApplyState::Waiting {
             Some(WaitingFor::Suspended)
         } else {
@@ -150,6 +156,7 @@ impl Reconciler {
                         probes: g.failing.clone(),
                         reason: "health gate failed on this node".to_owned(),
                         at: g.at,
+                        cause: crate::status::HaltCause::GateFailed,
                     })
                 }),
             paused: fleet.and_then(|f| f.paused.clone()),

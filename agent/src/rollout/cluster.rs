@@ -4,10 +4,15 @@
 //! the rollout slot it holds; the slots; the fleet state of the `ginx-rollout` ConfigMap.
 //!
 //! Three reads (the Nodes, the Leases of `kubernetes.namespace`, the ConfigMap), then
-//! [`build`], a pure function of what was read and the time. Owns nothing in the cluster and
-//! writes nothing.
+//! [`build`], a pure function of what was read, the time and each Lease's age. A Lease's age is
+//! how long this daemon has seen it unchanged on its own monotonic clock ([`Observed`]), never
+//! its `renewTime` against this machine's wall clock: a node whose clock is off shows its true
+//! age. A Lease seen for the first time has no age yet (shown as unknown; the next look has
+//! one). Owns nothing in the cluster and writes nothing.
 
 use std::collections::{BTreeMap, BTreeSet};
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
 
 use jiff::Timestamp;
 use k8s_openapi::api::coordination::v1::Lease;
@@ -16,7 +21,8 @@ use kube::Api;
 use kube::api::ListParams;
 
 use super::fleet::Fleet;
-use super::lease::{GROUP_LABEL, LeaseLock};
+use super::lease::GROUP_LABEL;
+use super::slots::Observed;
 use crate::config::Config;
 use crate::status::{ClusterNode, ClusterView, FleetState};
 use crate::types::Role;
@@ -28,7 +34,11 @@ pub const CONTROL_PLANE_LABEL: &str = "node-role.kubernetes.io/control-plane";
 const SLOT_PREFIX: &str = "ginx-rollout-";
 
 /// Reads the Nodes, the Leases and the ConfigMap, and builds the view at the current time.
-pub async fn view(client: &kube::Client, cfg: &Config) -> Result<ClusterView, String> {
+pub async fn view(
+    client: &kube::Client,
+    cfg: &Config,
+    observed: &Mutex<Observed>,
+) -> Result<ClusterView, String> {
     let k = &cfg.kubernetes;
     let forbidden = |what: &str, e: &kube::Error, needs: &str| match code(e) {
         Some(403) => format!(
@@ -64,16 +74,37 @@ pub async fn view(client: &kube::Client, cfg: &Config) -> Result<ClusterView, St
             _ => what,
         }
     })?;
-    Ok(build(&nodes, &leases, state, cfg, crate::util::now()))
+    let now = Instant::now();
+    let ages: BTreeMap<String, Option<Duration>> = {
+        let mut seen = observed.lock().unwrap_or_else(|e| e.into_inner());
+        leases
+            .iter()
+            .filter_map(|l| {
+                let name = l.metadata.name.clone()?;
+                let rv = l.metadata.resource_version.as_deref().unwrap_or("");
+                let age = seen.age(&name, rv, now);
+                Some((name, age))
+            })
+            .collect()
+    };
+    let age = |l: &Lease| {
+        l.metadata
+            .name
+            .as_ref()
+            .and_then(|n| ages.get(n).copied().flatten())
+    };
+    Ok(build(&nodes, &leases, state, cfg, crate::util::now(), &age))
 }
 
-/// The view of `nodes`, `leases` and `fleet` at `now`.
+/// The view of `nodes`, `leases` and `fleet` at `now`; `age` says how long a Lease has been
+/// seen unchanged (`None`: not known yet).
 pub fn build(
     nodes: &[Node],
     leases: &[Lease],
     fleet: FleetState,
     cfg: &Config,
     now: Timestamp,
+    age: &dyn Fn(&Lease) -> Option<Duration>,
 ) -> ClusterView {
     let k = &cfg.kubernetes;
     let prefix = k.annotation_prefix.as_str();
@@ -89,7 +120,7 @@ pub fn build(
         let Some((group, slot)) = slot_of(name, lease) else {
             continue;
         };
-        if let Some(holder) = live_holder(lease, slot, now) {
+        if let Some(holder) = live_holder(lease, age(lease)) {
             let key = format!("{group}/{slot}");
             held.entry(holder.clone()).or_default().push(key.clone());
             slots.insert(key, holder);
@@ -146,7 +177,7 @@ pub fn build(
             target_revision: annotation("target-revision"),
             apply_state: annotation("apply-state"),
             rollout_phase: annotation("rollout-phase"),
-            heartbeat_age_secs: heartbeat.and_then(|l| age_secs(l, now)),
+            heartbeat_age_secs: heartbeat.and_then(|l| age_secs(age(l))),
             slot: held.get(name).map(|s| s.join(",")),
         });
     }
@@ -164,7 +195,7 @@ pub fn build(
         }
         out.push(ClusterNode {
             name: node.to_owned(),
-            heartbeat_age_secs: age_secs(lease, now),
+            heartbeat_age_secs: age_secs(age(lease)),
             slot: held.get(node).map(|s| s.join(",")),
             ..ClusterNode::default()
         });
@@ -198,19 +229,28 @@ fn slot_of<'a>(name: &'a str, lease: &'a Lease) -> Option<(&'a str, u32)> {
     Some((group, slot.parse().ok()?))
 }
 
-/// The holder of slot `index`'s `lease` unless the slot is free, by the lock's own rule
-/// ([`super::slots::Slot::live_holder`]).
-fn live_holder(lease: &Lease, index: u32, now: Timestamp) -> Option<String> {
-    LeaseLock::view(&BTreeMap::from([(index, lease.clone())]))
-        .first()?
-        .live_holder(now)
-        .map(str::to_owned)
+/// The holder of a slot `lease` unless the slot is free, by the lock's own rule
+/// ([`super::slots::Slot::live_holder`]); a Lease of unknown age counts as live, as it does for
+/// the lock.
+fn live_holder(lease: &Lease, age: Option<Duration>) -> Option<String> {
+    let spec = lease.spec.as_ref()?;
+    super::slots::Slot {
+        index: 0,
+        holder: spec.holder_identity.clone(),
+        unchanged_for: age.unwrap_or_default(),
+        duration: Duration::from_secs(
+            spec.lease_duration_seconds
+                .and_then(|d| u64::try_from(d).ok())
+                .unwrap_or(0),
+        ),
+    }
+    .live_holder()
+    .map(str::to_owned)
 }
 
-/// Seconds since `lease` was renewed (never negative: a clock ahead of ours is "just now").
-fn age_secs(lease: &Lease, now: Timestamp) -> Option<i64> {
-    let renewed = lease.spec.as_ref()?.renew_time.as_ref()?.0;
-    Some(now.duration_since(renewed).as_secs().max(0))
+/// Whole seconds of a Lease's age, when known.
+fn age_secs(age: Option<Duration>) -> Option<i64> {
+    age.map(|d| i64::try_from(d.as_secs()).unwrap_or(i64::MAX))
 }
 
 /// The node whose heartbeat Lease `name` is, by `pattern` (`kubernetes.lease_name`, with
@@ -278,6 +318,12 @@ mod tests {
         }
     }
 
+    /// A test's Lease ages: its `renewTime` against [`now`] (as if seen since then).
+    fn by_renew_time(l: &Lease) -> Option<Duration> {
+        let renewed = l.spec.as_ref()?.renew_time.as_ref()?.0;
+        Some(now().duration_since(renewed).unsigned_abs())
+    }
+
     fn lease(name: &str, holder: &str, secs_ago: i64, duration: i32) -> Lease {
         let renewed = now() - jiff::SignedDuration::from_secs(secs_ago);
         Lease {
@@ -333,6 +379,7 @@ mod tests {
             FleetState::default(),
             &Config::default(),
             now(),
+            &by_renew_time,
         );
         assert_eq!(v.at, Some(now()));
         let [lucy, w1] = v.nodes.as_slice() else {
@@ -381,6 +428,7 @@ mod tests {
             FleetState::default(),
             &Config::default(),
             now(),
+            &by_renew_time,
         );
         let names: Vec<&str> = v.nodes.iter().map(|n| n.name.as_str()).collect();
         assert_eq!(
@@ -413,6 +461,7 @@ mod tests {
             FleetState::default(),
             &Config::default(),
             now(),
+            &by_renew_time,
         );
         assert_eq!(
             v.slots,
@@ -441,7 +490,14 @@ mod tests {
             &[("FleetHealthy", "False", "ProbesFailed")],
         )];
         let leases = [lease("hb-n1-ginx", "n1", 4, 40)];
-        let v = build(&nodes, &leases, FleetState::default(), &cfg, now());
+        let v = build(
+            &nodes,
+            &leases,
+            FleetState::default(),
+            &cfg,
+            now(),
+            &by_renew_time,
+        );
         let n = &v.nodes[0];
         assert_eq!(n.apply_state.as_deref(), Some("failed"));
         assert_eq!(n.healthy.as_deref(), Some("False"));

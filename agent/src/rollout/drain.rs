@@ -21,7 +21,7 @@ use k8s_openapi::api::core::v1::{Node, Pod};
 use k8s_openapi::api::policy::v1::PodDisruptionBudget;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
 use kube::Api;
-use kube::api::{ListParams, Patch, PatchParams, PostParams};
+use kube::api::{ListParams, Patch};
 use serde_json::json;
 
 use crate::types::api::{code, describe};
@@ -226,7 +226,7 @@ pub async fn evict(
         .create_subresource::<_, serde_json::Value>(
             "eviction",
             &pod.name,
-            &PostParams::default(),
+            &crate::types::api::post_params(),
             &body,
         )
         .await
@@ -357,7 +357,11 @@ async fn patch_node(
     what: &str,
 ) -> Result<bool, String> {
     match api
-        .patch(node, &PatchParams::default(), &Patch::Merge(patch))
+        .patch(
+            node,
+            &crate::types::api::patch_params(),
+            &Patch::Merge(patch),
+        )
         .await
     {
         Ok(_) => Ok(true),

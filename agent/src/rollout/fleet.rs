@@ -23,7 +23,6 @@ use jiff::Timestamp;
 use k8s_openapi::api::core::v1::ConfigMap;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kube::Api;
-use kube::api::PostParams;
 
 use crate::status::{FleetEvent, FleetState, Halt, Pause};
 use crate::types::Revision;
@@ -141,6 +140,7 @@ fn unreadable(revision: Revision, key: &str) -> Halt {
         probes: BTreeMap::new(),
         reason: format!("the {key} key cannot be read; see the ConfigMap"),
         at: Timestamp::UNIX_EPOCH,
+        cause: crate::status::HaltCause::GateFailed,
     }
 }
 
@@ -274,6 +274,33 @@ pub fn apply_halt(state: &mut FleetState, halt: Halt) -> bool {
     true
 }
 
+/// Lifts the halt of `revision` if it is a `holder-vanished` halt naming `node`: that node came
+/// back and its gate passed for the revision, so the revision did not kill it. `false` when
+/// there is no such halt (a failed gate's halt, or another node's, stays).
+pub fn apply_lift_vanished(
+    state: &mut FleetState,
+    revision: &Revision,
+    node: &str,
+    at: Timestamp,
+) -> bool {
+    let key = revision.to_string();
+    let ours = state
+        .halted
+        .get(&key)
+        .is_some_and(|h| h.cause == crate::status::HaltCause::HolderVanished && h.node == node);
+    if !ours {
+        return false;
+    }
+    state.halted.remove(&key);
+    record(
+        state,
+        &format!("ginx@{node}"),
+        at,
+        format!("lift {key} (its holder came back and its gate passed)"),
+    );
+    true
+}
+
 fn record(state: &mut FleetState, by: &str, at: Timestamp, action: String) {
     state.events.push(FleetEvent {
         by: by.to_owned(),
@@ -376,7 +403,7 @@ impl Fleet {
                 Some(mut cm) => {
                     cm.data = Some(merge(cm.data.as_ref(), encode(&state)));
                     self.api
-                        .replace(&self.name, &PostParams::default(), &cm)
+                        .replace(&self.name, &crate::types::api::post_params(), &cm)
                         .await
                         .map_err(|e| ("update", e))
                 }
@@ -395,7 +422,7 @@ impl Fleet {
                         ..ConfigMap::default()
                     };
                     self.api
-                        .create(&PostParams::default(), &cm)
+                        .create(&crate::types::api::post_params(), &cm)
                         .await
                         .map_err(|e| ("create", e))
                 }
@@ -446,6 +473,13 @@ impl Fleet {
     /// Halts a revision fleet-wide; `changed` is `false` when it was halted already.
     pub async fn halt(&self, halt: Halt) -> Result<Updated, String> {
         self.changed(|s| apply_halt(s, halt.clone())).await
+    }
+
+    /// Lifts a `holder-vanished` halt of `revision` naming `node` (see [`apply_lift_vanished`]).
+    pub async fn lift_vanished(&self, revision: &Revision, node: &str) -> Result<Updated, String> {
+        let at = crate::util::now();
+        self.changed(|s| apply_lift_vanished(s, revision, node, at))
+            .await
     }
 
     /// Removes the halt `revision` names (full, or a unique prefix of a halted one) and returns
@@ -505,6 +539,7 @@ mod tests {
             probes: BTreeMap::from([("kubelet".to_owned(), "healthz answered 500".to_owned())]),
             reason: "health gate failed".to_owned(),
             at: t("2026-12-01T10:00:00Z"),
+            cause: crate::status::HaltCause::GateFailed,
         }
     }
 
@@ -679,5 +714,26 @@ mod tests {
             e.to_string(),
             format!("{A} is not halted (no revision is halted)")
         );
+    }
+
+    #[test]
+    fn only_the_vanished_holder_s_own_halt_is_lifted_by_its_passed_gate() {
+        let rev: Revision = "b".repeat(40).parse().unwrap();
+        let at = t("2026-12-01T10:00:00Z");
+        let mut state = FleetState::default();
+        let mut h = halt(&"b".repeat(40), "lucy");
+        h.cause = crate::status::HaltCause::HolderVanished;
+        state.halted.insert(rev.to_string(), h.clone());
+        // Another node's gate passing says nothing of lucy's death.
+        assert!(!apply_lift_vanished(&mut state, &rev, "makise", at));
+        assert!(apply_lift_vanished(&mut state, &rev, "lucy", at));
+        assert!(state.halted.is_empty());
+        assert_eq!(state.events.last().unwrap().by, "ginx@lucy");
+        // A failed gate's halt is an operator's to clear.
+        state
+            .halted
+            .insert(rev.to_string(), halt(&"b".repeat(40), "lucy"));
+        assert!(!apply_lift_vanished(&mut state, &rev, "lucy", at));
+        assert_eq!(state.halted.len(), 1);
     }
 }

@@ -1,6 +1,11 @@
 //! The health gate's verdict, as a pure function: the checks' results since the activation
 //! in, pending / passed / failed out. No I/O, no clock: the caller passes `now`.
 //!
+//! The gate's times (when it opened, since when it has been healthy, its deadline, when each
+//! check last ran) are on the monotonic clock ([`Times`]): a step of the wall clock never
+//! shortens the settle, never makes a result fresh or stale, and never decides the gate. The
+//! wall-clock times in [`Verifying`] are what status shows.
+//!
 //! "Healthy" means no regression by default: a check that was ok or degraded before the
 //! activation must not be failed now, and a check that was failed (or unknown) already does
 //! not hold the gate, so that a fix for a partly broken node is not rolled back for what it did not fix.
@@ -8,7 +13,7 @@
 //! own: API server, kube-vip, node Ready) must not be failed whatever they were before.
 
 use std::collections::BTreeMap;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use jiff::Timestamp;
 
@@ -21,8 +26,41 @@ use crate::status::HealthStatus;
 pub struct Check {
     pub status: HealthStatus,
     pub message: String,
-    /// When it was last run; a result from before the activation is not evidence.
+    /// When it was last run (status).
     pub checked_at: Option<Timestamp>,
+    /// When it was last run, on the monotonic clock; a result from before the gate opened is
+    /// not evidence.
+    pub checked: Option<Instant>,
+}
+
+/// The gate's own times, on the monotonic clock. Not persisted: after a restart they are set
+/// again from the persisted wall-clock times once ([`Times::resumed`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Times {
+    pub opened: Instant,
+    pub healthy_since: Option<Instant>,
+    pub deadline: Instant,
+}
+
+impl Times {
+    /// A gate opening now, failing `timeout` from now.
+    pub fn open(now: Instant, timeout: Duration) -> Self {
+        Self {
+            opened: now,
+            healthy_since: None,
+            deadline: now.checked_add(timeout).unwrap_or(now),
+        }
+    }
+
+    /// A gate that opened `elapsed` ago by the persisted times (after a restart), and fails at
+    /// `left` from now. The settle starts again: healthy-since is not carried over.
+    pub fn resumed(now: Instant, elapsed: Duration, left: Duration) -> Self {
+        Self {
+            opened: now.checked_sub(elapsed).unwrap_or(now),
+            healthy_since: None,
+            deadline: now.checked_add(left).unwrap_or(now),
+        }
+    }
 }
 
 /// What the gate needs besides the checks.
@@ -52,13 +90,14 @@ pub enum Verdict {
 /// The checks that block the gate now, and those with no fresh result.
 pub fn blocking(
     v: &Verifying,
+    opened: Instant,
     checks: &BTreeMap<String, Check>,
     rules: &Rules<'_>,
 ) -> (BTreeMap<String, String>, Vec<String>) {
     let mut failing = BTreeMap::new();
     let mut unchecked = Vec::new();
     for (name, c) in checks {
-        if c.checked_at.is_none_or(|t| t < v.started_at) {
+        if c.checked.is_none_or(|t| t < opened) {
             unchecked.push(name.clone());
             continue;
         }
@@ -87,27 +126,34 @@ pub fn blocking(
     (failing, unchecked)
 }
 
-/// One step of the gate at `now`: updates `v.healthy_since` and gives the verdict. The gate
-/// passes once every check has a fresh result and nothing blocks for `settle` without a
-/// break; it fails at `v.deadline` if it has not passed, naming what blocked it last (or the
-/// checks that never answered).
+/// One step of the gate at `now` (monotonic; `wall` is recorded for status): updates
+/// `t.healthy_since` (and `v.healthy_since`) and gives the verdict. The gate passes once every
+/// check has a fresh result and nothing blocks for `settle` without a break; it fails at
+/// `t.deadline` if it has not passed, naming what blocked it last (or the checks that never
+/// answered).
 pub fn step(
     v: &mut Verifying,
+    t: &mut Times,
     checks: &BTreeMap<String, Check>,
     rules: &Rules<'_>,
-    now: Timestamp,
+    now: Instant,
+    wall: Timestamp,
 ) -> Verdict {
-    let (failing, unchecked) = blocking(v, checks, rules);
+    let (failing, unchecked) = blocking(v, t.opened, checks, rules);
     if failing.is_empty() && unchecked.is_empty() {
-        let since = *v.healthy_since.get_or_insert(now);
-        let settled = now.duration_since(since).unsigned_abs() >= rules.settle;
-        if settled {
+        if t.healthy_since.is_none() {
+            t.healthy_since = Some(now);
+            v.healthy_since = Some(wall);
+        }
+        let since = t.healthy_since.unwrap_or(now);
+        if now.saturating_duration_since(since) >= rules.settle {
             return Verdict::Passed;
         }
     } else {
+        t.healthy_since = None;
         v.healthy_since = None;
     }
-    if now >= v.deadline {
+    if now >= t.deadline {
         let mut failing = failing;
         for name in &unchecked {
             failing.insert(name.clone(), "no result since the activation".to_owned());
@@ -142,7 +188,40 @@ mod tests {
         Timestamp::from_second(1_800_000_000 + s).unwrap()
     }
 
-    fn gate(baseline: &[(&str, HealthStatus)]) -> Verifying {
+    /// Second `s` of the test on the monotonic clock.
+    fn tm(s: i64) -> Instant {
+        use std::sync::OnceLock;
+        static BASE: OnceLock<Instant> = OnceLock::new();
+        let base = *BASE.get_or_init(|| Instant::now() + Duration::from_secs(1000));
+        if s >= 0 {
+            base + Duration::from_secs(s.unsigned_abs())
+        } else {
+            base - Duration::from_secs(s.unsigned_abs())
+        }
+    }
+
+    /// A gate and its times, opened at second 0 with its deadline at 100.
+    struct G {
+        v: Verifying,
+        t: Times,
+    }
+
+    fn step(g: &mut G, c: &BTreeMap<String, Check>, rules: &Rules<'_>, s: i64) -> Verdict {
+        super::step(&mut g.v, &mut g.t, c, rules, tm(s), t(s))
+    }
+
+    fn gate(baseline: &[(&str, HealthStatus)]) -> G {
+        G {
+            t: Times {
+                opened: tm(0),
+                healthy_since: None,
+                deadline: tm(100),
+            },
+            v: gate_record(baseline),
+        }
+    }
+
+    fn gate_record(baseline: &[(&str, HealthStatus)]) -> Verifying {
         Verifying {
             revision: "a".repeat(40).parse::<Revision>().unwrap(),
             rollback: false,
@@ -166,6 +245,7 @@ mod tests {
                         status: *s,
                         message: format!("{n} says so"),
                         checked_at: Some(t(*at)),
+                        checked: Some(tm(*at)),
                     },
                 )
             })
@@ -185,45 +265,46 @@ mod tests {
         let mut v = gate(&[("kubelet", Ok)]);
         let c = checks(&[("kubelet", Ok, 1)]);
         assert!(matches!(
-            step(&mut v, &c, &RULES, t(1)),
+            step(&mut v, &c, &RULES, 1),
             Verdict::Pending { .. }
         ));
-        assert_eq!(v.healthy_since, Some(t(1)));
+        assert_eq!(v.t.healthy_since, Some(tm(1)));
+        assert_eq!(v.v.healthy_since, Some(t(1)));
         assert!(matches!(
-            step(&mut v, &c, &RULES, t(5)),
+            step(&mut v, &c, &RULES, 5),
             Verdict::Pending { .. }
         ));
-        assert_eq!(step(&mut v, &c, &RULES, t(11)), Verdict::Passed);
+        assert_eq!(step(&mut v, &c, &RULES, 11), Verdict::Passed);
     }
 
     #[test]
     fn a_break_starts_the_settle_time_again() {
         let mut v = gate(&[("kubelet", Ok)]);
-        step(&mut v, &checks(&[("kubelet", Ok, 1)]), &RULES, t(1));
+        step(&mut v, &checks(&[("kubelet", Ok, 1)]), &RULES, 1);
         let bad = checks(&[("kubelet", Failed, 6)]);
-        let Verdict::Pending { failing, .. } = step(&mut v, &bad, &RULES, t(6)) else {
+        let Verdict::Pending { failing, .. } = step(&mut v, &bad, &RULES, 6) else {
             panic!("pending expected");
         };
         assert_eq!(failing["kubelet"], "failed: kubelet says so");
-        assert_eq!(v.healthy_since, None);
+        assert_eq!(v.t.healthy_since, None);
         let good = checks(&[("kubelet", Ok, 8)]);
         assert!(matches!(
-            step(&mut v, &good, &RULES, t(12)),
+            step(&mut v, &good, &RULES, 12),
             Verdict::Pending { .. }
         ));
-        assert_eq!(step(&mut v, &good, &RULES, t(22)), Verdict::Passed);
+        assert_eq!(step(&mut v, &good, &RULES, 22), Verdict::Passed);
     }
 
     #[test]
     fn a_result_from_before_the_activation_is_not_evidence() {
         let mut v = gate(&[("kubelet", Ok)]);
-        v.started_at = t(5);
+        v.t.opened = tm(5);
         let stale = checks(&[("kubelet", Ok, 4)]);
-        let Verdict::Pending { unchecked, .. } = step(&mut v, &stale, &RULES, t(30)) else {
+        let Verdict::Pending { unchecked, .. } = step(&mut v, &stale, &RULES, 30) else {
             panic!("pending expected");
         };
         assert_eq!(unchecked, ["kubelet"]);
-        assert_eq!(v.healthy_since, None);
+        assert_eq!(v.t.healthy_since, None);
     }
 
     #[test]
@@ -231,10 +312,10 @@ mod tests {
         let mut v = gate(&[("kubelet", Degraded)]);
         let bad = checks(&[("kubelet", Failed, 50)]);
         assert!(matches!(
-            step(&mut v, &bad, &RULES, t(50)),
+            step(&mut v, &bad, &RULES, 50),
             Verdict::Pending { .. }
         ));
-        let Verdict::Failed { failing } = step(&mut v, &bad, &RULES, t(100)) else {
+        let Verdict::Failed { failing } = step(&mut v, &bad, &RULES, 100) else {
             panic!("failed expected");
         };
         assert!(failing.contains_key("kubelet"));
@@ -244,15 +325,15 @@ mod tests {
     fn a_check_failed_before_does_not_hold_the_gate() {
         let mut v = gate(&[("cilium", Failed), ("kubelet", Ok)]);
         let c = checks(&[("cilium", Failed, 1), ("kubelet", Ok, 1)]);
-        step(&mut v, &c, &RULES, t(1));
-        assert_eq!(step(&mut v, &c, &RULES, t(11)), Verdict::Passed);
+        step(&mut v, &c, &RULES, 1);
+        assert_eq!(step(&mut v, &c, &RULES, 11), Verdict::Passed);
     }
 
     #[test]
     fn a_required_check_holds_the_gate_even_if_it_failed_before() {
         let mut v = gate(&[("apiserver", Failed)]);
         let c = checks(&[("apiserver", Failed, 1)]);
-        let Verdict::Pending { failing, .. } = step(&mut v, &c, &RULES, t(20)) else {
+        let Verdict::Pending { failing, .. } = step(&mut v, &c, &RULES, 20) else {
             panic!("pending expected");
         };
         assert!(failing.contains_key("apiserver"));
@@ -262,14 +343,14 @@ mod tests {
     fn unknown_and_degraded_are_no_regression_but_not_all_ok() {
         let c = checks(&[("a", Unknown, 1), ("b", Degraded, 1)]);
         let mut v = gate(&[("a", Ok), ("b", Ok)]);
-        step(&mut v, &c, &RULES, t(1));
-        assert_eq!(step(&mut v, &c, &RULES, t(11)), Verdict::Passed);
+        step(&mut v, &c, &RULES, 1);
+        assert_eq!(step(&mut v, &c, &RULES, 11), Verdict::Passed);
         let strict = Rules {
             require: GateRequire::AllOk,
             ..RULES
         };
         let mut v = gate(&[("a", Ok), ("b", Ok)]);
-        let Verdict::Pending { failing, .. } = step(&mut v, &c, &strict, t(11)) else {
+        let Verdict::Pending { failing, .. } = step(&mut v, &c, &strict, 11) else {
             panic!("pending expected");
         };
         assert_eq!(failing.len(), 2);
@@ -279,15 +360,15 @@ mod tests {
     fn a_check_unknown_before_does_not_hold_the_gate() {
         let mut v = gate(&[("kubelet", Unknown)]);
         let c = checks(&[("kubelet", Failed, 1), ("new", Failed, 1)]);
-        step(&mut v, &c, &RULES, t(1));
-        assert_eq!(step(&mut v, &c, &RULES, t(11)), Verdict::Passed);
+        step(&mut v, &c, &RULES, 1);
+        assert_eq!(step(&mut v, &c, &RULES, 11), Verdict::Passed);
     }
 
     #[test]
     fn never_answering_fails_at_the_deadline() {
         let mut v = gate(&[("kubelet", Ok)]);
         let c = checks(&[("kubelet", Ok, -5)]);
-        let Verdict::Failed { failing } = step(&mut v, &c, &RULES, t(100)) else {
+        let Verdict::Failed { failing } = step(&mut v, &c, &RULES, 100) else {
             panic!("failed expected");
         };
         assert_eq!(failing["kubelet"], "no result since the activation");
@@ -301,8 +382,81 @@ mod tests {
             ..RULES
         };
         assert_eq!(
-            step(&mut v, &checks(&[("kubelet", Ok, 1)]), &rules, t(1)),
+            step(&mut v, &checks(&[("kubelet", Ok, 1)]), &rules, 1),
             Verdict::Passed
         );
+    }
+}
+
+#[cfg(test)]
+mod clock_tests {
+    use super::*;
+    use crate::types::Revision;
+
+    /// A wall-clock step of +15 min two seconds into a gate neither passes it (the settle takes
+    /// its full time) nor fails it (the deadline is the gate's own), and results keep counting
+    /// as fresh whatever their wall-clock stamp says.
+    #[test]
+    fn a_wall_clock_step_neither_shortens_the_settle_nor_decides_the_gate() {
+        let base = Instant::now();
+        let at = |s: u64| base + Duration::from_secs(s);
+        let wall0 = Timestamp::from_second(1_800_000_000).unwrap();
+        let step15 = jiff::SignedDuration::from_secs(15 * 60);
+        let mut v = Verifying {
+            revision: "a".repeat(40).parse::<Revision>().unwrap(),
+            rollback: false,
+            started_at: wall0,
+            deadline: wall0 + jiff::SignedDuration::from_secs(100),
+            healthy_since: None,
+            baseline: [("kubelet".to_owned(), HealthStatus::Ok)].into(),
+            after_reboot: false,
+        };
+        let mut times = Times::open(base, Duration::from_secs(100));
+        let rules = Rules {
+            require: GateRequire::NoRegression,
+            settle: Duration::from_secs(60),
+            required: &[],
+        };
+        let check = |s: u64, status: HealthStatus, wall: Timestamp| {
+            BTreeMap::from([(
+                "kubelet".to_owned(),
+                Check {
+                    status,
+                    message: String::new(),
+                    checked_at: Some(wall),
+                    checked: Some(at(s)),
+                },
+            )])
+        };
+        let ok = |s| check(s, HealthStatus::Ok, wall0 + step15);
+        assert!(matches!(
+            step(&mut v, &mut times, &ok(1), &rules, at(1), wall0),
+            Verdict::Pending { .. }
+        ));
+        // The clock jumps 15 minutes ahead at second 2: past settle and deadline by the wall.
+        for s in [2, 10, 60] {
+            assert!(
+                matches!(
+                    step(&mut v, &mut times, &ok(s), &rules, at(s), wall0 + step15),
+                    Verdict::Pending { .. }
+                ),
+                "decided at second {s}"
+            );
+        }
+        assert_eq!(
+            step(&mut v, &mut times, &ok(61), &rules, at(61), wall0 + step15),
+            Verdict::Passed
+        );
+        // A check failing right after the step: pending, not failed at once.
+        let mut times = Times::open(base, Duration::from_secs(100));
+        let bad = check(3, HealthStatus::Failed, wall0 - step15);
+        assert!(matches!(
+            step(&mut v, &mut times, &bad, &rules, at(3), wall0 - step15),
+            Verdict::Pending { failing, .. } if failing.contains_key("kubelet")
+        ));
+        assert!(matches!(
+            step(&mut v, &mut times, &bad, &rules, at(100), wall0 - step15),
+            Verdict::Failed { .. }
+        ));
     }
 }

@@ -6,8 +6,8 @@
 use std::collections::BTreeMap;
 use std::future::Future;
 use std::pin::Pin;
-use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use k8s_openapi::api::core::v1::ConfigMap;
@@ -16,13 +16,16 @@ use tokio::sync::watch;
 use super::fleet::Fleet;
 use super::fleetlock::{FleetLock, FleetLockError};
 use super::gate::Check;
-use super::lease::{self, Acquired, LeaseLock};
+use super::lease::{self, Acquired, LeaseLock, LockError, Released, SlotPhase, Vanished};
+use super::slots::Observed;
 use super::window::{self, WindowState};
-use crate::config::{Config, LockBackend, OnApiUnavailable};
+use crate::config::{Config, LockBackend, OnApiUnavailable, OnHolderLost};
 use crate::metrics::Metrics;
 use crate::state::Held;
-use crate::status::{FleetState, Halt, HealthMap, HealthStatus, STATE_HEALTH, WaitingFor};
-use crate::types::api::{KubeClients, readyz};
+use crate::status::{
+    FleetState, Halt, HaltCause, HealthMap, HealthStatus, STATE_HEALTH, WaitingFor,
+};
+use crate::types::api::{KubeClients, describe, readyz, refusal, unavailable};
 use crate::types::{Revision, Role};
 use crate::util;
 
@@ -53,6 +56,9 @@ pub struct Wiring {
     pub fast_probes: watch::Sender<Option<Duration>>,
     pub reach_source: Option<Reach>,
     pub metrics: Arc<Metrics>,
+    /// When this process saw each slot Lease change: how it tells a dead holder from a live
+    /// one without reading another machine's clock.
+    pub observed: Arc<Mutex<Observed>>,
 }
 
 /// The answer to "may I apply?".
@@ -112,8 +118,53 @@ struct Holding {
     held: Held,
     /// The slot's renewal (Lease backend).
     renew: Option<tokio::task::JoinHandle<()>>,
-    /// Set when a renewal found another holder.
+    /// The slot's lock (Lease backend): what the renewal writes, with what the node does.
+    lock: Option<LeaseLock>,
+    /// When the slot was last written by this node (taken or renewed), on the monotonic clock.
+    renewed: Arc<Mutex<Instant>>,
+    /// Set when a renewal found another holder, or the slot went unrenewed for its duration.
     lost: Arc<AtomicBool>,
+}
+
+impl Holding {
+    fn fleetlock(held: Held) -> Self {
+        Self {
+            held,
+            renew: None,
+            lock: None,
+            renewed: Arc::new(Mutex::new(Instant::now())),
+            lost: Arc::new(AtomicBool::new(false)),
+        }
+    }
+
+    /// A slot Lease just taken or renewed, renewed from now on by a task of its own that bumps
+    /// `changes` when the slot is lost.
+    fn lease(held: Held, lock: LeaseLock, index: u32, changes: watch::Sender<u64>) -> Self {
+        let renewed = Arc::new(Mutex::new(Instant::now()));
+        let lost = Arc::new(AtomicBool::new(false));
+        let task = tokio::spawn(renew(
+            lock.clone(),
+            index,
+            Arc::clone(&renewed),
+            Arc::clone(&lost),
+            changes,
+        ));
+        Self {
+            held,
+            renew: Some(task),
+            lock: Some(lock),
+            renewed,
+            lost,
+        }
+    }
+
+    fn since_renewal(&self) -> Duration {
+        guard(&self.renewed).elapsed()
+    }
+}
+
+fn guard<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
 }
 
 impl Drop for Holding {
@@ -154,6 +205,9 @@ pub struct Gatekeeper {
     fleetlock: Option<(FleetLockKey, Arc<FleetLock>)>,
     /// When the next maintenance window opens, while waiting for one.
     window_opens: Option<jiff::Timestamp>,
+    /// A `holder-vanished` halt this node owes the fleet: written before anything else, the
+    /// slot kept until it is.
+    owed_halt: Option<Halt>,
 }
 
 type FleetLockKey = (crate::config::FleetLockConfig, String, Duration);
@@ -175,6 +229,7 @@ impl Gatekeeper {
             last_reach: None,
             fleetlock: None,
             window_opens: None,
+            owed_halt: None,
         }
     }
 
@@ -250,6 +305,7 @@ impl Gatekeeper {
             &cfg.rollout.group_for(cfg.node.role),
             cfg.node_name(),
             &cfg.rollout,
+            Arc::clone(&self.w.observed),
         )
     }
 
@@ -278,16 +334,48 @@ impl Gatekeeper {
         }
     }
 
+    /// Returns when the slot held becomes lost (never, if it does not): so that status says so
+    /// at once, also while an activation runs.
+    pub async fn until_lost(&mut self) {
+        let was = self.lost();
+        loop {
+            if self.changes.changed().await.is_err() {
+                std::future::pending::<()>().await;
+            }
+            if self.lost() != was {
+                return;
+            }
+        }
+    }
+
     /// The lock held, if any.
     pub fn held(&self) -> Option<&Held> {
         self.holding.as_ref().map(|h| &h.held)
     }
 
-    /// Whether a renewal found the slot taken by another node.
+    /// Whether the slot this node holds was lost (taken by another node, or not renewed for its
+    /// duration).
     pub fn lost(&self) -> bool {
         self.holding
             .as_ref()
             .is_some_and(|h| h.lost.load(Ordering::Relaxed))
+    }
+
+    /// The API refused a request: a configuration error, never a reason to go on without the
+    /// lock, whatever `on_api_unavailable` says.
+    fn refused(why: String) -> Permit {
+        Permit::Wait(
+            WaitingFor::Refused,
+            format!("{why}; nothing is applied until this is fixed"),
+        )
+    }
+
+    /// A failed request about the slots: unavailable or refused.
+    fn lock_error(&self, cfg: &Config, e: LockError) -> Permit {
+        match e {
+            LockError::Unavailable(m) => self.api_unavailable(cfg, m),
+            LockError::Refused(m) => Self::refused(m),
+        }
     }
 
     /// The API is needed but not there: wait, or go on without a lock.
@@ -397,15 +485,22 @@ impl Gatekeeper {
             );
             let state = match fleet.read().await {
                 Ok(s) => s,
-                Err(e) => {
+                Err(e) if unavailable(&e) => {
                     return self.api_unavailable(
                         &cfg,
                         format!(
                             "cannot read the rollout state {}: {}",
                             fleet.object(),
-                            crate::types::api::describe(&e)
+                            describe(&e)
                         ),
                     );
+                }
+                Err(e) => {
+                    return Self::refused(refusal(
+                        "get",
+                        &format!("ConfigMap {}", fleet.object()),
+                        &e,
+                    ));
                 }
             };
             self.fleet = Some(state.clone());
@@ -449,7 +544,29 @@ impl Gatekeeper {
             match super::quorum::check(clients, &cfg).await {
                 Ok(None) => {}
                 Ok(Some(why)) => return Permit::Wait(WaitingFor::Quorum, why),
+                Err(e) => return self.lock_error(&cfg, e),
+            }
+        }
+        if let Some(halt) = self.owed_halt.clone() {
+            // A takeover's halt not written yet: the slot stays held until it is.
+            match self.write_owed_halt(halt).await {
+                Ok(()) => {}
                 Err(e) => return self.api_unavailable(&cfg, e),
+            }
+            if self
+                .fleet
+                .as_ref()
+                .and_then(|f| f.halt_of(revision))
+                .is_some()
+                && purpose == Purpose::Apply
+            {
+                return Permit::Wait(
+                    WaitingFor::Halted,
+                    format!(
+                        "revision {} is halted: its slot's holder vanished while rolling it out",
+                        revision.short()
+                    ),
+                );
             }
         }
         if let Some(h) = &self.holding
@@ -465,6 +582,13 @@ impl Gatekeeper {
                         .api_unavailable(&cfg, "no connection to the Kubernetes API".into());
                 };
                 let lock = self.lease_lock(&cfg, &clients);
+                *guard::<lease::Doing>(&lock.doing) = lease::Doing {
+                    revision: Some(revision.to_string()),
+                    phase: match purpose {
+                        Purpose::Apply => SlotPhase::Applying,
+                        Purpose::Reboot => SlotPhase::Rebooting,
+                    },
+                };
                 match lock.acquire().await {
                     Ok(Acquired::Full(holders)) => {
                         let list: Vec<String> = holders
@@ -482,24 +606,45 @@ impl Gatekeeper {
                             ),
                         );
                     }
-                    Ok(Acquired::Slot { index, resumed }) => {
+                    Ok(Acquired::Slot {
+                        index,
+                        resumed,
+                        vanished,
+                    }) => {
                         tracing::info!(group = %lock.group, slot = index, resumed, revision = %revision.short(), "rollout slot held");
                         self.holders.insert(index, lock.node.clone());
-                        let lost = Arc::new(AtomicBool::new(false));
-                        let renew = tokio::spawn(renew(lock.clone(), index, Arc::clone(&lost)));
-                        Holding {
-                            held: Held {
+                        self.w.metrics.slot_lost(false);
+                        let holding = Holding::lease(
+                            Held {
                                 backend: "kubernetes".into(),
                                 group: lock.group.clone(),
                                 slot: Some(index),
                                 revision: revision.clone(),
                                 since: util::now(),
                             },
-                            renew: Some(renew),
-                            lost,
+                            lock.clone(),
+                            index,
+                            self.changes_tx.clone(),
+                        );
+                        if let Some(v) = vanished {
+                            self.holding = Some(holding);
+                            if let Some(wait) = self.took_over(&cfg, v, revision).await {
+                                return wait;
+                            }
+                            match self.holding.take() {
+                                Some(h) => h,
+                                None => {
+                                    return Permit::Wait(
+                                        WaitingFor::Lock,
+                                        "the slot taken over was released".into(),
+                                    );
+                                }
+                            }
+                        } else {
+                            holding
                         }
                     }
-                    Err(e) => return self.api_unavailable(&cfg, e),
+                    Err(e) => return self.lock_error(&cfg, e),
                 }
             }
             Effective::Fleetlock => {
@@ -515,17 +660,13 @@ impl Gatekeeper {
                 match client.pre_reboot().await {
                     Ok(()) => {
                         tracing::info!(group = %group, id = client.id(), revision = %revision.short(), "FleetLock held");
-                        Holding {
-                            held: Held {
-                                backend: "fleetlock".into(),
-                                group,
-                                slot: None,
-                                revision: revision.clone(),
-                                since: util::now(),
-                            },
-                            renew: None,
-                            lost: Arc::new(AtomicBool::new(false)),
-                        }
+                        Holding::fleetlock(Held {
+                            backend: "fleetlock".into(),
+                            group,
+                            slot: None,
+                            revision: revision.clone(),
+                            since: util::now(),
+                        })
                     }
                     Err(e) if e.is_refused() => {
                         return Permit::Wait(WaitingFor::Lock, e.to_string());
@@ -546,19 +687,16 @@ impl Gatekeeper {
     }
 
     /// After a restart, the lock the state says this node holds: its slot taken up again
-    /// (renewed from now on), or found lost to another node. `Ok(true)` when it is held.
-    pub async fn resume(&mut self, held: &Held) -> Result<bool, String> {
+    /// (renewed from now on, saying the node is in `phase`), or found lost to another node.
+    /// `Ok(true)` when it is held.
+    pub async fn resume(&mut self, held: &Held, phase: SlotPhase) -> Result<bool, String> {
         if self.holding.is_some() {
             return Ok(true);
         }
         let cfg = self.cfg();
         if held.backend != "kubernetes" {
             // A FleetLock is held by the server until steady-state; nothing to renew.
-            self.holding = Some(Holding {
-                held: held.clone(),
-                renew: None,
-                lost: Arc::new(AtomicBool::new(false)),
-            });
+            self.holding = Some(Holding::fleetlock(held.clone()));
             return Ok(true);
         }
         let Some(clients) = self.clients() else {
@@ -566,8 +704,16 @@ impl Gatekeeper {
         };
         self.ensure_watch(&cfg, &clients);
         let lock = self.lease_lock(&cfg, &clients);
-        match lock.acquire().await? {
-            Acquired::Slot { index, resumed } => {
+        *guard::<lease::Doing>(&lock.doing) = lease::Doing {
+            revision: Some(held.revision.to_string()),
+            phase,
+        };
+        match lock.acquire().await.map_err(|e| e.to_string())? {
+            Acquired::Slot {
+                index,
+                resumed,
+                vanished,
+            } => {
                 if !resumed {
                     tracing::warn!(
                         slot = index,
@@ -579,18 +725,21 @@ impl Gatekeeper {
                         "resumed the rollout slot held before the restart"
                     );
                 }
-                let lost = Arc::new(AtomicBool::new(false));
-                let renew = tokio::spawn(renew(lock.clone(), index, Arc::clone(&lost)));
-                self.holding = Some(Holding {
-                    held: Held {
+                self.holding = Some(Holding::lease(
+                    Held {
                         slot: Some(index),
                         ..held.clone()
                     },
-                    renew: Some(renew),
-                    lost,
-                });
+                    lock,
+                    index,
+                    self.changes_tx.clone(),
+                ));
                 self.w.metrics.lock_held(true);
-                Ok(true)
+                self.w.metrics.slot_lost(false);
+                if let Some(v) = vanished {
+                    let _ = self.took_over(&cfg, v, &held.revision).await;
+                }
+                Ok(self.holding.is_some())
             }
             Acquired::Full(holders) => {
                 tracing::warn!(
@@ -603,6 +752,93 @@ impl Gatekeeper {
         }
     }
 
+    /// This node took over a slot from `v`, which stopped renewing it. When `v` was applying or
+    /// verifying a revision, that revision may be what killed it: it is halted cluster-wide
+    /// (`on_holder_lost = "halt"`), and the slot released if it is `revision`, the one this
+    /// node wanted to apply. `Some(wait)` when this node must not go on now; the halt that
+    /// cannot be written yet is owed (written first at the next ask), the slot kept meanwhile.
+    async fn took_over(
+        &mut self,
+        cfg: &Config,
+        v: Vanished,
+        revision: &Revision,
+    ) -> Option<Permit> {
+        let lease = self
+            .holding
+            .as_ref()
+            .and_then(|h| h.held.slot)
+            .map(|i| cfg_slot_lease(cfg, i))
+            .unwrap_or_default();
+        let doing = v.doing.clone().unwrap_or_default();
+        let their: Option<Revision> = doing.revision.as_deref().and_then(|r| r.parse().ok());
+        tracing::warn!(holder = %v.node, lease = %lease, phase = doing.phase.as_str(),
+            revision = their.as_ref().map_or("-", |r| r.short()),
+            "took over a rollout slot whose holder stopped renewing it");
+        let their = their.filter(|_| v.doing.as_ref().is_some_and(|d| d.phase.activating()))?;
+        if cfg.rollout.on_holder_lost == OnHolderLost::Proceed {
+            tracing::warn!(holder = %v.node, revision = %their.short(),
+                "not halting the revision of the vanished holder (rollout.on_holder_lost = \"proceed\")");
+            return None;
+        }
+        let halt = Halt {
+            revision: their.clone(),
+            node: v.node.clone(),
+            probes: BTreeMap::new(),
+            reason: format!(
+                "holder-vanished: {} stopped renewing its rollout slot ({lease}) while {} this \
+                 revision; {} took the slot over. Lifted by itself if {} comes back and its \
+                 gate passes; `ginxctl rollout clear {}` lifts it now",
+                v.node,
+                doing.phase.as_str(),
+                cfg.node_name(),
+                v.node,
+                their.short()
+            ),
+            at: util::now(),
+            cause: HaltCause::HolderVanished,
+        };
+        match self.write_owed_halt(halt).await {
+            Ok(()) => (&their == revision).then(|| {
+                Permit::Wait(
+                    WaitingFor::Halted,
+                    format!(
+                        "revision {} is halted: {} vanished while rolling it out",
+                        their.short(),
+                        v.node
+                    ),
+                )
+            }),
+            Err(e) => Some(self.api_unavailable(
+                cfg,
+                format!(
+                    "cannot halt revision {} of the vanished holder {}: {e}",
+                    their.short(),
+                    v.node
+                ),
+            )),
+        }
+    }
+
+    /// Writes a `holder-vanished` halt (owed until it is written); once written, the slot held
+    /// for that revision is released: this node does not apply it.
+    async fn write_owed_halt(&mut self, halt: Halt) -> Result<(), String> {
+        let revision = halt.revision.clone();
+        let node = halt.node.clone();
+        self.owed_halt = Some(halt.clone());
+        self.halt(halt).await?;
+        self.owed_halt = None;
+        tracing::error!(revision = %revision.short(), holder = %node, reason = "holder-vanished",
+            "revision halted cluster-wide: its holder vanished while rolling it out");
+        if let Some(h) = self.holding.as_ref().map(|h| h.held.clone())
+            && h.revision == revision
+            && let Err(e) = self.release(&h).await
+        {
+            tracing::warn!(error = %e, "cannot release the slot taken over; it expires by itself");
+            self.holding = None;
+        }
+        Ok(())
+    }
+
     /// Releases the lock held; an error leaves it held (the caller tries again).
     pub async fn release(&mut self, held: &Held) -> Result<(), String> {
         let cfg = self.cfg();
@@ -613,8 +849,8 @@ impl Gatekeeper {
                 };
                 let lock = self.lease_lock(&cfg, &clients);
                 match held.slot {
-                    Some(i) => lock.release(i).await,
-                    None => Ok(()),
+                    Some(i) => lock.release(i).await.map_err(|e| e.to_string()),
+                    None => Ok(Released::NotHeld),
                 }
             }
             "fleetlock" => match &cfg.rollout.fleetlock {
@@ -622,7 +858,7 @@ impl Gatekeeper {
                     let group = f.group.clone().unwrap_or_else(|| held.group.clone());
                     match self.fleetlock_client(f, &group, cfg.kubernetes.request_timeout.get()) {
                         Ok(c) => match c.steady_state().await {
-                            Ok(()) => Ok(()),
+                            Ok(()) => Ok(Released::Yes),
                             // poseidon/fleetlock answers 423 to a steady-state from an id
                             // that does not hold the group's slot: there is nothing of this
                             // node's to give back, and asking again would never end.
@@ -631,26 +867,156 @@ impl Gatekeeper {
                             }) => {
                                 tracing::warn!(group = %group, id = c.id(),
                                     "the FleetLock server says another node holds the group's slot; this node holds nothing to release");
-                                Ok(())
+                                Ok(Released::NotHeld)
                             }
                             Err(e) => Err(e.to_string()),
                         },
                         Err(e) => Err(e),
                     }
                 }
-                None => Ok(()),
+                None => Ok(Released::NotHeld),
             },
-            _ => Ok(()),
+            _ => Ok(Released::NotHeld),
         };
-        if result.is_ok() {
-            tracing::info!(backend = %held.backend, group = %held.group, slot = ?held.slot, "rollout lock released");
-            if let Some(i) = held.slot {
+        if let Ok(released) = result {
+            match released {
+                Released::Yes => {
+                    tracing::info!(backend = %held.backend, group = %held.group, slot = ?held.slot, "rollout lock released");
+                }
+                Released::NotHeld if held.backend == "kubernetes" => {
+                    tracing::warn!(group = %held.group, slot = ?held.slot,
+                        "the rollout slot was no longer this node's (lost while held); nothing to release");
+                }
+                Released::NotHeld => {}
+            }
+            if let Some(i) = held.slot
+                && self.holders.get(&i) == Some(&cfg.node_name().to_owned())
+            {
                 self.holders.remove(&i);
             }
             self.holding = None;
             self.w.metrics.lock_held(false);
+            self.w.metrics.slot_lost(false);
         }
-        result
+        result.map(|_| ())
+    }
+
+    /// Fencing: whether this node may start an activation or a reboot now under the slot it
+    /// holds. Its last write of the slot must be younger than a third of `lease_duration` on
+    /// the monotonic clock (so no other node can have judged it expired before the start plus
+    /// two thirds of it); an older one is renewed first. A lost slot starts nothing. Without a
+    /// Lease slot (no lock, bootstrap, FleetLock) there is nothing to fence.
+    pub async fn fence(&mut self) -> Result<(), String> {
+        let Some(h) = &self.holding else {
+            return Ok(());
+        };
+        let Some(lock) = h.lock.clone() else {
+            return Ok(());
+        };
+        let index = h.held.slot.unwrap_or_default();
+        if h.lost.load(Ordering::Relaxed) {
+            return Err(format!(
+                "the rollout slot {} was lost; nothing starts until a slot is taken again",
+                lock.name(index)
+            ));
+        }
+        if h.since_renewal() < lock.duration / 3 {
+            return Ok(());
+        }
+        let renewed = Arc::clone(&h.renewed);
+        let lost = Arc::clone(&h.lost);
+        match lock.renew(index).await {
+            Ok(true) => {
+                *guard::<Instant>(&renewed) = Instant::now();
+                Ok(())
+            }
+            Ok(false) => {
+                mark_lost(
+                    &lock,
+                    index,
+                    &lost,
+                    &self.changes_tx,
+                    "taken by another node",
+                );
+                Err(format!(
+                    "the rollout slot {} was taken by another node",
+                    lock.name(index)
+                ))
+            }
+            Err(e) => Err(format!(
+                "cannot renew the rollout slot {} before starting: {e}",
+                lock.name(index)
+            )),
+        }
+    }
+
+    /// What this node now does with its slot, written on the slot Lease at once (and with
+    /// every renewal).
+    pub async fn set_phase(&mut self, phase: SlotPhase) {
+        let Some(h) = &self.holding else { return };
+        let Some(lock) = h.lock.clone() else { return };
+        let index = h.held.slot.unwrap_or_default();
+        {
+            let mut d = guard::<lease::Doing>(&lock.doing);
+            if d.phase == phase {
+                return;
+            }
+            d.phase = phase;
+        }
+        if h.lost.load(Ordering::Relaxed) {
+            return;
+        }
+        let renewed = Arc::clone(&h.renewed);
+        match lock.renew(index).await {
+            Ok(true) => *guard::<Instant>(&renewed) = Instant::now(),
+            Ok(false) => {
+                let lost = Arc::clone(&h.lost);
+                mark_lost(
+                    &lock,
+                    index,
+                    &lost,
+                    &self.changes_tx,
+                    "taken by another node",
+                );
+            }
+            Err(e) => {
+                tracing::warn!(slot = index, error = %e, phase = phase.as_str(), "cannot write the slot's phase now; the next renewal writes it");
+            }
+        }
+    }
+
+    /// `revision`'s gate passed on this node: a `holder-vanished` halt naming this node is
+    /// lifted (the revision did not kill it; it was cut off).
+    pub async fn lift_vanished(&mut self, revision: &Revision) {
+        let cfg = self.cfg();
+        let halted_here = self
+            .fleet
+            .as_ref()
+            .and_then(|f| f.halt_of(revision))
+            .is_none_or(|h| h.cause == HaltCause::HolderVanished && h.node == cfg.node_name());
+        if !halted_here || !self.can_halt() {
+            return;
+        }
+        let Some(clients) = self.clients() else {
+            return;
+        };
+        let fleet = Fleet::new(
+            clients.main.clone(),
+            &cfg.kubernetes.namespace,
+            &cfg.rollout.configmap,
+        );
+        match fleet.lift_vanished(revision, cfg.node_name()).await {
+            Ok(u) => {
+                if u.changed {
+                    tracing::warn!(revision = %revision.short(),
+                        "lifted the holder-vanished halt of this revision: this node came back and its gate passed");
+                }
+                self.fleet = Some(u.state);
+            }
+            Err(e) => {
+                tracing::warn!(revision = %revision.short(), error = %e, "cannot lift the holder-vanished halt naming this node; `ginxctl rollout clear` lifts it")
+            }
+        }
     }
 
     /// The client for the API (the kubeconfig's server), when there is one.
@@ -659,9 +1025,10 @@ impl Gatekeeper {
     }
 
     /// Before a reboot: the held slot Lease's duration raised to `ttl` (and renewed at a third
-    /// of it from now on), so that other nodes take a rebooting holder for a live one. Nothing
-    /// to do for a FleetLock, which the server holds until steady-state. After the reboot,
-    /// [`resume`](Self::resume) writes the normal duration again.
+    /// of it from now on), its phase `rebooting`, so that other nodes take a rebooting holder
+    /// for a live one. Nothing to do for a FleetLock, which the server holds until
+    /// steady-state. After the reboot, [`resume`](Self::resume) writes the normal duration
+    /// again.
     pub async fn raise_ttl(&mut self, ttl: Duration) -> Result<(), String> {
         let cfg = self.cfg();
         let Some(h) = &self.holding else {
@@ -670,12 +1037,20 @@ impl Gatekeeper {
         let Some(index) = h.held.slot.filter(|_| h.held.backend == "kubernetes") else {
             return Ok(());
         };
+        if h.lost.load(Ordering::Relaxed) {
+            return Err("the rollout slot was lost".into());
+        }
+        let held = h.held.clone();
         let Some(clients) = self.clients() else {
             return Err("no connection to the Kubernetes API".into());
         };
         let mut lock = self.lease_lock(&cfg, &clients);
         lock.duration = ttl;
-        match lock.renew(index).await? {
+        *guard::<lease::Doing>(&lock.doing) = lease::Doing {
+            revision: Some(held.revision.to_string()),
+            phase: SlotPhase::Rebooting,
+        };
+        match lock.renew(index).await.map_err(|e| e.to_string())? {
             true => {}
             false => {
                 return Err(format!(
@@ -684,16 +1059,12 @@ impl Gatekeeper {
                 ));
             }
         }
-        if let Some(h) = self.holding.as_mut() {
-            if let Some(t) = h.renew.take() {
-                t.abort();
-            }
-            h.renew = Some(tokio::spawn(renew(
-                lock.clone(),
-                index,
-                Arc::clone(&h.lost),
-            )));
-        }
+        self.holding = Some(Holding::lease(
+            held,
+            lock.clone(),
+            index,
+            self.changes_tx.clone(),
+        ));
         tracing::info!(slot = index, lease = %lock.name(index), ttl_secs = ttl.as_secs(), "rollout slot's duration raised for the reboot");
         Ok(())
     }
@@ -755,6 +1126,7 @@ impl Gatekeeper {
                         status: p.status,
                         message: p.message.clone(),
                         checked_at: p.checked_at,
+                        checked: p.checked,
                     },
                 )
             })
@@ -772,6 +1144,7 @@ impl Gatekeeper {
                     status,
                     message,
                     checked_at: Some(util::now()),
+                    checked: Some(Instant::now()),
                 },
             );
         }
@@ -798,6 +1171,7 @@ impl Gatekeeper {
                         status,
                         message,
                         checked_at: Some(util::now()),
+                        checked: Some(Instant::now()),
                     };
                     self.last_reach = Some((Instant::now(), c.clone()));
                     c
@@ -820,7 +1194,7 @@ impl Gatekeeper {
     /// which no later failure would count as a regression of). Waits at most
     /// [`FRESH_ROUND`]; a probe slower than that keeps its last result.
     pub async fn baseline_checks(&mut self) -> BTreeMap<String, Check> {
-        let since = util::now();
+        let since = Instant::now();
         self.fast_probes(true);
         // Polled: the health watch wakes nobody for a new `checked_at` alone. Every 2 ms, as
         // this wait is on the way of every apply: at 20 ms it was most of `ginxctl sync` to the
@@ -832,7 +1206,7 @@ impl Gatekeeper {
                 .health
                 .borrow()
                 .iter()
-                .filter(|(_, p)| p.checked_at.is_none_or(|t| t < since))
+                .filter(|(_, p)| p.checked.is_none_or(|t| t < since))
                 .map(|(n, _)| n.clone())
                 .collect();
             if stale.is_empty() {
@@ -854,18 +1228,67 @@ impl Gatekeeper {
     }
 }
 
-/// Renews slot `index` at a third of its duration until aborted.
-async fn renew(lock: LeaseLock, index: u32, lost: Arc<AtomicBool>) {
+/// The slot Lease name of slot `index` of this node's group.
+fn cfg_slot_lease(cfg: &Config, index: u32) -> String {
+    crate::config::RolloutConfig::slot_lease(&cfg.rollout.group_for(cfg.node.role), index)
+}
+
+/// Marks the slot lost (once) and wakes whoever waits on the gatekeeper.
+fn mark_lost(
+    lock: &LeaseLock,
+    index: u32,
+    lost: &AtomicBool,
+    changes: &watch::Sender<u64>,
+    why: &str,
+) {
+    if !lost.swap(true, Ordering::Relaxed) {
+        tracing::error!(slot = index, lease = %lock.name(index), why,
+            "the rollout slot was lost: nothing new starts until a slot is taken again; an activation or gate under way finishes and is reported");
+        changes.send_modify(|n| *n = n.wrapping_add(1));
+    }
+}
+
+/// Renews slot `index` at a third of its duration until aborted. The slot is lost when a
+/// renewal finds another holder, or when no renewal succeeded for the slot's duration (by
+/// then another node may have taken it, and it cannot be known until the API answers).
+async fn renew(
+    lock: LeaseLock,
+    index: u32,
+    renewed: Arc<Mutex<Instant>>,
+    lost: Arc<AtomicBool>,
+    changes: watch::Sender<u64>,
+) {
     let every = lock.duration / 3;
     loop {
         tokio::time::sleep(every).await;
-        match lock.renew(index).await {
-            Ok(true) => lost.store(false, Ordering::Relaxed),
-            Ok(false) => {
-                if !lost.swap(true, Ordering::Relaxed) {
-                    tracing::error!(slot = index, lease = %lock.name(index),
-                        "the rollout slot was taken by another node (it expired: ginx could not renew it in time)");
-                }
+        if lost.load(Ordering::Relaxed) {
+            // Lost for good: this node never writes the slot again (taking one again is a new
+            // acquire).
+            return;
+        }
+        let result = lock.renew(index).await;
+        let age = guard::<Instant>(&renewed).elapsed();
+        match result {
+            Ok(true) if age < lock.duration => *guard::<Instant>(&renewed) = Instant::now(),
+            // Renewed, but only after the slot could have expired for others: whether another
+            // node took and released it meanwhile cannot be told, so it counts as lost.
+            Ok(true) => mark_lost(
+                &lock,
+                index,
+                &lost,
+                &changes,
+                "not renewed for its duration",
+            ),
+            Ok(false) => mark_lost(&lock, index, &lost, &changes, "taken by another node"),
+            Err(e) if age >= lock.duration => {
+                tracing::warn!(slot = index, error = %e, "cannot renew the rollout slot");
+                mark_lost(
+                    &lock,
+                    index,
+                    &lost,
+                    &changes,
+                    "not renewed for its duration",
+                );
             }
             Err(e) => {
                 tracing::warn!(slot = index, error = %e, "cannot renew the rollout slot; trying again")
@@ -877,6 +1300,7 @@ async fn renew(lock: LeaseLock, index: u32, lost: Arc<AtomicBool>) {
 /// `rollout.gate.command`: exit 0 within `timeout` is healthy.
 async fn run_command(argv: &[String], timeout: Duration) -> Check {
     let now = util::now();
+    let started = Instant::now();
     let mut cmd = tokio::process::Command::new(&argv[0]);
     cmd.args(&argv[1..])
         .stdin(std::process::Stdio::null())
@@ -911,5 +1335,6 @@ async fn run_command(argv: &[String], timeout: Duration) -> Check {
         status,
         message,
         checked_at: Some(now),
+        checked: Some(started),
     }
 }

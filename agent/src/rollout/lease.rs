@@ -2,48 +2,165 @@
 //! heartbeat Lease, labelled with their group, holder the node name.
 //!
 //! Taking a slot is a create, or a PUT carrying the `resourceVersion` read, of a slot that is
-//! free; a 409 means another node won it, and the slots are read again. Renewing re-reads the
-//! Lease and PUTs a new `renewTime` only while the node is still its holder. Releasing clears
-//! the holder. The slots are watched (list, then watch from its `resourceVersion`), so that a
-//! waiting node hears of a release at once instead of polling.
+//! free; a 409 means another node won it, and the slots are read again. Whether another node's
+//! slot expired is judged by how long this node has seen it unchanged, on its own monotonic
+//! clock ([`Observed`]), never by its `renewTime`. Renewing re-reads the Lease and PUTs a new
+//! `renewTime` only while the node is still its holder. Releasing clears the holder. The slots
+//! are watched (list, then watch from its `resourceVersion`), so that a waiting node hears of a
+//! release at once instead of polling.
+//!
+//! A slot Lease also says what its holder is doing with it (annotations [`REVISION_ANNOTATION`]
+//! and [`PHASE_ANNOTATION`]), so that a node taking over a slot whose holder vanished while
+//! applying or verifying a revision knows which revision to halt.
 
 use std::collections::BTreeMap;
-use std::time::Duration;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
 
 use futures_util::StreamExt;
 use k8s_openapi::api::coordination::v1::{Lease, LeaseSpec};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{MicroTime, ObjectMeta};
 use kube::Api;
-use kube::api::{ListParams, PostParams, WatchEvent, WatchParams};
+use kube::api::{ListParams, WatchEvent, WatchParams};
 use tokio::sync::watch;
 
-use super::slots::{self, Choice, Slot};
+use super::slots::{self, Choice, Observed, Slot};
 use crate::config::RolloutConfig;
-use crate::types::api::{code, describe};
+use crate::types::api::{code, describe, post_params, refusal, unavailable};
 
 /// The label that marks a slot Lease and names its group.
 pub const GROUP_LABEL: &str = "ginx.io/rollout-group";
+/// The revision the holder of a slot is rolling out (full commit id).
+pub const REVISION_ANNOTATION: &str = "ginx.io/revision";
+/// What the holder of a slot is doing: `applying`, `verifying`, `rebooting` or `done`.
+pub const PHASE_ANNOTATION: &str = "ginx.io/phase";
 
 /// Attempts at a slot when other nodes keep winning the race.
 const MAX_RACES: u32 = 5;
 
+/// What a holder does with its slot.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum SlotPhase {
+    /// Taken for an activation: from the gate's baseline to the activation's end.
+    #[default]
+    Applying,
+    /// The health gate after the activation.
+    Verifying,
+    /// Draining and rebooting (the Lease's duration is `reboot.lock_ttl`).
+    Rebooting,
+    /// The gate passed; the slot is about to be released.
+    Done,
+}
+
+impl SlotPhase {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            SlotPhase::Applying => "applying",
+            SlotPhase::Verifying => "verifying",
+            SlotPhase::Rebooting => "rebooting",
+            SlotPhase::Done => "done",
+        }
+    }
+
+    pub fn parse(s: &str) -> Option<Self> {
+        Some(match s {
+            "applying" => SlotPhase::Applying,
+            "verifying" => SlotPhase::Verifying,
+            "rebooting" => SlotPhase::Rebooting,
+            "done" => SlotPhase::Done,
+            _ => return None,
+        })
+    }
+
+    /// Whether a holder that vanished in this phase may have left a revision that kills nodes.
+    pub fn activating(self) -> bool {
+        matches!(self, SlotPhase::Applying | SlotPhase::Verifying)
+    }
+}
+
+/// What the holder of a slot says it is doing.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Doing {
+    pub revision: Option<String>,
+    pub phase: SlotPhase,
+}
+
+impl Doing {
+    fn of(lease: &Lease) -> Option<Self> {
+        let a = lease.metadata.annotations.as_ref()?;
+        Some(Self {
+            revision: a.get(REVISION_ANNOTATION).cloned(),
+            phase: SlotPhase::parse(a.get(PHASE_ANNOTATION)?)?,
+        })
+    }
+}
+
+/// The holder of a slot this node took over because it expired (not released).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Vanished {
+    pub node: String,
+    /// What it said it was doing, if it said.
+    pub doing: Option<Doing>,
+}
+
 /// What came of asking for a slot.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Acquired {
-    /// Held: newly taken, or resumed.
-    Slot { index: u32, resumed: bool },
+    /// Held: newly taken (from a holder that vanished, if any), or resumed.
+    Slot {
+        index: u32,
+        resumed: bool,
+        vanished: Option<Vanished>,
+    },
     /// All slots held; slot → holder.
     Full(BTreeMap<u32, String>),
+}
+
+/// A request about the slots that failed.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum LockError {
+    /// The API is away (transport, timeout, 5xx): waiting mends it.
+    Unavailable(String),
+    /// The API refused the request (401, 403, 404, 422): a configuration error.
+    Refused(String),
+}
+
+impl LockError {
+    pub fn message(&self) -> &str {
+        match self {
+            LockError::Unavailable(m) | LockError::Refused(m) => m,
+        }
+    }
+}
+
+impl std::fmt::Display for LockError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.message())
+    }
+}
+
+/// How a release ended.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Released {
+    /// This node held the slot and cleared its holder.
+    Yes,
+    /// The slot was not this node's any more (taken over after it expired): nothing released.
+    NotHeld,
 }
 
 /// One group's slots, seen from one node.
 #[derive(Clone)]
 pub struct LeaseLock {
     api: Api<Lease>,
+    namespace: String,
     pub group: String,
     pub node: String,
     pub max: u32,
     pub duration: Duration,
+    /// What this node does with its slot, written with every take and renewal.
+    pub doing: Arc<Mutex<Doing>>,
+    /// When this node saw each slot Lease change (shared by every lock of the process).
+    seen: Arc<Mutex<Observed>>,
 }
 
 impl LeaseLock {
@@ -53,18 +170,26 @@ impl LeaseLock {
         group: &str,
         node: &str,
         cfg: &RolloutConfig,
+        seen: Arc<Mutex<Observed>>,
     ) -> Self {
         Self {
             api: Api::namespaced(client, namespace),
+            namespace: namespace.to_owned(),
             group: group.to_owned(),
             node: node.to_owned(),
             max: cfg.max_concurrent,
             duration: cfg.lease_duration.get(),
+            doing: Arc::default(),
+            seen,
         }
     }
 
     pub fn name(&self, index: u32) -> String {
         RolloutConfig::slot_lease(&self.group, index)
+    }
+
+    fn prefix(&self) -> String {
+        format!("ginx-rollout-{}-", self.group)
     }
 
     fn selector(&self) -> String {
@@ -81,7 +206,7 @@ impl LeaseLock {
             .api
             .list(&ListParams::default().labels(&self.selector()))
             .await?;
-        let prefix = format!("ginx-rollout-{}-", self.group);
+        let prefix = self.prefix();
         Ok(list
             .items
             .into_iter()
@@ -98,18 +223,24 @@ impl LeaseLock {
             .collect())
     }
 
-    /// The slots as [`slots::choose`] sees them.
-    pub fn view(leases: &BTreeMap<u32, Lease>) -> Vec<Slot> {
+    /// The slots as [`slots::choose`] sees them, each aged by how long this node has seen it
+    /// unchanged as of `now` (and the observations brought up to date).
+    pub fn view(&self, leases: &BTreeMap<u32, Lease>, now: Instant) -> Vec<Slot> {
+        let mut seen = self.seen.lock().unwrap_or_else(|e| e.into_inner());
+        let names: Vec<String> = leases.keys().map(|i| self.name(*i)).collect();
+        seen.retain(
+            &self.prefix(),
+            &names.iter().map(String::as_str).collect::<Vec<_>>(),
+        );
         leases
             .iter()
             .map(|(i, l)| {
                 let spec = l.spec.as_ref();
+                let rv = l.metadata.resource_version.as_deref().unwrap_or("");
                 Slot {
                     index: *i,
                     holder: spec.and_then(|s| s.holder_identity.clone()),
-                    renewed: spec
-                        .and_then(|s| s.renew_time.as_ref().or(s.acquire_time.as_ref()))
-                        .map(|t| t.0),
+                    unchanged_for: seen.unchanged_for(&self.name(*i), rv, now),
                     duration: Duration::from_secs(
                         spec.and_then(|s| s.lease_duration_seconds)
                             .and_then(|d| u64::try_from(d).ok())
@@ -121,19 +252,20 @@ impl LeaseLock {
     }
 
     /// Takes a free slot, or resumes the one this node holds.
-    pub async fn acquire(&self) -> Result<Acquired, String> {
+    pub async fn acquire(&self) -> Result<Acquired, LockError> {
         for _ in 0..MAX_RACES {
             let leases = self.read().await.map_err(|e| self.error("list", &e))?;
-            let now = jiff::Timestamp::now();
-            let index = match slots::choose(&Self::view(&leases), &self.node, self.max, now) {
+            let view = self.view(&leases, Instant::now());
+            let index = match slots::choose(&view, &self.node, self.max) {
                 Choice::Full(holders) => return Ok(Acquired::Full(holders)),
                 Choice::Held(i) => {
                     // Ours already: renew it at once, so that it cannot expire under us now.
-                    match self.write(i, leases.get(&i).cloned(), now, true).await {
+                    match self.write(i, leases.get(&i).cloned(), true).await {
                         Ok(()) => {
                             return Ok(Acquired::Slot {
                                 index: i,
                                 resumed: true,
+                                vanished: None,
                             });
                         }
                         Err(None) => continue,
@@ -142,14 +274,20 @@ impl LeaseLock {
                 }
                 Choice::Take(i) => i,
             };
-            match self
-                .write(index, leases.get(&index).cloned(), now, false)
-                .await
-            {
+            let vanished = view
+                .iter()
+                .find(|s| s.index == index)
+                .and_then(Slot::expired_holder)
+                .map(|node| Vanished {
+                    node: node.to_owned(),
+                    doing: leases.get(&index).and_then(Doing::of),
+                });
+            match self.write(index, leases.get(&index).cloned(), false).await {
                 Ok(()) => {
                     return Ok(Acquired::Slot {
                         index,
                         resumed: false,
+                        vanished,
                     });
                 }
                 // Another node won that slot: look again, and try the next one.
@@ -157,10 +295,21 @@ impl LeaseLock {
                 Err(Some(e)) => return Err(e),
             }
         }
-        Err(format!(
+        Err(LockError::Unavailable(format!(
             "the slots of group {} kept changing under ginx ({MAX_RACES} races lost in a row)",
             self.group
-        ))
+        )))
+    }
+
+    /// The Lease's annotations with what this node is doing.
+    fn annotate(&self, meta: &mut ObjectMeta) {
+        let doing = self.doing.lock().unwrap_or_else(|e| e.into_inner()).clone();
+        let a = meta.annotations.get_or_insert_with(BTreeMap::new);
+        match doing.revision {
+            Some(r) => a.insert(REVISION_ANNOTATION.to_owned(), r),
+            None => a.remove(REVISION_ANNOTATION),
+        };
+        a.insert(PHASE_ANNOTATION.to_owned(), doing.phase.as_str().to_owned());
     }
 
     /// Creates slot `index`, or PUTs it on the `resourceVersion` read. `Err(None)`: a 409.
@@ -168,14 +317,13 @@ impl LeaseLock {
         &self,
         index: u32,
         existing: Option<Lease>,
-        now: jiff::Timestamp,
         keep: bool,
-    ) -> Result<(), Option<String>> {
-        let now = MicroTime(now);
+    ) -> Result<(), Option<LockError>> {
+        let now = MicroTime(jiff::Timestamp::now());
         let name = self.name(index);
         let result = match existing {
             None => {
-                let lease = Lease {
+                let mut lease = Lease {
                     metadata: ObjectMeta {
                         name: Some(name.clone()),
                         labels: Some([(GROUP_LABEL.to_owned(), self.group.clone())].into()),
@@ -190,12 +338,11 @@ impl LeaseLock {
                         ..LeaseSpec::default()
                     }),
                 };
-                self.api
-                    .create(&PostParams::default(), &lease)
-                    .await
-                    .map(|_| ())
+                self.annotate(&mut lease.metadata);
+                self.api.create(&post_params(), &lease).await.map(|_| ())
             }
             Some(mut lease) => {
+                self.annotate(&mut lease.metadata);
                 let spec = lease.spec.get_or_insert_with(LeaseSpec::default);
                 if !keep {
                     spec.acquire_time = Some(now.clone());
@@ -205,7 +352,7 @@ impl LeaseLock {
                 spec.lease_duration_seconds = Some(self.duration_secs());
                 spec.renew_time = Some(now);
                 self.api
-                    .replace(&name, &PostParams::default(), &lease)
+                    .replace(&name, &post_params(), &lease)
                     .await
                     .map(|_| ())
             }
@@ -219,7 +366,7 @@ impl LeaseLock {
 
     /// Renews slot `index`; `Ok(false)` when this node is no longer its holder (it expired
     /// and another node took it).
-    pub async fn renew(&self, index: u32) -> Result<bool, String> {
+    pub async fn renew(&self, index: u32) -> Result<bool, LockError> {
         for _ in 0..MAX_RACES {
             let name = self.name(index);
             let lease = self
@@ -235,23 +382,20 @@ impl LeaseLock {
             if holder != Some(self.node.as_str()) {
                 return Ok(false);
             }
-            match self
-                .write(index, Some(lease), jiff::Timestamp::now(), true)
-                .await
-            {
+            match self.write(index, Some(lease), true).await {
                 Ok(()) => return Ok(true),
                 Err(None) => continue,
                 Err(Some(e)) => return Err(e),
             }
         }
-        Err(format!(
+        Err(LockError::Unavailable(format!(
             "slot Lease {} kept changing under ginx",
             self.name(index)
-        ))
+        )))
     }
 
     /// Clears the holder of slot `index` if it is this node.
-    pub async fn release(&self, index: u32) -> Result<(), String> {
+    pub async fn release(&self, index: u32) -> Result<Released, LockError> {
         let name = self.name(index);
         for _ in 0..MAX_RACES {
             let lease = self
@@ -260,35 +404,37 @@ impl LeaseLock {
                 .await
                 .map_err(|e| self.error("get", &e))?;
             let Some(mut lease) = lease else {
-                return Ok(());
+                return Ok(Released::NotHeld);
             };
             let spec = lease.spec.get_or_insert_with(LeaseSpec::default);
             if spec.holder_identity.as_deref() != Some(self.node.as_str()) {
-                return Ok(());
+                return Ok(Released::NotHeld);
             }
             spec.holder_identity = None;
-            match self
-                .api
-                .replace(&name, &PostParams::default(), &lease)
-                .await
-            {
-                Ok(_) => return Ok(()),
+            if let Some(a) = lease.metadata.annotations.as_mut() {
+                a.remove(REVISION_ANNOTATION);
+                a.remove(PHASE_ANNOTATION);
+            }
+            match self.api.replace(&name, &post_params(), &lease).await {
+                Ok(_) => return Ok(Released::Yes),
                 Err(e) if code(&e) == Some(409) => continue,
                 Err(e) => return Err(self.error("update", &e)),
             }
         }
-        Err(format!("slot Lease {name} kept changing under ginx"))
+        Err(LockError::Unavailable(format!(
+            "slot Lease {name} kept changing under ginx"
+        )))
     }
 
-    fn error(&self, verb: &str, e: &kube::Error) -> String {
-        match code(e) {
-            Some(403) => format!(
-                "rollout lock (group {}): {}; ginx needs {verb} on leases — apply \
-                 packaging/kubernetes/rbac.yaml",
-                self.group,
-                describe(e)
-            ),
-            _ => format!("rollout lock (group {}): {}", self.group, describe(e)),
+    fn error(&self, verb: &str, e: &kube::Error) -> LockError {
+        let what = format!("rollout lock (group {})", self.group);
+        if unavailable(e) {
+            LockError::Unavailable(format!("{what}: {}", describe(e)))
+        } else {
+            LockError::Refused(format!(
+                "{what}: {}",
+                refusal(verb, &format!("leases in namespace {}", self.namespace), e)
+            ))
         }
     }
 

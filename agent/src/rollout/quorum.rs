@@ -8,7 +8,7 @@ use kube::Api;
 use kube::api::ListParams;
 
 use crate::config::Config;
-use crate::types::api::{KubeClients, code, describe, readyz};
+use crate::types::api::{KubeClients, describe, readyz};
 
 /// The label kubeadm puts on control-plane nodes.
 pub const CONTROL_PLANE_LABEL: &str = "node-role.kubernetes.io/control-plane";
@@ -85,16 +85,25 @@ pub fn blockers(nodes: &[NodeFacts], me: &str, group: &str, condition: &str) -> 
 
 /// Checks the guard against the API: `Ok(None)` passes, `Ok(Some(reason))` waits, `Err` means
 /// the API could not be asked.
-pub async fn check(clients: &KubeClients, cfg: &Config) -> Result<Option<String>, String> {
+pub async fn check(
+    clients: &KubeClients,
+    cfg: &Config,
+) -> Result<Option<String>, super::lease::LockError> {
     let nodes = Api::<Node>::all(clients.main.clone())
         .list(&ListParams::default())
         .await
-        .map_err(|e| match code(&e) {
-            Some(403) => format!(
-                "quorum guard: {}; ginx needs list on nodes — apply packaging/kubernetes/rbac.yaml",
-                describe(&e)
-            ),
-            _ => format!("quorum guard: cannot list the nodes: {}", describe(&e)),
+        .map_err(|e| {
+            if crate::types::api::unavailable(&e) {
+                super::lease::LockError::Unavailable(format!(
+                    "quorum guard: cannot list the nodes: {}",
+                    describe(&e)
+                ))
+            } else {
+                super::lease::LockError::Refused(format!(
+                    "quorum guard: {}",
+                    crate::types::api::refusal("list", "nodes", &e)
+                ))
+            }
         })?;
     let facts: Vec<NodeFacts> = nodes.items.iter().map(|n| NodeFacts::of(n, cfg)).collect();
     let group = cfg.rollout.group_for(cfg.node.role);

@@ -1,31 +1,78 @@
-//! Which slot Lease to take, as a pure function of the slots as read.
+//! Which slot Lease to take, as a pure function of the slots as read, and how long this node
+//! has seen each of them unchanged.
 //!
-//! A slot is free when it does not exist, has no holder (released), or was not renewed within
-//! its duration (expired: its holder is gone). A node that already holds a slot keeps that one
-//! (after a restart it resumes, never taking a second). Otherwise it takes the lowest free
-//! slot, and only while fewer than `max` nodes hold one.
+//! A slot is free when it does not exist, has no holder (released), or this node has seen it
+//! unchanged (the same `resourceVersion`) for its `leaseDurationSeconds` on its own monotonic
+//! clock (expired: its holder stopped renewing). That is client-go's leader-election rule:
+//! another node's `renewTime` is never compared with this node's wall clock, so a clock that is
+//! minutes off on either side neither takes a live slot nor keeps a dead one. A node that
+//! already holds a slot keeps that one (after a restart it resumes, never taking a second).
+//! Otherwise it takes the lowest free slot, and only while fewer than `max` nodes hold one.
 
-use std::collections::BTreeMap;
-use std::time::Duration;
-
-use jiff::Timestamp;
+use std::collections::{BTreeMap, HashMap};
+use std::time::{Duration, Instant};
 
 /// A slot Lease as read from the API.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Slot {
     pub index: u32,
     pub holder: Option<String>,
-    pub renewed: Option<Timestamp>,
+    /// How long this node has seen the Lease unchanged (see [`Observed`]).
+    pub unchanged_for: Duration,
     pub duration: Duration,
 }
 
 impl Slot {
-    /// The live holder: set and renewed within the duration.
-    pub fn live_holder(&self, now: Timestamp) -> Option<&str> {
+    /// The live holder: set, and not seen unchanged for the Lease's duration.
+    pub fn live_holder(&self) -> Option<&str> {
         let holder = self.holder.as_deref().filter(|h| !h.is_empty())?;
-        let renewed = self.renewed?;
-        let age = now.duration_since(renewed);
-        (age.is_negative() || age.unsigned_abs() < self.duration).then_some(holder)
+        (self.unchanged_for < self.duration).then_some(holder)
+    }
+
+    /// Whether the slot has a holder that stopped renewing it (not released: expired).
+    pub fn expired_holder(&self) -> Option<&str> {
+        let holder = self.holder.as_deref().filter(|h| !h.is_empty())?;
+        (self.unchanged_for >= self.duration).then_some(holder)
+    }
+}
+
+/// When this node first saw each Lease at its current `resourceVersion`, on the monotonic
+/// clock. A Lease seen for the first time (after a start of ginx, or a change) counts as just
+/// renewed: its holder gets a whole duration from now, which errs on the side of waiting.
+#[derive(Debug, Default)]
+pub struct Observed {
+    seen: HashMap<String, (String, Instant)>,
+}
+
+impl Observed {
+    /// How long `name` has been seen at `resource_version`, as of `now`.
+    pub fn unchanged_for(&mut self, name: &str, resource_version: &str, now: Instant) -> Duration {
+        match self.seen.get(name) {
+            Some((rv, since)) if rv == resource_version => now.saturating_duration_since(*since),
+            _ => {
+                self.seen
+                    .insert(name.to_owned(), (resource_version.to_owned(), now));
+                Duration::ZERO
+            }
+        }
+    }
+
+    /// Like [`unchanged_for`](Self::unchanged_for), but `None` when this is the first sight of
+    /// `name` at `resource_version` (nothing is known of its age yet).
+    pub fn age(&mut self, name: &str, resource_version: &str, now: Instant) -> Option<Duration> {
+        let known = self
+            .seen
+            .get(name)
+            .is_some_and(|(rv, _)| rv == resource_version);
+        let d = self.unchanged_for(name, resource_version, now);
+        known.then_some(d)
+    }
+
+    /// Forgets the Leases of `prefix` not in `names` (deleted ones), so the table stays as
+    /// small as the Leases that exist.
+    pub fn retain(&mut self, prefix: &str, names: &[&str]) {
+        self.seen
+            .retain(|n, _| !n.starts_with(prefix) || names.contains(&n.as_str()));
     }
 }
 
@@ -40,14 +87,14 @@ pub enum Choice {
 }
 
 /// `slots` are the group's Leases that exist (any index); `max` the slots allowed.
-pub fn choose(slots: &[Slot], node: &str, max: u32, now: Timestamp) -> Choice {
+pub fn choose(slots: &[Slot], node: &str, max: u32) -> Choice {
     // Ours even if it expired: nobody took it over, so the lock never left this node.
     if let Some(s) = slots.iter().find(|s| s.holder.as_deref() == Some(node)) {
         return Choice::Held(s.index);
     }
     let holders: BTreeMap<u32, String> = slots
         .iter()
-        .filter_map(|s| s.live_holder(now).map(|h| (s.index, h.to_owned())))
+        .filter_map(|s| s.live_holder().map(|h| (s.index, h.to_owned())))
         .collect();
     if holders.len() >= max as usize {
         return Choice::Full(holders);
@@ -62,74 +109,90 @@ pub fn choose(slots: &[Slot], node: &str, max: u32, now: Timestamp) -> Choice {
 mod tests {
     use super::*;
 
-    fn t(s: i64) -> Timestamp {
-        Timestamp::from_second(1_800_000_000 + s).unwrap()
-    }
-
-    fn slot(index: u32, holder: Option<&str>, renewed: i64) -> Slot {
+    /// A slot seen unchanged for `unchanged` seconds, of duration 60 s.
+    fn slot(index: u32, holder: Option<&str>, unchanged: u64) -> Slot {
         Slot {
             index,
             holder: holder.map(str::to_owned),
-            renewed: Some(t(renewed)),
+            unchanged_for: Duration::from_secs(unchanged),
             duration: Duration::from_secs(60),
         }
     }
 
     #[test]
     fn no_leases_yet_takes_slot_zero() {
-        assert_eq!(choose(&[], "lucy", 1, t(0)), Choice::Take(0));
+        assert_eq!(choose(&[], "lucy", 1), Choice::Take(0));
     }
 
     #[test]
     fn a_held_slot_is_full_and_names_the_holder() {
-        let s = [slot(0, Some("makise"), 0)];
+        let s = [slot(0, Some("makise"), 10)];
         assert_eq!(
-            choose(&s, "lucy", 1, t(10)),
+            choose(&s, "lucy", 1),
             Choice::Full([(0, "makise".to_owned())].into())
         );
     }
 
     #[test]
     fn a_released_slot_is_free() {
-        assert_eq!(
-            choose(&[slot(0, None, 0)], "lucy", 1, t(10)),
-            Choice::Take(0)
-        );
-        assert_eq!(
-            choose(&[slot(0, Some(""), 0)], "lucy", 1, t(10)),
-            Choice::Take(0)
-        );
+        assert_eq!(choose(&[slot(0, None, 0)], "lucy", 1), Choice::Take(0));
+        assert_eq!(choose(&[slot(0, Some(""), 0)], "lucy", 1), Choice::Take(0));
+        assert_eq!(slot(0, None, 600).expired_holder(), None);
     }
 
     #[test]
-    fn an_expired_slot_is_free() {
-        let s = [slot(0, Some("makise"), 0)];
-        assert_eq!(choose(&s, "lucy", 1, t(60)), Choice::Take(0));
-        assert!(matches!(choose(&s, "lucy", 1, t(59)), Choice::Full(_)));
+    fn a_slot_seen_unchanged_for_its_duration_is_free() {
+        let s = [slot(0, Some("makise"), 60)];
+        assert_eq!(choose(&s, "lucy", 1), Choice::Take(0));
+        assert_eq!(s[0].expired_holder(), Some("makise"));
+        let s = [slot(0, Some("makise"), 59)];
+        assert!(matches!(choose(&s, "lucy", 1), Choice::Full(_)));
+        assert_eq!(s[0].expired_holder(), None);
     }
 
     #[test]
     fn the_own_slot_is_resumed_not_a_second_taken() {
-        let s = [slot(0, Some("makise"), 0), slot(1, Some("lucy"), -500)];
-        assert_eq!(choose(&s, "lucy", 3, t(10)), Choice::Held(1));
+        let s = [slot(0, Some("makise"), 0), slot(1, Some("lucy"), 500)];
+        assert_eq!(choose(&s, "lucy", 3), Choice::Held(1));
     }
 
     #[test]
     fn the_lowest_free_slot_is_taken_while_fewer_than_max_hold() {
         let s = [slot(0, Some("a"), 0), slot(2, Some("b"), 0)];
-        assert_eq!(choose(&s, "lucy", 3, t(1)), Choice::Take(1));
+        assert_eq!(choose(&s, "lucy", 3), Choice::Take(1));
         let full = [
             slot(0, Some("a"), 0),
             slot(1, Some("b"), 0),
             slot(2, Some("c"), 0),
         ];
-        assert!(matches!(choose(&full, "lucy", 3, t(1)), Choice::Full(h) if h.len() == 3));
+        assert!(matches!(choose(&full, "lucy", 3), Choice::Full(h) if h.len() == 3));
     }
 
     #[test]
     fn holders_above_a_lowered_max_still_count() {
         // max_concurrent went from 3 to 1 while slot 2 was held.
         let s = [slot(2, Some("a"), 0)];
-        assert!(matches!(choose(&s, "lucy", 1, t(1)), Choice::Full(_)));
+        assert!(matches!(choose(&s, "lucy", 1), Choice::Full(_)));
+    }
+
+    #[test]
+    fn a_lease_counts_from_when_this_node_saw_its_version_and_a_change_starts_again() {
+        let mut o = Observed::default();
+        let t0 = Instant::now();
+        let s = |n: u64| t0 + Duration::from_secs(n);
+        // First sight: just renewed, whatever its renewTime says.
+        assert_eq!(o.unchanged_for("l", "1", s(0)), Duration::ZERO);
+        assert_eq!(o.unchanged_for("l", "1", s(30)), Duration::from_secs(30));
+        // Renewed: a new resourceVersion starts the count again.
+        assert_eq!(o.unchanged_for("l", "2", s(31)), Duration::ZERO);
+        assert_eq!(o.unchanged_for("l", "2", s(40)), Duration::from_secs(9));
+        // A deleted Lease is forgotten; one of another prefix is kept.
+        o.unchanged_for("other", "7", s(0));
+        o.retain("l", &[]);
+        assert_eq!(o.unchanged_for("l", "2", s(50)), Duration::ZERO);
+        assert_eq!(
+            o.unchanged_for("other", "7", s(50)),
+            Duration::from_secs(50)
+        );
     }
 }

@@ -40,6 +40,10 @@ pub struct ProbeStatus {
     /// When `status` last changed.
     pub since: Option<Timestamp>,
     pub checked_at: Option<Timestamp>,
+    /// When it was last run, on the monotonic clock (what the health gate compares; not
+    /// shown).
+    #[serde(skip)]
+    pub checked: Option<std::time::Instant>,
 }
 
 pub type HealthMap = BTreeMap<String, ProbeStatus>;
@@ -77,6 +81,7 @@ mod tests {
             message: String::new(),
             since: None,
             checked_at: None,
+            checked: None,
         }
     }
 

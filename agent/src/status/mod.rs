@@ -29,7 +29,7 @@ pub use health::{HealthMap, HealthStatus, Overall, ProbeStatus, overall};
 pub use kubeadm::KubeadmStatus;
 pub use kubernetes::{KubeState, KubeStatus};
 pub use rollout::{
-    ClusterNode, ClusterView, FleetEvent, FleetState, GateProgress, Halt, Pause, Phase,
+    ClusterNode, ClusterView, FleetEvent, FleetState, GateProgress, Halt, HaltCause, Pause, Phase,
     RebootStatus, RolloutStatus, WaitingFor, WindowStatus,
 };
 pub use source::{Refused, RemoteStatus, Signed, SourceStatus};
@@ -102,6 +102,7 @@ impl Parts {
                     message: format!("{}; nothing is applied until it can be written", w.error),
                     since: Some(w.since),
                     checked_at: None,
+                    checked: None,
                 },
             );
         }

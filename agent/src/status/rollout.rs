@@ -32,6 +32,9 @@ pub enum WaitingFor {
     Pods,
     /// The reboot command failed; it runs again.
     Reboot,
+    /// The API refused a request (401, 403, 404, 422): an error of configuration, which
+    /// `on_api_unavailable = "proceed"` never applies past.
+    Refused,
 }
 
 impl WaitingFor {
@@ -46,6 +49,7 @@ impl WaitingFor {
             WaitingFor::Window => "window",
             WaitingFor::Pods => "pods",
             WaitingFor::Reboot => "reboot",
+            WaitingFor::Refused => "refused",
         }
     }
 }
@@ -75,6 +79,9 @@ pub enum Phase {
     Draining,
     /// The reboot command ran; the node is going down.
     Rebooting,
+    /// The slot this node held was lost (taken by another node, or not renewed for its
+    /// duration): nothing new starts until a slot is taken again.
+    Lost,
 }
 
 impl Phase {
@@ -92,6 +99,7 @@ impl Phase {
             Phase::RolledBack => "rolled-back",
             Phase::Draining => "draining",
             Phase::Rebooting => "rebooting",
+            Phase::Lost => "lost",
         }
     }
 }
@@ -116,12 +124,41 @@ pub struct GateProgress {
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Halt {
     pub revision: Revision,
-    /// The node whose gate failed.
+    /// The node whose gate failed, or that vanished while applying or verifying it.
     pub node: String,
     /// The failing probes and their messages.
     pub probes: BTreeMap<String, String>,
     pub reason: String,
     pub at: Timestamp,
+    /// Why: absent for a failed gate (and in halts written before the field existed).
+    #[serde(default, skip_serializing_if = "HaltCause::is_gate_failed")]
+    pub cause: HaltCause,
+}
+
+/// Why a revision is halted.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum HaltCause {
+    /// Its health gate failed on `node`.
+    #[default]
+    GateFailed,
+    /// `node` held a slot while applying or verifying it and stopped renewing it (died, lost
+    /// its network, or was cut off); the node that took the slot over halted it. Lifted by
+    /// itself when `node` comes back and its gate passes.
+    HolderVanished,
+}
+
+impl HaltCause {
+    pub fn is_gate_failed(&self) -> bool {
+        *self == HaltCause::GateFailed
+    }
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            HaltCause::GateFailed => "gate-failed",
+            HaltCause::HolderVanished => "holder-vanished",
+        }
+    }
 }
 
 /// `ginxctl rollout pause`: no node starts applying until `resume`.

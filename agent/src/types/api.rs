@@ -84,3 +84,57 @@ pub async fn readyz(client: &kube::Client) -> Result<(), String> {
         Err(e) => Err(format!("unreachable: {}", describe(&e))),
     }
 }
+
+/// The field manager of every write ginx makes: the API server stamps each write's time in
+/// `managedFields` under it, which the admission policies read as the server's clock.
+pub const FIELD_MANAGER: &str = "ginx";
+
+/// `PostParams` with ginx's field manager.
+pub fn post_params() -> kube::api::PostParams {
+    kube::api::PostParams {
+        dry_run: false,
+        field_manager: Some(FIELD_MANAGER.to_owned()),
+    }
+}
+
+/// `PatchParams` (merge and strategic patches) with ginx's field manager.
+pub fn patch_params() -> kube::api::PatchParams {
+    kube::api::PatchParams {
+        field_manager: Some(FIELD_MANAGER.to_owned()),
+        ..kube::api::PatchParams::default()
+    }
+}
+
+/// Whether `e` means the API is unavailable (a transport error, a timeout, a 5xx, or a 429
+/// that kube-rs's retries did not get past), as opposed to a request the API refused (401,
+/// 403, 404, 422, …: an error of configuration, which waiting does not mend).
+pub fn unavailable(e: &kube::Error) -> bool {
+    match e {
+        kube::Error::Api(s) if s.code != 0 => s.code >= 500 || s.code == 429,
+        // Credentials that cannot be loaded or refreshed are configuration too.
+        kube::Error::Auth(_) => false,
+        _ => true,
+    }
+}
+
+/// Why the API refused `verb` on `resource` (`e` is not [`unavailable`]), and what to do. Only
+/// a 403 is RBAC's doing; a 404 of ginx's namespace is the manifest not applied either.
+pub fn refusal(verb: &str, resource: &str, e: &kube::Error) -> String {
+    let hint = match code(e) {
+        Some(401) => {
+            "the credentials of kubernetes.kubeconfig are not accepted: check that file (an \
+             expired or revoked certificate?)"
+        }
+        Some(403) => {
+            "ginx's identity may not do this: apply packaging/kubernetes/rbac.yaml (and its \
+             admission policies) to the cluster"
+        }
+        Some(404) => {
+            "it does not exist: check kubernetes.namespace and apply \
+             packaging/kubernetes/rbac.yaml, which creates the namespace"
+        }
+        Some(422) => "the API found the object ginx wrote invalid: report this as a bug",
+        _ => "check the configuration of [kubernetes]",
+    };
+    format!("the API refused {verb} {resource}: {}; {hint}", describe(e))
+}

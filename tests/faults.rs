@@ -1,0 +1,541 @@
+//! The rollout's promise under faults (issue 30): at most `max_concurrent` nodes of a group
+//! between activation start and gate end, and a revision that failed a gate or whose holder
+//! vanished is never started by another node once halted — with clocks minutes off, the wall
+//! clock stepping during a gate, the holder partitioned from the API, killed, or stopped.
+//!
+//! Several real ginx daemons share one Git remote and the real control plane. Faults are
+//! injected (libfaketime, a black-holing TCP proxy, SIGKILL/SIGSTOP), never timed: each test
+//! waits for events (a Lease renewed, a status, a journal line) and then [`check`] judges the
+//! recorded history — the stand-in colmena's journal (`start NODE REVISION`, `end NODE`), the
+//! gate command's `verify NODE` lines, the halts in `ginx-rollout` and each node's attempts.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+
+use serde_json::Value;
+
+use crate::rollout::{Node, most_at_once, node};
+use crate::support::blackhole::Blackhole;
+use crate::support::control_plane::{self, ControlPlane, RbacGuard};
+use crate::support::daemon::Daemon;
+use crate::support::{Env, wait_for};
+
+/// libfaketime's preload library (Debian's `faketime` package).
+const LIBFAKETIME: &str = "/usr/lib/x86_64-linux-gnu/faketime/libfaketime.so.1";
+
+/// Whether libfaketime is here; under `CI=true` its absence fails the test.
+fn faketime() -> bool {
+    if Path::new(LIBFAKETIME).exists() {
+        return true;
+    }
+    let msg = format!("{LIBFAKETIME} is missing: apt-get install faketime");
+    if std::env::var("CI").is_ok_and(|v| v == "true") {
+        panic!("{msg}");
+    }
+    eprintln!("SKIPPED: {msg}");
+    false
+}
+
+/// Starts `n`'s ginx with its wall clock at the offset written in `offset_file` (libfaketime's
+/// `FAKETIME_TIMESTAMP_FILE`, e.g. `+5m`, read again every second, so a test can step it). The
+/// monotonic clock is left alone, as a wall-clock step leaves it.
+fn start_skewed(n: &Node, offset_file: &Path, offset: &str) -> Daemon {
+    std::fs::write(offset_file, format!("{offset}\n")).unwrap();
+    n.env.start_with(|c| {
+        c.env("LD_PRELOAD", LIBFAKETIME)
+            .env("FAKETIME_TIMESTAMP_FILE", offset_file)
+            .env("FAKETIME_CACHE_DURATION", "1")
+            .env("FAKETIME_DONT_FAKE_MONOTONIC", "1")
+            .env("DONT_FAKE_MONOTONIC", "1");
+    })
+}
+
+/// One line of the journal: `start NODE REVISION`, `end NODE` or `verify NODE`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+struct Line {
+    what: String,
+    node: String,
+    revision: String,
+}
+
+fn lines(path: &Path) -> Vec<Line> {
+    std::fs::read_to_string(path)
+        .unwrap_or_default()
+        .lines()
+        .filter_map(|l| {
+            let mut w = l.split_whitespace();
+            Some(Line {
+                what: w.next()?.to_owned(),
+                node: w.next()?.to_owned(),
+                revision: w.next().unwrap_or("").to_owned(),
+            })
+        })
+        .collect()
+}
+
+/// The revisions halted in the `ginx-rollout` ConfigMap: revision → the halt.
+fn halts(cp: &ControlPlane) -> BTreeMap<String, Value> {
+    let Some(cm) = cp.get_path("/api/v1/namespaces/ginx-system/configmaps/ginx-rollout") else {
+        return BTreeMap::new();
+    };
+    cm["data"]
+        .as_object()
+        .into_iter()
+        .flatten()
+        .filter_map(|(k, v)| {
+            let rev = k.strip_prefix("halted.")?;
+            Some((rev.to_owned(), serde_json::from_str(v.as_str()?).ok()?))
+        })
+        .collect()
+}
+
+/// The checker: asserts the safety invariants on the merged history.
+/// - At most `max` nodes between activation start and gate end at once.
+/// - A halted revision is started by no node but the one its halt names (the one whose gate
+///   failed, or that vanished holding it), unless `may_resume` lets the halt be lifted later
+///   (a vanished holder that came back and passed its gate): then no other node starts it
+///   before that node's last gate step for it.
+/// - No attempt is lost or recorded twice: each node's attempts have distinct ids, and each
+///   node in `histories` recorded as many apply attempts of a revision as its stand-in
+///   colmena started.
+fn check(
+    journal: &Path,
+    max: usize,
+    halted: &BTreeMap<String, Value>,
+    may_resume: bool,
+    histories: &[(&str, Value)],
+) {
+    let all = lines(journal);
+    let pairs: Vec<(String, String)> = all
+        .iter()
+        .map(|l| (l.what.clone(), l.node.clone()))
+        .collect();
+    let most = most_at_once(&pairs);
+    assert!(
+        most <= max,
+        "{most} nodes applied or verified at once: {all:#?}"
+    );
+    for (rev, halt) in halted {
+        let owner = halt["node"].as_str().unwrap_or("?");
+        let last_own = all.iter().rposition(|l| l.node == owner);
+        for (i, l) in all.iter().enumerate() {
+            if l.what != "start" || l.revision != *rev || l.node == owner {
+                continue;
+            }
+            assert!(
+                may_resume && last_own.is_some_and(|o| o < i),
+                "{} started halted revision {rev} (halt: {halt}): {all:#?}",
+                l.node
+            );
+        }
+    }
+    for (node, history) in histories {
+        let attempts = history["attempts"].as_array().cloned().unwrap_or_default();
+        let mut ids: Vec<u64> = attempts.iter().filter_map(|a| a["id"].as_u64()).collect();
+        ids.sort_unstable();
+        let n = ids.len();
+        ids.dedup();
+        assert_eq!(
+            ids.len(),
+            n,
+            "{node} recorded an attempt twice: {history:#}"
+        );
+        let mut started: BTreeMap<&str, usize> = BTreeMap::new();
+        for l in all.iter().filter(|l| l.what == "start" && l.node == *node) {
+            *started.entry(&l.revision).or_default() += 1;
+        }
+        for (rev, count) in started {
+            let recorded = attempts
+                .iter()
+                .filter(|a| a["kind"] == "apply" && a["revision"] == rev)
+                .count();
+            assert_eq!(
+                recorded, count,
+                "{node} started {rev} {count} times and recorded {recorded}: {history:#}"
+            );
+        }
+    }
+}
+
+#[test]
+fn check_catches_two_at_once_and_a_halted_revision_started_elsewhere() {
+    let dir = tempfile::tempdir().unwrap();
+    let j = dir.path().join("journal");
+    std::fs::write(
+        &j,
+        "start a r1\nend a\nverify a\nstart b r1\nend b\nverify b\n",
+    )
+    .unwrap();
+    check(&j, 1, &BTreeMap::new(), false, &[]);
+    let halt = BTreeMap::from([("r1".to_owned(), serde_json::json!({"node": "a"}))]);
+    let r = std::panic::catch_unwind(|| check(&j, 1, &halt, false, &[]));
+    assert!(r.is_err(), "b started the revision a's halt names");
+    std::fs::write(&j, "start a r1\nstart b r1\nend a\nend b\n").unwrap();
+    let r = std::panic::catch_unwind(|| check(&j, 1, &BTreeMap::new(), false, &[]));
+    assert!(r.is_err(), "two at once");
+    // A halt lifted after its owner's gate: b's later start is fine.
+    std::fs::write(&j, "start a r1\nend a\nverify a\nstart b r1\nend b\n").unwrap();
+    check(&j, 1, &halt, true, &[]);
+}
+
+/// A fleet of `names` in group `group` (workers, one slot, 5 s slots), sharing `origin`.
+fn fleet(
+    cp: &ControlPlane,
+    rbac: &mut RbacGuard<'_>,
+    origin: &Env,
+    journal: &Path,
+    group: &str,
+    names: &[&str],
+) -> Vec<Node> {
+    names
+        .iter()
+        .map(|n| {
+            rbac.watch(n);
+            let node = node(cp, &origin.repo.path, journal, n, "worker", group, "");
+            node.env.dropin(
+                "82-faults.toml",
+                "[rollout]\nlease_duration = \"5s\"\n\n[rollout.gate]\nsettle = \"1s\"\n",
+            );
+            node
+        })
+        .collect()
+}
+
+/// Makes `n`'s activations wait until the file it returns exists.
+fn held_at_activation(n: &Node) -> PathBuf {
+    let go = n.env.root.join("go");
+    n.env.stub("wait_for", &go.display().to_string());
+    go
+}
+
+/// The slot Lease's holder, if any.
+fn slot_holder(cp: &ControlPlane, lease: &str) -> Option<String> {
+    cp.lease("ginx-system", lease)?["spec"]["holderIdentity"]
+        .as_str()
+        .map(str::to_owned)
+}
+
+/// Waits until `lease` has been written `n` more times (its `resourceVersion` changed): time
+/// measured in the holder's renewals, not in seconds.
+fn renewals(cp: &ControlPlane, lease: &str, n: usize) {
+    let mut seen = Vec::new();
+    wait_for(&format!("{n} renewals of {lease}"), || {
+        let rv = cp.lease("ginx-system", lease)?["metadata"]["resourceVersion"]
+            .as_str()?
+            .to_owned();
+        if seen.last() != Some(&rv) {
+            seen.push(rv);
+        }
+        (seen.len() > n).then_some(())
+    });
+}
+
+fn history(d: &Daemon) -> Value {
+    serde_json::from_str(&d.ctl_ok(&["history", "--json"])).unwrap()
+}
+
+#[test]
+fn clock_skew_of_five_minutes_either_way_takes_no_live_slot() {
+    let Some(cp) = control_plane::shared() else {
+        return;
+    };
+    if !faketime() {
+        return;
+    }
+    let mut rbac = RbacGuard::new(cp);
+    let origin = Env::new();
+    let journal = origin.root.join("journal");
+    let names = ["fsk-lucy", "fsk-makise", "fsk-quinn"];
+    let nodes = fleet(cp, &mut rbac, &origin, &journal, "fsk", &names);
+    let go = held_at_activation(&nodes[0]);
+    let lucy = nodes[0].env.start();
+    let lease = "ginx-rollout-fsk-0";
+    wait_for("lucy holding the slot", || {
+        (slot_holder(cp, lease)? == "fsk-lucy").then_some(())
+    });
+    // makise's clock is 5 min ahead (lucy's renewTime looks 5 min old to it), quinn's 5 min
+    // behind.
+    let makise = start_skewed(&nodes[1], &nodes[1].env.root.join("faketime"), "+5m");
+    let quinn = start_skewed(&nodes[2], &nodes[2].env.root.join("faketime"), "-5m");
+    for d in [&makise, &quinn] {
+        d.wait_status("waiting for the slot", |s| {
+            s["rollout"]["waiting_for"] == "lock"
+        });
+    }
+    // Three lease durations of lucy renewing while both look on.
+    renewals(cp, lease, 9);
+    assert_eq!(slot_holder(cp, lease).as_deref(), Some("fsk-lucy"));
+    for d in [&makise, &quinn] {
+        let s = d.status();
+        assert_eq!(s["rollout"]["waiting_for"], "lock", "{s:#}");
+    }
+    // The ages ginxctl cluster shows are this node's own observations: lucy's heartbeat is
+    // seconds old from makise's point of view, not 5 minutes (the second look has ages).
+    let _ = makise.ctl_ok(&["cluster", "--json"]);
+    renewals(cp, "ginx-fsk-lucy", 2);
+    let view: Value = serde_json::from_str(&makise.ctl_ok(&["cluster", "--json"])).unwrap();
+    let lucy_row = view["nodes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|n| n["name"] == "fsk-lucy")
+        .cloned()
+        .unwrap();
+    let age = lucy_row["heartbeat_age_secs"].as_i64().unwrap();
+    assert!(
+        age < 40,
+        "lucy's heartbeat is {age}s old to makise: {view:#}"
+    );
+    std::fs::write(&go, "").unwrap();
+    let head = origin.repo.head();
+    for d in [&lucy, &makise, &quinn] {
+        d.wait_applied(&head);
+    }
+    let histories: Vec<(&str, Value)> = names
+        .iter()
+        .zip([&lucy, &makise, &quinn])
+        .map(|(n, d)| (*n, history(d)))
+        .collect();
+    check(&journal, 1, &halts(cp), false, &histories);
+}
+
+/// The halt of `revision` once it is written, with the node it names and its cause.
+fn wait_halt(cp: &ControlPlane, revision: &str, node: &str, cause: &str) -> Value {
+    let halt = wait_for(&format!("the {cause} halt of {revision}"), || {
+        halts(cp).remove(revision)
+    });
+    assert_eq!(halt["node"], node, "{halt:#}");
+    assert_eq!(halt["cause"], cause, "{halt:#}");
+    halt
+}
+
+/// A partitioned holder: while it is cut off, the other node takes the slot over only once it
+/// has seen it unchanged for its duration, halts the holder's revision (holder-vanished)
+/// instead of applying it, and the holder says `lost`. After the heal the holder's activation
+/// finishes and gates, its passed gate lifts the halt, and only then does the other node apply.
+fn partition_of_the_holder(group: &str, during_gate: bool) {
+    let Some(cp) = control_plane::shared() else {
+        return;
+    };
+    let mut rbac = RbacGuard::new(cp);
+    let origin = Env::new();
+    let journal = origin.root.join("journal");
+    let (an, bn) = (format!("{group}-a"), format!("{group}-b"));
+    let nodes = fleet(cp, &mut rbac, &origin, &journal, group, &[&an, &bn]);
+    let proxy = Blackhole::start(cp.addr());
+    cp.ginx_kubeconfig_via(&nodes[0].env.root.join("kubeconfig"), &an, &proxy.url());
+    let go = held_at_activation(&nodes[0]);
+    if during_gate {
+        std::fs::write(&go, "").unwrap();
+        // The gate stays open until the test lets it pass (reload, below).
+        nodes[0]
+            .env
+            .dropin("86-settle.toml", "[rollout.gate]\nsettle = \"1h\"\n");
+    }
+    let a = nodes[0].env.start();
+    let lease = format!("ginx-rollout-{group}-0");
+    wait_for("a holding the slot", || {
+        (slot_holder(cp, &lease)? == an).then_some(())
+    });
+    let r = origin.repo.head();
+    if during_gate {
+        a.wait_status("a's gate open", |s| s["rollout"]["phase"] == "verifying");
+    } else {
+        wait_for("a's activation started", || {
+            lines(&journal)
+                .iter()
+                .any(|l| l.what == "start" && l.node == an)
+                .then_some(())
+        });
+    }
+    let b = nodes[1].env.start();
+    b.wait_status("b waiting for the slot", |s| {
+        s["rollout"]["waiting_for"] == "lock"
+    });
+    proxy.cut();
+    let halt = wait_halt(cp, &r, &an, "holder-vanished");
+    assert!(
+        halt["reason"].as_str().unwrap().contains(&bn),
+        "the halt names the taker: {halt:#}"
+    );
+    b.wait_status("b held back by the halt", |s| {
+        s["rollout"]["waiting_for"] == "halted"
+    });
+    a.wait_status("a knows its slot is lost", |s| {
+        s["rollout"]["phase"] == "lost"
+    });
+    // What runs under a lost slot cannot be undone: it finishes and gates.
+    std::fs::write(&go, "").unwrap();
+    proxy.heal();
+    if during_gate {
+        nodes[0]
+            .env
+            .dropin("86-settle.toml", "[rollout.gate]\nsettle = \"1s\"\n");
+        a.signal(nix::sys::signal::Signal::SIGHUP);
+    }
+    a.wait_applied(&r);
+    wait_for("the halt lifted by a's passed gate", || {
+        (!halts(cp).contains_key(&r)).then_some(())
+    });
+    b.wait_applied(&r);
+    let log = std::fs::read_to_string(&a.log).unwrap();
+    assert!(
+        !log.contains("rollout lock released"),
+        "a released a slot it no longer held:\n{log}"
+    );
+    let halted = BTreeMap::from([(r.clone(), halt)]);
+    check(
+        &journal,
+        1,
+        &halted,
+        true,
+        &[(&an, history(&a)), (&bn, history(&b))],
+    );
+}
+
+#[test]
+fn partition_of_the_holder_during_its_activation() {
+    partition_of_the_holder("fpa", false);
+}
+
+#[test]
+fn partition_of_the_holder_during_its_gate() {
+    partition_of_the_holder("fpg", true);
+}
+
+/// The dead-node case: a revision that kills its node mid-activation. The next node takes the
+/// slot once it has seen it unrenewed for its duration, halts the revision (holder-vanished,
+/// naming the dead node) and never starts it; nor does a third. A later revision rolls out.
+#[test]
+fn sigkill_of_the_holder_mid_activation_halts_its_revision() {
+    let Some(cp) = control_plane::shared() else {
+        return;
+    };
+    let mut rbac = RbacGuard::new(cp);
+    let origin = Env::new();
+    let journal = origin.root.join("journal");
+    let names = ["fsg-lucy", "fsg-makise", "fsg-quinn"];
+    let nodes = fleet(cp, &mut rbac, &origin, &journal, "fsg", &names);
+    let go = held_at_activation(&nodes[0]);
+    let lucy = nodes[0].env.start();
+    wait_for("lucy holding the slot", || {
+        (slot_holder(cp, "ginx-rollout-fsg-0")? == "fsg-lucy").then_some(())
+    });
+    let r = origin.repo.head();
+    wait_for("lucy's activation started", || {
+        lines(&journal)
+            .iter()
+            .any(|l| l.what == "start" && l.node == "fsg-lucy")
+            .then_some(())
+    });
+    let makise = nodes[1].env.start();
+    let quinn = nodes[2].env.start();
+    lucy.crash();
+    let halt = wait_halt(cp, &r, "fsg-lucy", "holder-vanished");
+    for d in [&makise, &quinn] {
+        d.wait_status("held back by the halt", |s| {
+            s["rollout"]["waiting_for"] == "halted"
+        });
+    }
+    let s = origin.repo.commit("hive.nix", "{ fixed = true; }", "s");
+    for d in [&makise, &quinn] {
+        d.ctl_ok(&["sync"]);
+    }
+    for d in [&makise, &quinn] {
+        d.wait_applied(&s);
+    }
+    let halted = BTreeMap::from([(r.clone(), halt)]);
+    check(
+        &journal,
+        1,
+        &halted,
+        false,
+        &[
+            ("fsg-makise", history(&makise)),
+            ("fsg-quinn", history(&quinn)),
+        ],
+    );
+    // The dead node's orphaned activation ends now.
+    std::fs::write(&go, "").unwrap();
+}
+
+/// A holder stopped for longer than its slot's duration (SIGSTOP) and continued: it sees the
+/// loss before doing anything new, its gate (which cannot be undone) finishes, and the halt the
+/// taker wrote is lifted by that gate.
+#[test]
+fn sigstop_of_the_holder_longer_than_its_lease_then_sigcont() {
+    let Some(cp) = control_plane::shared() else {
+        return;
+    };
+    let mut rbac = RbacGuard::new(cp);
+    let origin = Env::new();
+    let journal = origin.root.join("journal");
+    let nodes = fleet(cp, &mut rbac, &origin, &journal, "fst", &["fst-a", "fst-b"]);
+    nodes[0]
+        .env
+        .dropin("86-settle.toml", "[rollout.gate]\nsettle = \"1h\"\n");
+    let a = nodes[0].env.start();
+    a.wait_status("a's gate open", |s| s["rollout"]["phase"] == "verifying");
+    let r = origin.repo.head();
+    let b = nodes[1].env.start();
+    b.wait_status("b waiting for the slot", |s| {
+        s["rollout"]["waiting_for"] == "lock"
+    });
+    a.signal(nix::sys::signal::Signal::SIGSTOP);
+    let halt = wait_halt(cp, &r, "fst-a", "holder-vanished");
+    a.signal(nix::sys::signal::Signal::SIGCONT);
+    a.wait_status("a knows its slot is lost", |s| {
+        s["rollout"]["phase"] == "lost"
+    });
+    nodes[0]
+        .env
+        .dropin("86-settle.toml", "[rollout.gate]\nsettle = \"1s\"\n");
+    a.signal(nix::sys::signal::Signal::SIGHUP);
+    a.wait_applied(&r);
+    wait_for("the halt lifted by a's passed gate", || {
+        (!halts(cp).contains_key(&r)).then_some(())
+    });
+    b.wait_applied(&r);
+    let halted = BTreeMap::from([(r.clone(), halt)]);
+    check(
+        &journal,
+        1,
+        &halted,
+        true,
+        &[("fst-a", history(&a)), ("fst-b", history(&b))],
+    );
+}
+
+/// `on_api_unavailable = "proceed"` is for an API that is away, not one that refuses: an
+/// identity without RBAC (403) applies nothing, and the wait names what was refused.
+#[test]
+fn proceed_never_applies_past_a_refusal() {
+    let Some(cp) = control_plane::shared() else {
+        return;
+    };
+    let mut rbac = RbacGuard::new(cp);
+    rbac.expect_forbidden("fpr-x");
+    let origin = Env::new();
+    let journal = origin.root.join("journal");
+    let n = node(
+        cp,
+        &origin.repo.path,
+        &journal,
+        "fpr-x",
+        "worker",
+        "fpr",
+        "on_api_unavailable = \"proceed\"",
+    );
+    // An identity outside ginx:nodes: every rollout request is forbidden.
+    cp.kubeconfig_for(&n.env.root.join("kubeconfig"), "ginx:fpr-x", &[]);
+    let d = n.env.start();
+    let s = d.wait_status("waiting on the refusal", |s| {
+        s["rollout"]["waiting_for"] == "refused"
+    });
+    let reason = s["rollout"]["reason"].as_str().unwrap();
+    assert!(
+        reason.contains("403") && reason.contains("ConfigMap") && reason.contains("rbac.yaml"),
+        "{reason}"
+    );
+    assert!(n.env.calls().is_empty(), "applied past a 403");
+}
