@@ -330,7 +330,7 @@ fn partition_of_the_holder(group: &str, during_gate: bool) {
         // The gate stays open until the test lets it pass (reload, below).
         nodes[0]
             .env
-            .dropin("86-settle.toml", "[rollout.gate]\nsettle = \"1h\"\n");
+            .dropin("86-settle.toml", "[rollout.gate]\nsettle = \"9m\"\n");
     }
     let a = nodes[0].env.start();
     let lease = format!("ginx-rollout-{group}-0");
@@ -473,7 +473,7 @@ fn sigstop_of_the_holder_longer_than_its_lease_then_sigcont() {
     let nodes = fleet(cp, &mut rbac, &origin, &journal, "fst", &["fst-a", "fst-b"]);
     nodes[0]
         .env
-        .dropin("86-settle.toml", "[rollout.gate]\nsettle = \"1h\"\n");
+        .dropin("86-settle.toml", "[rollout.gate]\nsettle = \"9m\"\n");
     let a = nodes[0].env.start();
     a.wait_status("a's gate open", |s| s["rollout"]["phase"] == "verifying");
     let r = origin.repo.head();

@@ -58,12 +58,10 @@ impl Observed {
     }
 
     /// Like [`unchanged_for`](Self::unchanged_for), but `None` when this is the first sight of
-    /// `name` at `resource_version` (nothing is known of its age yet).
+    /// `name` (nothing is known of its age yet). A Lease seen before at another version was
+    /// written since the last look: its age counts from now.
     pub fn age(&mut self, name: &str, resource_version: &str, now: Instant) -> Option<Duration> {
-        let known = self
-            .seen
-            .get(name)
-            .is_some_and(|(rv, _)| rv == resource_version);
+        let known = self.seen.contains_key(name);
         let d = self.unchanged_for(name, resource_version, now);
         known.then_some(d)
     }
