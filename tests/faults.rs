@@ -262,6 +262,14 @@ fn clock_skew_of_five_minutes_either_way_takes_no_live_slot() {
             s["rollout"]["waiting_for"] == "lock"
         });
     }
+    // The clocks really are off: their heartbeats' renewTimes are 5 minutes from lucy's.
+    let renewed = |n: &str| -> jiff::Timestamp {
+        let l = cp.lease("ginx-system", &format!("ginx-{n}")).unwrap();
+        l["spec"]["renewTime"].as_str().unwrap().parse().unwrap()
+    };
+    let skew = |n: &str| renewed(n).duration_since(renewed("fsk-lucy")).as_secs();
+    assert!(skew("fsk-makise") > 240, "makise's clock is not ahead");
+    assert!(skew("fsk-quinn") < -240, "quinn's clock is not behind");
     // Three lease durations of lucy renewing while both look on.
     renewals(cp, lease, 9);
     assert_eq!(slot_holder(cp, lease).as_deref(), Some("fsk-lucy"));
@@ -538,4 +546,393 @@ fn proceed_never_applies_past_a_refusal() {
         "{reason}"
     );
     assert!(n.env.calls().is_empty(), "applied past a 403");
+}
+
+/// One node whose gate command records `verify` and passes while the file it returns exists,
+/// started with libfaketime reading its clock offset from `offset`, and its gate open.
+fn gated_node(
+    cp: &ControlPlane,
+    rbac: &mut RbacGuard<'_>,
+    origin: &Env,
+    journal: &Path,
+    name: &str,
+    settle: &str,
+) -> (Node, Daemon, PathBuf, PathBuf) {
+    let n = fleet(cp, rbac, origin, journal, name, &[name]).remove(0);
+    let ok = n.env.root.join("ok");
+    std::fs::write(&ok, "").unwrap();
+    n.env.dropin(
+        "86-gate.toml",
+        &format!(
+            "[rollout.gate]\nsettle = \"{settle}\"\ninterval = \"200ms\"\n\
+             command = [\"sh\", \"-c\", \"echo verify {name} >> {j}; test -e {ok}\"]\n",
+            j = journal.display(),
+            ok = ok.display()
+        ),
+    );
+    let offset = n.env.root.join("faketime");
+    let d = start_skewed(&n, &offset, "+0");
+    d.wait_status("the gate open", |s| s["rollout"]["phase"] == "verifying");
+    (n, d, ok, offset)
+}
+
+/// Waits for the daemon's one warning that the wall clock stepped during its gate.
+fn wait_step_logged(d: &Daemon) {
+    wait_for("the clock step logged", || {
+        d.log()
+            .contains("the wall clock stepped during the health gate")
+            .then_some(())
+    });
+}
+
+/// +15 min two seconds into a gate: the gate does not pass at once (the settle takes its full
+/// time on the monotonic clock); the step is logged once.
+#[test]
+fn a_wall_clock_step_during_a_gate_keeps_the_full_settle() {
+    let Some(cp) = control_plane::shared() else {
+        return;
+    };
+    if !faketime() {
+        return;
+    }
+    let mut rbac = RbacGuard::new(cp);
+    let origin = Env::new();
+    let journal = origin.root.join("journal");
+    let (_n, d, _ok, offset) = gated_node(cp, &mut rbac, &origin, &journal, "fws", "20s");
+    let gate_lines = |l: &[Line]| l.iter().filter(|l| l.what == "verify").count();
+    wait_for("two gate steps", || {
+        (gate_lines(&lines(&journal)) >= 3).then_some(())
+    });
+    std::fs::write(&offset, "+15m\n").unwrap();
+    wait_step_logged(&d);
+    let at_step = gate_lines(&lines(&journal));
+    let s = d.status();
+    assert_eq!(
+        s["rollout"]["phase"], "verifying",
+        "passed at the step: {s:#}"
+    );
+    let r = origin.repo.head();
+    d.wait_applied(&r);
+    // The settle ran on: the gate kept stepping (every 200 ms over 20 s) after the step.
+    let after = gate_lines(&lines(&journal)) - at_step;
+    assert!(
+        after >= 10,
+        "the gate passed {after} steps after the clock step"
+    );
+    let log = d.log();
+    assert_eq!(
+        log.matches("the wall clock stepped during the health gate")
+            .count(),
+        1,
+        "{log}"
+    );
+    assert!(!halts(cp).contains_key(&r));
+}
+
+/// +15 min while a check fails: the gate does not fail at once (its deadline is its own); the
+/// check heals and the gate passes: no rollback, no halt of a good revision.
+#[test]
+fn a_wall_clock_step_with_a_failing_check_does_not_fail_the_gate() {
+    let Some(cp) = control_plane::shared() else {
+        return;
+    };
+    if !faketime() {
+        return;
+    }
+    let mut rbac = RbacGuard::new(cp);
+    let origin = Env::new();
+    let journal = origin.root.join("journal");
+    let (_n, d, ok, offset) = gated_node(cp, &mut rbac, &origin, &journal, "fwf", "2s");
+    std::fs::remove_file(&ok).unwrap();
+    d.wait_status("the command failing in the gate", |s| {
+        s["rollout"]["gate"]["failing"]["command"].is_string()
+    });
+    std::fs::write(&offset, "+15m\n").unwrap();
+    wait_step_logged(&d);
+    let s = d.status();
+    assert_eq!(
+        s["rollout"]["phase"], "verifying",
+        "decided at the step: {s:#}"
+    );
+    std::fs::write(&ok, "").unwrap();
+    let r = origin.repo.head();
+    let s = d.wait_applied(&r);
+    assert_eq!(s["apply"]["state"], "succeeded", "{s:#}");
+    assert!(!halts(cp).contains_key(&r), "a good revision halted");
+    let h = history(&d);
+    assert!(
+        h["attempts"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .all(|a| a["kind"] != "rollback"),
+        "{h:#}"
+    );
+}
+
+/// The API server killed and started again while the holder applies, and again while it
+/// verifies, with another node waiting: at most one at a time throughout, both end applied,
+/// and no halt stays.
+#[test]
+fn api_server_restarts_in_each_phase() {
+    let Some(bin) = control_plane::require() else {
+        return;
+    };
+    let cp = ControlPlane::start(&bin);
+    let mut rbac = RbacGuard::new(&cp);
+    let origin = Env::new();
+    let journal = origin.root.join("journal");
+    let nodes = fleet(
+        &cp,
+        &mut rbac,
+        &origin,
+        &journal,
+        "far",
+        &["far-a", "far-b"],
+    );
+    for n in &nodes {
+        n.env
+            .dropin("83-lease.toml", "[rollout]\nlease_duration = \"15s\"\n");
+    }
+    let go = held_at_activation(&nodes[0]);
+    nodes[0]
+        .env
+        .dropin("86-settle.toml", "[rollout.gate]\nsettle = \"9m\"\n");
+    let a = nodes[0].env.start();
+    wait_for("a's activation started", || {
+        lines(&journal)
+            .iter()
+            .any(|l| l.what == "start" && l.node == "far-a")
+            .then_some(())
+    });
+    let b = nodes[1].env.start();
+    b.wait_status("b waiting for the slot", |s| {
+        s["rollout"]["waiting_for"] == "lock"
+    });
+    let restart = |cp: &ControlPlane, rbac: &mut RbacGuard<'_>| {
+        cp.kill_apiserver();
+        let mark = cp.audit_mark();
+        cp.restart_apiserver();
+        rbac.forgive(mark, cp.audit_mark());
+    };
+    // Applying.
+    restart(&cp, &mut rbac);
+    std::fs::write(&go, "").unwrap();
+    a.wait_status("a's gate open", |s| s["rollout"]["phase"] == "verifying");
+    // Verifying.
+    restart(&cp, &mut rbac);
+    nodes[0]
+        .env
+        .dropin("86-settle.toml", "[rollout.gate]\nsettle = \"1s\"\n");
+    a.signal(nix::sys::signal::Signal::SIGHUP);
+    let r = origin.repo.head();
+    a.wait_applied(&r);
+    // Waiting (b), after a's release.
+    restart(&cp, &mut rbac);
+    b.wait_applied(&r);
+    wait_for("no halt left", || {
+        (!halts(&cp).contains_key(&r)).then_some(())
+    });
+    check(
+        &journal,
+        1,
+        &BTreeMap::new(),
+        false,
+        &[("far-a", history(&a)), ("far-b", history(&b))],
+    );
+}
+
+/// A fault the nemesis injects into one round.
+#[derive(Clone, Copy, Debug)]
+enum Fault {
+    None,
+    /// The holder's API traffic black-holed, healed once its slot was taken over.
+    Partition,
+    /// The holder SIGKILLed, started again once its slot was taken over.
+    Kill,
+    /// The holder SIGSTOPped, continued once its slot was taken over.
+    Stop,
+    /// The API server killed and started again.
+    ApiRestart,
+}
+
+/// When in the holder's rollout a fault lands.
+#[derive(Clone, Copy, Debug)]
+enum Moment {
+    /// As soon as a node holds the slot (its gate's baseline, or its activation).
+    Held,
+    /// While its stand-in colmena runs.
+    Applying,
+    /// While its health gate is open.
+    Verifying,
+}
+
+/// The randomised run: `rounds` revisions over three nodes, each round with a fault drawn from
+/// `seed` (printed) at a moment drawn from it, then healed; at the end every node is brought
+/// to the last revision and [`check`] judges the whole history. Returns what it did, one line a
+/// round.
+pub(crate) fn nemesis(rounds: usize, seed: u64) -> Vec<String> {
+    println!("nemesis: seed {seed} (NEMESIS_SEED), {rounds} rounds");
+    let mut rng = fastrand::Rng::with_seed(seed);
+    let Some(bin) = control_plane::require() else {
+        return Vec::new();
+    };
+    let cp = ControlPlane::start(&bin);
+    let mut rbac = RbacGuard::new(&cp);
+    let origin = Env::new();
+    let journal = origin.root.join("journal");
+    let names = ["fnm-lucy", "fnm-makise", "fnm-quinn"];
+    let nodes = fleet(&cp, &mut rbac, &origin, &journal, "fnm", &names);
+    let proxies: Vec<Blackhole> = names.iter().map(|_| Blackhole::start(cp.addr())).collect();
+    for ((n, name), p) in nodes.iter().zip(names).zip(&proxies) {
+        cp.ginx_kubeconfig_via(&n.env.root.join("kubeconfig"), name, &p.url());
+        // Activations long enough to be hit.
+        n.env.stub("sleep", "2");
+    }
+    let mut daemons: Vec<Daemon> = nodes.iter().map(|n| n.env.start()).collect();
+    let lease = "ginx-rollout-fnm-0";
+    let mut seen_halts: BTreeMap<String, Value> = BTreeMap::new();
+    let mut done = Vec::new();
+    for round in 0..rounds {
+        let r = origin
+            .repo
+            .commit("hive.nix", &format!("{{ round = {round}; }}"), "round");
+        for d in &daemons {
+            d.ctl_ok(&["sync"]);
+        }
+        let fault = match rng.u8(0..5) {
+            0 => Fault::None,
+            1 => Fault::Partition,
+            2 => Fault::Kill,
+            3 => Fault::Stop,
+            _ => Fault::ApiRestart,
+        };
+        let moment = match rng.u8(0..3) {
+            0 => Moment::Held,
+            1 => Moment::Applying,
+            _ => Moment::Verifying,
+        };
+        // The holder at the chosen moment (None: the round was over before it came).
+        let holder = wait_for("a node to hold the slot or the round to end", || {
+            if let Some(h) = slot_holder(&cp, lease) {
+                return Some(names.iter().position(|n| *n == h));
+            }
+            let applied = daemons.iter().all(|d| {
+                let s = d.status();
+                s["apply"]["revision"] == r.as_str() && s["rollout"]["slot"].is_null()
+            });
+            applied.then_some(None)
+        });
+        let victim = holder.filter(|&i| match moment {
+            Moment::Held => true,
+            Moment::Applying => {
+                let started = |l: &[Line]| {
+                    l.iter()
+                        .any(|l| l.what == "start" && l.node == names[i] && l.revision == r)
+                };
+                wait_for("the holder applying", || {
+                    let st = daemons[i].status();
+                    let moved_on =
+                        st["rollout"]["phase"] != "applying" && st["rollout"]["phase"] != "waiting";
+                    (started(&lines(&journal)) || moved_on).then_some(())
+                });
+                true
+            }
+            Moment::Verifying => {
+                let st = daemons[i].wait_status("the holder's gate, or its end", |s| {
+                    s["rollout"]["phase"] != "applying" && s["rollout"]["phase"] != "waiting"
+                });
+                st["rollout"]["phase"] == "verifying"
+            }
+        });
+        // Taken over, or nobody else wants the slot (the others have the revision).
+        let taken_over = |i: usize, daemons: &[Daemon]| {
+            wait_for("the slot taken over, or the holder done", || {
+                let h = slot_holder(&cp, lease);
+                let halted = halts(&cp).contains_key(&r);
+                let others_done = daemons.iter().enumerate().all(|(k, d)| {
+                    k == i || {
+                        let s = d.status();
+                        s["apply"]["revision"] == r.as_str() && s["apply"]["state"] == "succeeded"
+                    }
+                });
+                (halted || others_done || h.as_deref() != Some(names[i])).then_some(())
+            })
+        };
+        match (fault, victim) {
+            (Fault::Partition, Some(i)) => {
+                proxies[i].cut();
+                taken_over(i, &daemons);
+                proxies[i].heal();
+            }
+            (Fault::Kill, Some(i)) => {
+                daemons[i].signal(nix::sys::signal::Signal::SIGKILL);
+                taken_over(i, &daemons);
+                daemons.remove(i).crash();
+                daemons.insert(i, nodes[i].env.start());
+            }
+            (Fault::Stop, Some(i)) => {
+                daemons[i].signal(nix::sys::signal::Signal::SIGSTOP);
+                taken_over(i, &daemons);
+                daemons[i].signal(nix::sys::signal::Signal::SIGCONT);
+            }
+            (Fault::ApiRestart, _) => {
+                cp.kill_apiserver();
+                let mark = cp.audit_mark();
+                cp.restart_apiserver();
+                rbac.forgive(mark, cp.audit_mark());
+            }
+            _ => {}
+        }
+        seen_halts.extend(halts(&cp));
+        // The round ends when every node applied the revision or waits on its halt.
+        for d in &daemons {
+            // Applied; or held back by a halt; or (a node killed mid-activation) its
+            // interrupted attempt recorded as failed, retried later.
+            d.wait_status("the round's end on this node", |s| {
+                let this = s["apply"]["revision"] == r.as_str();
+                (this && s["apply"]["state"] == "succeeded")
+                    || (this && s["apply"]["state"] == "failed" && s["rollout"]["slot"].is_null())
+                    || s["rollout"]["waiting_for"] == "halted"
+            });
+            seen_halts.extend(halts(&cp));
+        }
+        let line = format!(
+            "round {round}: {fault:?} at {moment:?} of {}; {} halted: {}",
+            victim.map_or("-", |i| names[i]),
+            r.get(..8).unwrap_or(&r),
+            seen_halts.contains_key(&r)
+        );
+        println!("nemesis: {line}");
+        done.push(line);
+    }
+    // The last revision reaches every node.
+    let last = origin.repo.commit("hive.nix", "{ last = true; }", "last");
+    for d in &daemons {
+        d.ctl_ok(&["sync"]);
+    }
+    for d in &daemons {
+        d.wait_applied(&last);
+    }
+    seen_halts.extend(halts(&cp));
+    let histories: Vec<(&str, Value)> = names
+        .iter()
+        .zip(&daemons)
+        .map(|(n, d)| (*n, history(d)))
+        .collect();
+    check(&journal, 1, &seen_halts, true, &histories);
+    done
+}
+
+#[test]
+fn a_randomised_nemesis_over_three_nodes() {
+    let seed = std::env::var("NEMESIS_SEED")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or_else(|| fastrand::u64(..));
+    let rounds = std::env::var("NEMESIS_ROUNDS")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(4);
+    nemesis(rounds, seed);
 }

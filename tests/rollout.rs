@@ -644,7 +644,9 @@ fn a_killed_holder_s_slot_expires_and_it_never_takes_a_second() {
     );
     drop(da);
 
-    // Killed for good while holding: the slot expires and the next node proceeds.
+    // Killed for good while holding: the slot expires, the next node takes it over, and the
+    // revision the dead holder was applying is halted (holder-vanished), never applied by it;
+    // a later revision proceeds.
     let x = origin.repo.commit("hive.nix", "{ x = true; }", "x");
     let _ = std::fs::remove_file(&gate);
     let da = a.env.start();
@@ -658,7 +660,22 @@ fn a_killed_holder_s_slot_expires_and_it_never_takes_a_second() {
     b.env
         .dropin("81-one.toml", &format!("[rollout]\n{b_cfg}\n"));
     let db = b.env.start();
-    db.wait_applied(&x);
+    let s = db.wait_status("b held back by the vanished holder's halt", |s| {
+        s["rollout"]["waiting_for"] == "halted"
+    });
+    assert_eq!(s["rollout"]["halt"]["cause"], "holder-vanished", "{s:#}");
+    assert_eq!(s["rollout"]["halt"]["node"], "rok-a", "{s:#}");
+    assert!(
+        b.env
+            .calls()
+            .iter()
+            .all(|c| c.env.get("GINX_REVISION") != Some(&x)),
+        "b applied the vanished holder's revision"
+    );
+    let y = origin.repo.commit("hive.nix", "{ y = true; }", "y");
+    db.ctl_ok(&["sync"]);
+    db.wait_applied(&y);
+    let _ = std::fs::write(&gate, "");
 }
 
 /// The lock's watches are not cut by `kubernetes.request_timeout`: a quiet watch stays open

@@ -73,7 +73,11 @@ impl Reconciler {
         let Some(held) = self.core.state.rollout_held.clone() else {
             return;
         };
-        if self.lock_retry_at.is_some_and(|t| t > Instant::now()) {
+        // A retry waits, unless the API client it lacked has come meanwhile (after a reboot,
+        // the slot is taken up the moment the connection is there, not a retry later).
+        if self.lock_retry_at.is_some_and(|t| t > Instant::now())
+            && !self.gatekeeper.clients_changed()
+        {
             return;
         }
         let st = &self.core.state;

@@ -416,6 +416,14 @@ impl Reconciler {
                     std::future::pending::<()>().await;
                 }
             };
+            // Status says whether a window is open: published again when one opens or closes.
+            let window_edge = publish::until_window_edge(&self.config.borrow().rollout.windows);
+            let window_edge = async {
+                match window_edge {
+                    Some(d) => tokio::time::sleep(d).await,
+                    None => std::future::pending::<()>().await,
+                }
+            };
             let persist_again = async {
                 if self.unsaved.is_some() {
                     tokio::time::sleep(PERSIST_RETRY).await;
@@ -427,6 +435,7 @@ impl Reconciler {
                 () = retry => {}
                 () = rollout => {}
                 () = sentinel => {}
+                () = window_edge => {}
                 () = persist_again => {
                     let _ = self.save_state();
                 }

@@ -27,6 +27,21 @@ fn window_status(windows: &[crate::config::Window]) -> Option<WindowStatus> {
     }
 }
 
+/// How long until the maintenance windows open or close next (a moment after, so that the
+/// state has changed by then): the loop publishes status again then, also while idle.
+pub(super) fn until_window_edge(windows: &[crate::config::Window]) -> Option<std::time::Duration> {
+    let now = util::now();
+    let edge = match crate::rollout::window::state(windows, now) {
+        WindowState::Always => return None,
+        WindowState::Open { closes_at } => closes_at,
+        WindowState::Closed { opens_at } => opens_at?,
+    };
+    let d = now.duration_until(edge);
+    Some(
+        std::time::Duration::try_from(d).unwrap_or_default() + std::time::Duration::from_millis(20),
+    )
+}
+
 fn h_group(held: Option<&Held>) -> String {
     held.map(|h| h.group.clone()).unwrap_or_default()
 }

@@ -776,7 +776,15 @@ impl Reconciler {
         });
         if result.is_ok() {
             self.reboot_view = RebootView::default();
-            tracing::info!("reboot done: the node is back, healthy and schedulable");
+            if r.cordoned {
+                tracing::info!("reboot done: the node is back, healthy and schedulable again");
+            } else {
+                // ginx did not cordon it (an admin did, or a drain was not needed): it stays
+                // as it was.
+                tracing::info!(
+                    "reboot done: the node is back and healthy; ginx did not cordon it, so it leaves its schedulability as it was"
+                );
+            }
         }
         Step::Again
     }

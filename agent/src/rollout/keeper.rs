@@ -191,6 +191,9 @@ pub struct Gatekeeper {
     watching: Option<(WatchKey, watch::Sender<bool>)>,
     /// Bumped whenever the API clients are rebuilt.
     clients_generation: usize,
+    /// The clients changed while [`changed`](Self::changed) waited (which marks the watch
+    /// seen): not used yet.
+    kube_pending: bool,
     holding: Option<Holding>,
     bootstrap_logged: bool,
     /// The group's holders as last read.
@@ -221,6 +224,7 @@ impl Gatekeeper {
             changes,
             watching: None,
             clients_generation: 0,
+            kube_pending: false,
             holding: None,
             bootstrap_logged: false,
             holders: BTreeMap::new(),
@@ -260,8 +264,14 @@ impl Gatekeeper {
         cfg.rollout.group_for(cfg.node.role)
     }
 
+    /// Whether the API clients changed (made, or made again) since they were last used.
+    pub fn clients_changed(&self) -> bool {
+        self.kube_pending || self.w.kube.has_changed().unwrap_or(false)
+    }
+
     fn clients(&mut self) -> Option<KubeClients> {
-        if self.w.kube.has_changed().unwrap_or(false) {
+        if self.kube_pending || self.w.kube.has_changed().unwrap_or(false) {
+            self.kube_pending = false;
             self.clients_generation += 1;
         }
         self.w.kube.borrow_and_update().clone()
@@ -322,7 +332,7 @@ impl Gatekeeper {
         });
         tokio::select! {
             _ = self.changes.changed() => {}
-            _ = self.w.kube.changed() => {}
+            _ = self.w.kube.changed() => self.kube_pending = true,
             () = tokio::time::sleep(util::jitter(RECHECK, 0.1)) => {}
             // The next window opening, to the moment.
             () = async {
@@ -517,13 +527,18 @@ impl Gatekeeper {
                 .halt_of(revision)
                 .filter(|_| purpose == Purpose::Apply)
             {
+                let what = match h.cause {
+                    HaltCause::GateFailed => format!("its health gate failed on {}", h.node),
+                    HaltCause::HolderVanished => {
+                        format!("{} vanished holding a rollout slot for it", h.node)
+                    }
+                };
                 return Permit::Wait(
                     WaitingFor::Halted,
                     format!(
-                        "revision {} is halted: its health gate failed on {} at {} ({}); a new \
-                         revision rolls out normally, `ginxctl rollout clear {}` lifts the halt",
+                        "revision {} is halted: {what} at {} ({}); a new revision rolls out \
+                         normally, `ginxctl rollout clear {}` lifts the halt",
                         revision.short(),
-                        h.node,
                         h.at,
                         h.reason,
                         revision.short()
@@ -989,6 +1004,9 @@ impl Gatekeeper {
     /// lifted (the revision did not kill it; it was cut off).
     pub async fn lift_vanished(&mut self, revision: &Revision) {
         let cfg = self.cfg();
+        if effective(&cfg) != Effective::Kubernetes {
+            return;
+        }
         let halted_here = self
             .fleet
             .as_ref()
