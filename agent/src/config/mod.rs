@@ -25,6 +25,7 @@ mod metrics;
 mod node;
 mod reboot;
 mod rollout;
+mod selector;
 mod sources;
 mod system;
 mod window;
@@ -1236,6 +1237,10 @@ url = "ssh://git@git.example.com/infra/hephaestus.git"
             (
                 "[kubernetes]\nrenew_interval = \"1ns\"\n",
                 "config.toml:11:18: kubernetes.renew_interval: 1ns is below the floor of 100ms",
+            ),
+            (
+                "[reboot]\nblocking_pod_selector = \"app==x y\"\n",
+                "config.toml:11:25: reboot.blocking_pod_selector: \"app==x y\" is not a label selector: expected ',' or the end after a requirement, found \"y\"",
             ),
         ] {
             let text = if body.starts_with('[') {

@@ -133,7 +133,7 @@ impl RebootConfig {
             bounds::GRACE_PERIOD.check(ctx, g)?;
         }
         if let Some(s) = &self.blocking_pod_selector
-            && let Err(e) = check_selector(s)
+            && let Err(e) = super::selector::check(s)
         {
             return Err(ctx.error("reboot.blocking_pod_selector", e));
         }
@@ -142,29 +142,4 @@ impl RebootConfig {
         }
         Ok(())
     }
-}
-
-/// A label selector as the API takes it (`app=backup`, `app in (a,b)`, `!job`), checked for
-/// what would make every request fail: emptiness and unbalanced parentheses.
-fn check_selector(s: &str) -> Result<(), String> {
-    if s.trim().is_empty() {
-        return Err("is empty; remove it, or give a label selector like \"app=backup\"".into());
-    }
-    let mut depth = 0i32;
-    for c in s.chars() {
-        match c {
-            '(' => depth += 1,
-            ')' => depth -= 1,
-            _ => {}
-        }
-        if !(0..=1).contains(&depth) {
-            break;
-        }
-    }
-    if depth != 0 {
-        return Err(format!(
-            "{s:?} is not a label selector (unbalanced parentheses); like \"app in (a,b)\""
-        ));
-    }
-    Ok(())
 }
