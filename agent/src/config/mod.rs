@@ -1,8 +1,9 @@
 //! The configuration: schema, defaults, drop-in merge and validation.
 //!
-//! Pure apart from reading the files: [`load`] returns a validated [`Config`] or a
-//! [`ConfigError`] naming `file:line:column` and the key. Defaults live here and only here, in
-//! the `Default` impls and `default_*` functions; `ginx --print-default-config` prints them (the
+//! Pure apart from reading the files and looking up `rollout.gate.command`'s program (see
+//! `program`): [`load`] returns a validated [`Config`] or a [`ConfigError`] naming
+//! `file:line:column` and the key. Defaults live here and only here, in the `Default` impls
+//! and `default_*` functions; `ginx --print-default-config` prints them (the
 //! README's reference lists the same values and a test checks that its example is valid).
 //!
 //! One file per section; each section validates itself, and [`Config`]'s validation calls them
@@ -23,6 +24,7 @@ mod kubernetes;
 mod load;
 mod metrics;
 mod node;
+mod program;
 mod reboot;
 mod rollout;
 mod selector;
@@ -1250,6 +1252,39 @@ url = "ssh://git@git.example.com/infra/hephaestus.git"
             };
             let e = err_text(&text);
             assert!(e.contains(expected), "{body}: {e}");
+        }
+    }
+
+    /// Issue 30.6: a typo in the gate command is refused at load (and so at reload), naming
+    /// the key and what to do; a program found through PATH, like the tests' `sh`, loads.
+    #[test]
+    fn a_gate_command_that_cannot_run_is_refused() {
+        let e = err_text(&format!(
+            "{BASE}\n[rollout.gate]\ncommand = [\"chekc-health\", \"--all\"]\n"
+        ));
+        assert!(
+            e.contains(
+                "config.toml:11:12: rollout.gate.command[0]: \"chekc-health\" is not found in PATH"
+            ),
+            "{e}"
+        );
+        assert!(e.contains("give the program's absolute path"), "{e}");
+        let dir = tempfile::tempdir().unwrap();
+        let script = write(dir.path(), "check", "#!/bin/sh\n");
+        let e = err_text(&format!(
+            "{BASE}\n[rollout.gate]\ncommand = [\"{}\"]\n",
+            script.display()
+        ));
+        assert!(
+            e.contains("rollout.gate.command[0]: ") && e.contains("is not executable"),
+            "{e}"
+        );
+        for ok in [
+            "\"sh\", \"-c\", \"true\"",
+            &format!("\"{}\"", std::env::current_exe().unwrap().display()),
+        ] {
+            let c = load_text(&format!("{BASE}\n[rollout.gate]\ncommand = [{ok}]\n"));
+            assert!(c.is_ok(), "{ok}: {:?}", c.err());
         }
     }
 }

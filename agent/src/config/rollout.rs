@@ -224,13 +224,23 @@ impl RolloutConfig {
                 )
             });
         }
-        if let Some(c) = &g.command
-            && c.first().is_none_or(|a| a.trim().is_empty())
-        {
-            return Err(ctx.error(
-                "rollout.gate.command",
-                "must be an argv with a program first, like [\"/etc/ginx/check\"]",
-            ));
+        if let Some(c) = &g.command {
+            let Some(program) = c.first().filter(|a| !a.trim().is_empty()) else {
+                return Err(ctx.error(
+                    "rollout.gate.command",
+                    "must be an argv with a program first, like [\"/etc/ginx/check\"]",
+                ));
+            };
+            if let Err(why) = super::program::find(program) {
+                return Err(ctx.error(
+                    "rollout.gate.command[0]",
+                    format!(
+                        "{why}; a gate command that cannot run fails the baseline too, and the \
+                         no-regression gate would then pass without it: give the program's \
+                         absolute path, or install it"
+                    ),
+                ));
+            }
         }
         match (&self.lock, &self.fleetlock) {
             (LockBackend::Fleetlock, None) => {
