@@ -447,9 +447,9 @@ fn a_new_kernel_reboots_three_control_plane_nodes_one_at_a_time() {
         })
         .collect();
     for n in nodes.iter_mut() {
-        // Down longer than the slot Lease's duration (3 s): only the raised one (lock_ttl)
+        // Down longer than the slot Lease's duration (5 s): only the raised one (lock_ttl)
         // keeps the others from taking the rebooting holder for a dead one.
-        n.down_for = Duration::from_secs(5);
+        n.down_for = Duration::from_secs(8);
         n.slot_lease = Some((cp, "ginx-rollout-rb3-0".to_owned()));
         n.start();
     }
@@ -525,7 +525,7 @@ fn a_new_kernel_reboots_three_control_plane_nodes_one_at_a_time() {
                 .all(|(w, n)| w != "start" || n == who),
             "another node applied while {who} held the slot for its reboot: {lines:?}"
         );
-        // From its reboot to its gate in the new boot (down for 5 s), nobody else starts.
+        // From its reboot to its gate in the new boot (down for 8 s), nobody else starts.
         let back = to
             + lines[to..]
                 .iter()

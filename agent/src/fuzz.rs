@@ -5,7 +5,9 @@
 //! and every regression input through the same functions on stable.
 //!
 //! Owns: the targets and their invariants. Must not: touch the file system, the network or
-//! the clock beyond what the parsers themselves do (so a run is reproducible).
+//! the clock beyond what the parsers themselves do (so a run is reproducible; the configuration
+//! loader looks up `rollout.gate.command`'s program, and the configuration target reads the
+//! clocks only as the base of the arithmetic it checks).
 
 use std::net::{IpAddr, Ipv4Addr};
 use std::path::{Path, PathBuf};
@@ -42,7 +44,8 @@ const MAIN: &str = "/fuzz/etc/ginx/config.toml";
 ///
 /// Invariants: an error names one of the files; neither an error nor the effective
 /// configuration shows the secret; the effective configuration loads again to the same
-/// rendering.
+/// rendering; every duration it holds survives the arithmetic ginx does with it (issue 30:
+/// `check-config` passed values that then panicked a probe task).
 pub fn config_files(data: &[u8]) {
     let text = String::from_utf8_lossy(data).replace("$PW", SECRET);
     if has_secret_outside_urls(&text) {
@@ -59,6 +62,12 @@ pub fn config_files(data: &[u8]) {
     }
     match config::load_texts(&files) {
         Ok(cfg) => {
+            let (now, wall) = (std::time::Instant::now(), jiff::Timestamp::now());
+            for (key, d) in config::bounds::durations(&cfg) {
+                if let Err(e) = config::bounds::arithmetic(d, now, wall) {
+                    panic!("{key} was accepted, then: {e}");
+                }
+            }
             let shown = cfg.to_toml();
             assert!(
                 !shown.contains(SECRET),

@@ -71,7 +71,7 @@ pub fn node(
         "80-rollout.toml",
         &format!(
             "[node]\nrole = \"{role}\"\n\n[health.node_ready]\nenabled = true\n\n\
-             [rollout]\nlock = \"auto\"\ngroup = \"{group}\"\nlease_duration = \"3s\"\n{extra_rollout}\n\n\
+             [rollout]\nlock = \"auto\"\ngroup = \"{group}\"\nlease_duration = \"5s\"\n{extra_rollout}\n\n\
              [rollout.gate]\nsettle = \"1s\"\ninterval = \"200ms\"\n\
              command = [\"sh\", \"-c\", \"echo verify {name} >> {journal}\"]\n\n\
              [system]\nboot_id = \"{boot}\"\n\n\

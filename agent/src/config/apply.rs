@@ -4,7 +4,7 @@ use std::path::PathBuf;
 
 use serde::{Deserialize, Serialize};
 
-use super::{ConfigError, Ctx, Duration};
+use super::{ConfigError, Ctx, Duration, bounds};
 use crate::types::Goal;
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -123,10 +123,6 @@ fn default_username() -> String {
 fn default_true() -> bool {
     true
 }
-
-/// The longest `pin_timeout`: the pin is read while the apply loop waits, which must keep
-/// answering (the socket, the watchdog).
-pub const MAX_PIN_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(20);
 
 /// A pin URL as shown: no user name or password, query values masked (`{node}` kept).
 fn shown_pin_url<S: serde::Serializer>(url: &Option<String>, s: S) -> Result<S::Ok, S::Error> {
@@ -271,21 +267,8 @@ impl ClosureConfig {
                 ));
             }
         }
-        for (key, d) in [
-            ("apply.closure.realise_timeout", self.realise_timeout),
-            ("apply.closure.pin_timeout", self.pin_timeout),
-        ] {
-            if d.is_zero() {
-                return Err(ctx.error(key, "must be longer than 0s"));
-            }
-        }
-        if self.pin_timeout.get() > MAX_PIN_TIMEOUT {
-            return Err(ctx.error(
-                "apply.closure.pin_timeout",
-                "at most 20s: the apply loop waits for the pin endpoint",
-            ));
-        }
-        Ok(())
+        bounds::CLOSURE_REALISE_TIMEOUT.check(ctx, self.realise_timeout)?;
+        bounds::CLOSURE_PIN_TIMEOUT.check(ctx, self.pin_timeout)
     }
 }
 
@@ -357,27 +340,44 @@ impl ApplyConfig {
                 "must name a program, e.g. [\"colmena\", \"apply-local\", \"--node\", \"{node}\"]",
             ));
         }
-        for (key, d) in [
-            ("apply.timeout", self.timeout),
-            ("apply.retry_base", self.retry_base),
-            ("apply.retry_max", self.retry_max),
+        for (bound, d) in [
+            (&bounds::APPLY_TIMEOUT, self.timeout),
+            (&bounds::APPLY_RETRY_BASE, self.retry_base),
+            (&bounds::APPLY_RETRY_MAX, self.retry_max),
+            (&bounds::APPLY_KILL_GRACE, self.kill_grace),
+            (&bounds::APPLY_SHUTDOWN_GRACE, self.shutdown_grace),
+            (&bounds::APPLY_HOOK_TIMEOUT, self.hook_timeout),
         ] {
-            if d.is_zero() {
-                return Err(ctx.error(key, "must be longer than 0s"));
-            }
+            bound.check(ctx, d)?;
         }
         if self.retry_max < self.retry_base {
-            return Err(ctx.error(
-                "apply.retry_max",
-                format!(
-                    "{} is shorter than apply.retry_base ({})",
-                    self.retry_max, self.retry_base
-                ),
-            ));
+            // Blame the key the files set: a retry_base raised past the default retry_max is
+            // retry_base's error.
+            return Err(
+                if ctx.written("apply.retry_max") || !ctx.written("apply.retry_base") {
+                    ctx.error(
+                        "apply.retry_max",
+                        format!(
+                            "{} is shorter than apply.retry_base ({}); the cap must be at least \
+                             the first wait",
+                            self.retry_max,
+                            ctx.shown("apply.retry_base", self.retry_base)
+                        ),
+                    )
+                } else {
+                    ctx.error(
+                        "apply.retry_base",
+                        format!(
+                            "{} is longer than apply.retry_max ({}), the cap on the wait; raise \
+                             apply.retry_max too, or shorten this",
+                            self.retry_base,
+                            ctx.shown("apply.retry_max", self.retry_max)
+                        ),
+                    )
+                },
+            );
         }
-        if self.max_attempts == 0 {
-            return Err(ctx.error("apply.max_attempts", "must be at least 1"));
-        }
+        bounds::MAX_ATTEMPTS.check(ctx, self.max_attempts)?;
         match (self.mode, &self.closure) {
             (ApplyMode::Closure, None) => {
                 return Err(ctx.error(
@@ -388,13 +388,28 @@ impl ApplyConfig {
             (_, Some(c)) => {
                 c.validate(ctx)?;
                 if c.realise_timeout > self.timeout {
-                    return Err(ctx.error(
-                        "apply.closure.realise_timeout",
-                        format!(
-                            "{} is longer than apply.timeout ({}), which ends the whole attempt",
-                            c.realise_timeout, self.timeout
-                        ),
-                    ));
+                    let realise = "apply.closure.realise_timeout";
+                    return Err(if ctx.written(realise) || !ctx.written("apply.timeout") {
+                        ctx.error(
+                            realise,
+                            format!(
+                                "{} is longer than apply.timeout ({}), which ends the whole \
+                                 attempt",
+                                c.realise_timeout,
+                                ctx.shown("apply.timeout", self.timeout)
+                            ),
+                        )
+                    } else {
+                        ctx.error(
+                            "apply.timeout",
+                            format!(
+                                "{} is shorter than {realise} ({}), the closure's fetch within \
+                                 it; raise this, or shorten {realise}",
+                                self.timeout,
+                                ctx.shown(realise, c.realise_timeout)
+                            ),
+                        )
+                    });
                 }
             }
             _ => {}

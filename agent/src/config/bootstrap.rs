@@ -5,7 +5,7 @@ use std::path::PathBuf;
 
 use serde::{Deserialize, Serialize};
 
-use super::{ConfigError, Ctx, Duration};
+use super::{ConfigError, Ctx, Duration, bounds};
 
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
@@ -237,9 +237,7 @@ impl BootstrapConfig {
                     return Err(ctx.error(&format!("bootstrap.stages[{i}].wait[{j}]"), e));
                 }
             }
-            if s.timeout.is_zero() {
-                return Err(ctx.error(&key("timeout"), "must be longer than 0s"));
-            }
+            bounds::STAGE_TIMEOUT.check_at(ctx, &key("timeout"), s.timeout)?;
         }
         if let Some(f) = &self.flux {
             if !sources.contains_key(&f.source) {
@@ -285,9 +283,7 @@ impl BootstrapConfig {
                     "generates the stage \"flux\"; rename the configured stage of that name",
                 ));
             }
-            if f.timeout.is_zero() {
-                return Err(ctx.error("bootstrap.flux.timeout", "must be longer than 0s"));
-            }
+            bounds::FLUX_TIMEOUT.check(ctx, f.timeout)?;
         }
         if self.after_init && !self.configured() {
             return Err(ctx.error(

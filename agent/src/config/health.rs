@@ -4,7 +4,7 @@ use std::path::PathBuf;
 
 use serde::{Deserialize, Serialize};
 
-use super::{ConfigError, Ctx, Duration};
+use super::{ConfigError, Ctx, Duration, bounds};
 use crate::types::EndpointUrl;
 
 /// Health probes. Each has `enabled`, and may override `interval` and `timeout`.
@@ -256,30 +256,31 @@ impl Default for NodeReadyProbe {
 }
 
 impl HealthConfig {
-    /// Checks the timings of all probes and the URLs they call.
-    pub(super) fn validate(&self, ctx: &Ctx<'_>) -> Result<(), ConfigError> {
+    /// Each probe's own interval and timeout, as written (`None`: `[health]`'s).
+    pub fn timings(&self) -> [(&'static str, Option<Duration>, Option<Duration>); 6] {
         let h = self;
-        for (key, d) in [
-            ("health.interval", h.interval),
-            ("health.timeout", h.timeout),
-        ] {
-            if d.is_zero() {
-                return Err(ctx.error(key, "must be longer than 0s"));
-            }
-        }
-        for (probe, interval, timeout) in [
+        [
             ("kubelet", h.kubelet.interval, h.kubelet.timeout),
             ("apiserver", h.apiserver.interval, h.apiserver.timeout),
             ("kube_vip", h.kube_vip.interval, h.kube_vip.timeout),
             ("cilium", h.cilium.interval, h.cilium.timeout),
             ("systemd", h.systemd.interval, h.systemd.timeout),
             ("node_ready", h.node_ready.interval, h.node_ready.timeout),
-        ] {
-            for (what, d) in [("interval", interval), ("timeout", timeout)] {
-                if d.is_some_and(|d| d.is_zero()) {
-                    return Err(
-                        ctx.error(&format!("health.{probe}.{what}"), "must be longer than 0s")
-                    );
+        ]
+    }
+
+    /// Checks the timings of all probes and the URLs they call.
+    pub(super) fn validate(&self, ctx: &Ctx<'_>) -> Result<(), ConfigError> {
+        let h = self;
+        bounds::HEALTH_INTERVAL.check(ctx, h.interval)?;
+        bounds::HEALTH_TIMEOUT.check(ctx, h.timeout)?;
+        for (probe, interval, timeout) in h.timings() {
+            for (what, bound, d) in [
+                ("interval", &bounds::PROBE_INTERVAL, interval),
+                ("timeout", &bounds::PROBE_TIMEOUT, timeout),
+            ] {
+                if let Some(d) = d {
+                    bound.check_at(ctx, &format!("health.{probe}.{what}"), d)?;
                 }
             }
         }

@@ -506,6 +506,27 @@ fn check_each(f: &ClusterFacts) -> Result<(), (&'static str, String)> {
         }
     }
     let kv = &f.kube_vip;
+    for (key, bound, n) in [
+        (
+            "kube_vip.lease_duration",
+            &super::bounds::KUBE_VIP_LEASE_DURATION,
+            kv.lease_duration,
+        ),
+        (
+            "kube_vip.renew_deadline",
+            &super::bounds::KUBE_VIP_RENEW_DEADLINE,
+            kv.renew_deadline,
+        ),
+        (
+            "kube_vip.retry_period",
+            &super::bounds::KUBE_VIP_RETRY_PERIOD,
+            kv.retry_period,
+        ),
+    ] {
+        if let Some(n) = n {
+            bound.check_value(n).map_err(|m| (key, m))?;
+        }
+    }
     if let (Some(d), Some(r), Some(p)) = (kv.lease_duration, kv.renew_deadline, kv.retry_period)
         && !(d > r && r > p && p > 0)
     {

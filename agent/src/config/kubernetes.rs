@@ -5,7 +5,7 @@ use std::path::PathBuf;
 
 use serde::{Deserialize, Serialize};
 
-use super::{ConfigError, Ctx, Duration, is_dns_subdomain};
+use super::{ConfigError, Ctx, Duration, bounds, is_dns_subdomain};
 
 /// How ginx reports to the cluster. Without `kubeconfig` nothing is reported (and nothing
 /// waits for it).
@@ -61,24 +61,35 @@ impl KubernetesConfig {
     /// name, built from the node's, is checked by the caller).
     pub(super) fn validate(&self, ctx: &Ctx<'_>) -> Result<(), ConfigError> {
         let k = self;
-        for (key, d) in [
-            ("kubernetes.lease_duration", k.lease_duration),
-            ("kubernetes.renew_interval", k.renew_interval),
-            ("kubernetes.resync_interval", k.resync_interval),
-            ("kubernetes.request_timeout", k.request_timeout),
+        for (bound, d) in [
+            (&bounds::HEARTBEAT_LEASE_DURATION, k.lease_duration),
+            (&bounds::RENEW_INTERVAL, k.renew_interval),
+            (&bounds::RESYNC_INTERVAL, k.resync_interval),
+            (&bounds::REQUEST_TIMEOUT, k.request_timeout),
         ] {
-            if d.is_zero() {
-                return Err(ctx.error(key, "must be longer than 0s"));
-            }
+            bound.check(ctx, d)?;
         }
         if k.renew_interval >= k.lease_duration {
-            return Err(ctx.error(
-                "kubernetes.renew_interval",
-                format!(
-                    "must be shorter than kubernetes.lease_duration ({}), or the lease expires between renewals",
-                    k.lease_duration
-                ),
-            ));
+            let (renew, lease) = ("kubernetes.renew_interval", "kubernetes.lease_duration");
+            return Err(if ctx.written(renew) || !ctx.written(lease) {
+                ctx.error(
+                    renew,
+                    format!(
+                        "must be shorter than {lease} ({}), or the lease expires between renewals",
+                        ctx.shown(lease, k.lease_duration)
+                    ),
+                )
+            } else {
+                ctx.error(
+                    lease,
+                    format!(
+                        "{} is not longer than {renew} ({}): the lease would expire between \
+                         renewals; make it a few renewals long",
+                        k.lease_duration,
+                        ctx.shown(renew, k.renew_interval)
+                    ),
+                )
+            });
         }
         if let Some(p) = &k.kubeconfig
             && !p.is_absolute()

@@ -108,6 +108,11 @@ impl Origins {
         }
     }
 
+    /// Whether `path` itself was written (not only an ancestor).
+    pub fn has(&self, path: &str) -> bool {
+        self.0.contains_key(path)
+    }
+
     fn set(&mut self, path: String, origin: Origin, replaces_subtree: bool) {
         if replaces_subtree {
             let stale: Vec<String> = self

@@ -1,8 +1,9 @@
 //! The configuration: schema, defaults, drop-in merge and validation.
 //!
-//! Pure apart from reading the files: [`load`] returns a validated [`Config`] or a
-//! [`ConfigError`] naming `file:line:column` and the key. Defaults live here and only here, in
-//! the `Default` impls and `default_*` functions; `ginx --print-default-config` prints them (the
+//! Pure apart from reading the files and looking up `rollout.gate.command`'s program (see
+//! `program`): [`load`] returns a validated [`Config`] or a [`ConfigError`] naming
+//! `file:line:column` and the key. Defaults live here and only here, in the `Default` impls
+//! and `default_*` functions; `ginx --print-default-config` prints them (the
 //! README's reference lists the same values and a test checks that its example is valid).
 //!
 //! One file per section; each section validates itself, and [`Config`]'s validation calls them
@@ -14,6 +15,7 @@
 
 mod apply;
 mod bootstrap;
+pub mod bounds;
 mod control;
 mod duration;
 mod health;
@@ -22,8 +24,10 @@ mod kubernetes;
 mod load;
 mod metrics;
 mod node;
+mod program;
 mod reboot;
 mod rollout;
+mod selector;
 mod sources;
 mod system;
 mod window;
@@ -275,6 +279,21 @@ impl Ctx<'_> {
 
     fn error(&self, key: &str, message: impl Into<String>) -> ConfigError {
         self.error_at(key, true, message)
+    }
+
+    /// Whether `key` itself is written in one of the files (not a default).
+    fn written(&self, key: &str) -> bool {
+        self.origins.has(key)
+    }
+
+    /// `value` of `key` as an error message about another key shows it: `"30m"`, or
+    /// `"30m, the default"` when no file sets it.
+    fn shown(&self, key: &str, value: impl std::fmt::Display) -> String {
+        if self.written(key) {
+            value.to_string()
+        } else {
+            format!("{value}, the default")
+        }
     }
 }
 
@@ -760,7 +779,9 @@ url = "ssh://git@git.example.com/infra/hephaestus.git"
     fn probe_timings_and_node_names_are_checked() {
         let e = err_text(&format!("{BASE}\n[health.kube_vip]\ntimeout = \"0s\"\n"));
         assert!(
-            e.contains("config.toml:11:11: health.kube_vip.timeout: must be longer than 0s"),
+            e.contains(
+                "config.toml:11:11: health.kube_vip.timeout: 0s is below the floor of 100ms"
+            ),
             "{e}"
         );
         let e = err_text(&BASE.replace("\"lucy\"", "\"a..b\""));
@@ -1078,5 +1099,192 @@ url = "ssh://git@git.example.com/infra/hephaestus.git"
             e.contains("50-big.toml is larger than 1 MiB (1100000 bytes)"),
             "{e}"
         );
+    }
+
+    /// Issue 30.5: a lease_duration longer than the default lock_ttl is lease_duration's
+    /// error, at its place, saying how it relates to the default.
+    #[test]
+    fn a_long_lease_duration_blames_itself_not_the_default_lock_ttl() {
+        let e = err_text(&format!("{BASE}\n[rollout]\nlease_duration = \"45m\"\n"));
+        assert!(
+            e.contains(
+                "config.toml:11:18: rollout.lease_duration: 45m is longer than reboot.lock_ttl \
+                 (30m, the default), the slot's duration while its holder reboots"
+            ),
+            "{e}"
+        );
+        assert!(e.contains("raise reboot.lock_ttl (at most 24h)"), "{e}");
+        // Both written: the check is lock_ttl's, which is then named.
+        let e = err_text(&format!(
+            "{BASE}\n[rollout]\nlease_duration = \"45m\"\n[reboot]\nlock_ttl = \"40m\"\n"
+        ));
+        assert!(
+            e.contains("config.toml:13:12: reboot.lock_ttl: 40m is shorter than rollout.lease_duration (45m)"),
+            "{e}"
+        );
+        assert!(
+            load_text(&format!(
+                "{BASE}\n[rollout]\nlease_duration = \"45m\"\n[reboot]\nlock_ttl = \"1h\"\n"
+            ))
+            .is_ok()
+        );
+    }
+
+    #[test]
+    fn cross_key_checks_blame_the_key_written_in_the_files() {
+        for (body, expected) in [
+            (
+                "[apply]\nretry_base = \"1h\"\n",
+                "config.toml:11:14: apply.retry_base: 1h is longer than apply.retry_max (30m, the default)",
+            ),
+            (
+                "[apply]\nretry_max = \"10s\"\n",
+                "config.toml:11:13: apply.retry_max: 10s is shorter than apply.retry_base (30s, the default)",
+            ),
+            (
+                "[rollout.gate]\ntimeout = \"30s\"\n",
+                "config.toml:11:11: rollout.gate.timeout: 30s is not longer than rollout.gate.settle (1m, the default)",
+            ),
+            (
+                "[rollout.gate]\nsettle = \"20m\"\n",
+                "config.toml:11:10: rollout.gate.settle: must be shorter than rollout.gate.timeout (10m, the default)",
+            ),
+            (
+                "[kubernetes]\nlease_duration = \"5s\"\n",
+                "config.toml:11:18: kubernetes.lease_duration: 5s is not longer than kubernetes.renew_interval (10s, the default)",
+            ),
+            (
+                "[kubernetes]\nrenew_interval = \"1m\"\n",
+                "config.toml:11:18: kubernetes.renew_interval: must be shorter than kubernetes.lease_duration (40s, the default)",
+            ),
+            (
+                "[apply]\ntimeout = \"5m\"\nmode = \"closure\"\n[apply.closure]\n\
+                 substituters = [\"s\"]\ntrusted_public_keys = [\"k:1\"]\n",
+                "config.toml:11:11: apply.timeout: 5m is shorter than apply.closure.realise_timeout (20m, the default)",
+            ),
+        ] {
+            let e = err_text(&format!("{BASE}\n{body}"));
+            assert!(e.contains(expected), "{e}");
+        }
+    }
+
+    /// Issue 30.6: the dangerous values seen are refused, each at its place with its bound.
+    #[test]
+    fn the_dangerous_values_of_issue_30_are_refused() {
+        for (body, expected) in [
+            (
+                "[rollout.gate]\ninterval = \"1ns\"\n",
+                "config.toml:11:12: rollout.gate.interval: 1ns is below the floor of 100ms",
+            ),
+            (
+                "[[rollout.windows]]\ndays = [\"sat\"]\nstart = \"02:00\"\nlength = \"1ns\"\n",
+                "config.toml:13:10: rollout.windows[0].length: 1ns is below the floor of 1m",
+            ),
+            (
+                "[reboot]\ngrace_period = \"0s\"\n",
+                "config.toml:11:16: reboot.grace_period: 0s is below the floor of 1s",
+            ),
+            (
+                "[reboot]\ngrace_period = \"1s 500ms\"\n",
+                "config.toml:11:16: reboot.grace_period: 1s 500ms is not a whole number of seconds",
+            ),
+            (
+                "[rollout.gate]\ncommand_timeout = \"1ns\"\n",
+                "config.toml:11:19: rollout.gate.command_timeout: 1ns is below the floor of 1s",
+            ),
+            (
+                "[rollout.gate]\ntimeout = \"100000h\"\n",
+                "config.toml:11:11: rollout.gate.timeout: 100000h is above the ceiling of 24h",
+            ),
+            (
+                "[reboot]\nlock_ttl = \"600000h\"\n",
+                "config.toml:11:12: reboot.lock_ttl: 600000h is above the ceiling of 24h",
+            ),
+            (
+                "[kubernetes]\nrequest_timeout = \"1ns\"\n",
+                "config.toml:11:19: kubernetes.request_timeout: 1ns is below the floor of 1s",
+            ),
+            (
+                "[health]\ntimeout = \"9223372036854775807s 999ms\"\n",
+                "config.toml:11:11: health.timeout: 2562047788015215h 30m 7s 999ms is above the ceiling of 5m",
+            ),
+            (
+                "[health.kubelet]\ntimeout = \"9223372036854775807s 999ms\"\n",
+                "config.toml:11:11: health.kubelet.timeout: 2562047788015215h 30m 7s 999ms is above",
+            ),
+            (
+                "[health.systemd]\ntimeout = \"9223372036854775807s 999ms\"\n",
+                "config.toml:11:11: health.systemd.timeout: 2562047788015215h 30m 7s 999ms is above",
+            ),
+            (
+                "[apply]\ntimeout = \"9223372036854775807s\"\n",
+                "config.toml:11:11: apply.timeout: 2562047788015215h 30m 7s is above the ceiling of 24h",
+            ),
+            (
+                "[apply]\nkill_grace = \"9223372036854775807s\"\n",
+                "config.toml:11:14: apply.kill_grace: 2562047788015215h 30m 7s is above the ceiling of 10m",
+            ),
+            (
+                "interval = \"1ns\"\n",
+                "config.toml:9:12: sources.hephaestus.interval: 1ns is below the floor of 1s",
+            ),
+            (
+                "[health]\ninterval = \"1ns\"\n",
+                "config.toml:11:12: health.interval: 1ns is below the floor of 100ms",
+            ),
+            (
+                "[system]\ndrift_check_interval = \"1ns\"\n",
+                "config.toml:11:24: system.drift_check_interval: 1ns is below the floor of 1s",
+            ),
+            (
+                "[kubernetes]\nrenew_interval = \"1ns\"\n",
+                "config.toml:11:18: kubernetes.renew_interval: 1ns is below the floor of 100ms",
+            ),
+            (
+                "[reboot]\nblocking_pod_selector = \"app==x y\"\n",
+                "config.toml:11:25: reboot.blocking_pod_selector: \"app==x y\" is not a label selector: expected ',' or the end after a requirement, found \"y\"",
+            ),
+        ] {
+            let text = if body.starts_with('[') {
+                format!("{BASE}\n{body}")
+            } else {
+                format!("{BASE}{body}")
+            };
+            let e = err_text(&text);
+            assert!(e.contains(expected), "{body}: {e}");
+        }
+    }
+
+    /// Issue 30.6: a typo in the gate command is refused at load (and so at reload), naming
+    /// the key and what to do; a program found through PATH, like the tests' `sh`, loads.
+    #[test]
+    fn a_gate_command_that_cannot_run_is_refused() {
+        let e = err_text(&format!(
+            "{BASE}\n[rollout.gate]\ncommand = [\"chekc-health\", \"--all\"]\n"
+        ));
+        assert!(
+            e.contains(
+                "config.toml:11:12: rollout.gate.command[0]: \"chekc-health\" is not found in PATH"
+            ),
+            "{e}"
+        );
+        assert!(e.contains("give the program's absolute path"), "{e}");
+        let dir = tempfile::tempdir().unwrap();
+        let script = write(dir.path(), "check", "#!/bin/sh\n");
+        let e = err_text(&format!(
+            "{BASE}\n[rollout.gate]\ncommand = [\"{}\"]\n",
+            script.display()
+        ));
+        assert!(
+            e.contains("rollout.gate.command[0]: ") && e.contains("is not executable"),
+            "{e}"
+        );
+        for ok in [
+            "\"sh\", \"-c\", \"true\"",
+            &format!("\"{}\"", std::env::current_exe().unwrap().display()),
+        ] {
+            let c = load_text(&format!("{BASE}\n[rollout.gate]\ncommand = [{ok}]\n"));
+            assert!(c.is_ok(), "{ok}: {:?}", c.err());
+        }
     }
 }

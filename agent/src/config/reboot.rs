@@ -5,7 +5,7 @@ use std::path::PathBuf;
 
 use serde::{Deserialize, Serialize};
 
-use super::{ConfigError, Ctx, Duration, RolloutConfig, Window};
+use super::{ConfigError, Ctx, Duration, RolloutConfig, Window, bounds};
 
 /// `reboot.mode`.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -99,52 +99,47 @@ impl RebootConfig {
                 format!("{} must be an absolute path", self.sentinel.display()),
             ));
         }
-        if self.lock_ttl.get() < rollout.lease_duration.get() {
-            return Err(ctx.error(
-                "reboot.lock_ttl",
-                format!(
-                    "{} is shorter than rollout.lease_duration ({}); it must cover a whole \
-                     reboot, like \"30m\"",
-                    self.lock_ttl, rollout.lease_duration
-                ),
-            ));
+        bounds::LOCK_TTL.check(ctx, self.lock_ttl)?;
+        if self.lock_ttl < rollout.lease_duration {
+            let (ttl, lease) = ("reboot.lock_ttl", "rollout.lease_duration");
+            // Blame the key the files set: a long lease_duration against the default lock_ttl
+            // is lease_duration's error.
+            return Err(if ctx.written(ttl) || !ctx.written(lease) {
+                ctx.error(
+                    ttl,
+                    format!(
+                        "{} is shorter than {lease} ({}); it must cover a whole reboot, like \
+                         \"30m\"",
+                        self.lock_ttl,
+                        ctx.shown(lease, rollout.lease_duration)
+                    ),
+                )
+            } else {
+                ctx.error(
+                    lease,
+                    format!(
+                        "{} is longer than {ttl} ({}), the slot's duration while its holder \
+                         reboots, which must be at least this; shorten this, or raise {ttl} \
+                         (at most {})",
+                        rollout.lease_duration,
+                        ctx.shown(ttl, self.lock_ttl),
+                        bounds::LOCK_TTL.ceiling
+                    ),
+                )
+            });
         }
-        if self.drain_timeout.is_zero() {
-            return Err(ctx.error("reboot.drain_timeout", "must be longer than 0s"));
+        bounds::DRAIN_TIMEOUT.check(ctx, self.drain_timeout)?;
+        if let Some(g) = self.grace_period {
+            bounds::GRACE_PERIOD.check(ctx, g)?;
         }
         if let Some(s) = &self.blocking_pod_selector
-            && let Err(e) = check_selector(s)
+            && let Err(e) = super::selector::check(s)
         {
             return Err(ctx.error("reboot.blocking_pod_selector", e));
         }
         if let Some(w) = &self.windows {
-            super::window::validate(w, "reboot.windows", ctx)?;
+            super::window::validate(w, "reboot.windows", &bounds::REBOOT_WINDOW_LENGTH, ctx)?;
         }
         Ok(())
     }
-}
-
-/// A label selector as the API takes it (`app=backup`, `app in (a,b)`, `!job`), checked for
-/// what would make every request fail: emptiness and unbalanced parentheses.
-fn check_selector(s: &str) -> Result<(), String> {
-    if s.trim().is_empty() {
-        return Err("is empty; remove it, or give a label selector like \"app=backup\"".into());
-    }
-    let mut depth = 0i32;
-    for c in s.chars() {
-        match c {
-            '(' => depth += 1,
-            ')' => depth -= 1,
-            _ => {}
-        }
-        if !(0..=1).contains(&depth) {
-            break;
-        }
-    }
-    if depth != 0 {
-        return Err(format!(
-            "{s:?} is not a label selector (unbalanced parentheses); like \"app in (a,b)\""
-        ));
-    }
-    Ok(())
 }

@@ -4,7 +4,7 @@
 
 use serde::{Deserialize, Serialize};
 
-use super::{ConfigError, Ctx, Duration, is_dns_label};
+use super::{ConfigError, Ctx, Duration, bounds, is_dns_label};
 use crate::types::EndpointUrl;
 
 /// `rollout.lock`.
@@ -201,18 +201,8 @@ impl RolloutConfig {
                 ),
             ));
         }
-        if self.max_concurrent == 0 || self.max_concurrent > 1000 {
-            return Err(ctx.error(
-                "rollout.max_concurrent",
-                "must be between 1 and 1000 (nodes of the group applying at once)",
-            ));
-        }
-        if self.lease_duration.get() < std::time::Duration::from_secs(3) {
-            return Err(ctx.error(
-                "rollout.lease_duration",
-                "must be at least 3s (the lease is renewed at a third of it)",
-            ));
-        }
+        bounds::MAX_CONCURRENT.check(ctx, self.max_concurrent)?;
+        bounds::ROLLOUT_LEASE_DURATION.check(ctx, self.lease_duration)?;
         if !super::is_dns_subdomain(&self.configmap) {
             return Err(ctx.error(
                 "rollout.configmap",
@@ -220,31 +210,53 @@ impl RolloutConfig {
             ));
         }
         let g = &self.gate;
-        for (key, d) in [
-            ("rollout.gate.timeout", g.timeout),
-            ("rollout.gate.interval", g.interval),
-            ("rollout.gate.command_timeout", g.command_timeout),
+        for (bound, d) in [
+            (&bounds::GATE_SETTLE, g.settle),
+            (&bounds::GATE_TIMEOUT, g.timeout),
+            (&bounds::GATE_INTERVAL, g.interval),
+            (&bounds::GATE_COMMAND_TIMEOUT, g.command_timeout),
         ] {
-            if d.is_zero() {
-                return Err(ctx.error(key, "must be longer than 0s"));
-            }
+            bound.check(ctx, d)?;
         }
         if g.settle >= g.timeout {
-            return Err(ctx.error(
-                "rollout.gate.settle",
-                format!(
-                    "must be shorter than rollout.gate.timeout ({}), or the gate can never pass",
-                    g.timeout
-                ),
-            ));
+            let (settle, timeout) = ("rollout.gate.settle", "rollout.gate.timeout");
+            return Err(if ctx.written(settle) || !ctx.written(timeout) {
+                ctx.error(
+                    settle,
+                    format!(
+                        "must be shorter than {timeout} ({}), or the gate can never pass",
+                        ctx.shown(timeout, g.timeout)
+                    ),
+                )
+            } else {
+                ctx.error(
+                    timeout,
+                    format!(
+                        "{} is not longer than {settle} ({}), so the gate can never pass; \
+                         make it longer, or set {settle} shorter",
+                        g.timeout,
+                        ctx.shown(settle, g.settle)
+                    ),
+                )
+            });
         }
-        if let Some(c) = &g.command
-            && c.first().is_none_or(|a| a.trim().is_empty())
-        {
-            return Err(ctx.error(
-                "rollout.gate.command",
-                "must be an argv with a program first, like [\"/etc/ginx/check\"]",
-            ));
+        if let Some(c) = &g.command {
+            let Some(program) = c.first().filter(|a| !a.trim().is_empty()) else {
+                return Err(ctx.error(
+                    "rollout.gate.command",
+                    "must be an argv with a program first, like [\"/etc/ginx/check\"]",
+                ));
+            };
+            if let Err(why) = super::program::find(program) {
+                return Err(ctx.error(
+                    "rollout.gate.command[0]",
+                    format!(
+                        "{why}; a gate command that cannot run fails the baseline too, and the \
+                         no-regression gate would then pass without it: give the program's \
+                         absolute path, or install it"
+                    ),
+                ));
+            }
         }
         match (&self.lock, &self.fleetlock) {
             (LockBackend::Fleetlock, None) => {
@@ -267,6 +279,11 @@ impl RolloutConfig {
             }
             _ => {}
         }
-        super::window::validate(&self.windows, "rollout.windows", ctx)
+        super::window::validate(
+            &self.windows,
+            "rollout.windows",
+            &bounds::ROLLOUT_WINDOW_LENGTH,
+            ctx,
+        )
     }
 }

@@ -6,7 +6,7 @@ use std::path::PathBuf;
 use serde::{Deserialize, Serialize};
 
 use super::load::join_key;
-use super::{ConfigError, Ctx, Duration};
+use super::{ConfigError, Ctx, Duration, bounds};
 use crate::types::{Goal, RemoteUrl, Transport};
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -138,13 +138,15 @@ impl SourceConfig {
                 format!("{:?} is not a valid branch name", self.branch),
             ));
         }
-        for (field, d) in [
-            ("interval", self.interval),
-            ("fetch_timeout", self.fetch_timeout),
+        for (field, bound, d) in [
+            ("interval", &bounds::SOURCE_INTERVAL, self.interval),
+            (
+                "fetch_timeout",
+                &bounds::SOURCE_FETCH_TIMEOUT,
+                self.fetch_timeout,
+            ),
         ] {
-            if d.is_zero() {
-                return Err(ctx.error(&join_key(key, field), "must be longer than 0s"));
-            }
+            bound.check_at(ctx, &join_key(key, field), d)?;
         }
         match (&self.url, self.urls.is_empty()) {
             (Some(_), false) => {

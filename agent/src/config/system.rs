@@ -4,7 +4,7 @@ use std::path::PathBuf;
 
 use serde::{Deserialize, Serialize};
 
-use super::{ConfigError, Ctx, Duration};
+use super::{ConfigError, Ctx, Duration, bounds};
 
 /// Where NixOS keeps what ginx inspects, and the commands it uses to roll back. Paths are
 /// configurable for tests.
@@ -66,9 +66,6 @@ impl SystemConfig {
                 return Err(ctx.error(key, "must name a program"));
             }
         }
-        if self.drift_check_interval.is_zero() {
-            return Err(ctx.error("system.drift_check_interval", "must be longer than 0s"));
-        }
-        Ok(())
+        bounds::DRIFT_CHECK_INTERVAL.check(ctx, self.drift_check_interval)
     }
 }

@@ -8,7 +8,7 @@
 
 use serde::{Deserialize, Serialize};
 
-use super::{ConfigError, Ctx, Duration};
+use super::{ConfigError, Ctx, Duration, bounds::DurationBound};
 
 /// A day of the week, as written in `days`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
@@ -103,11 +103,13 @@ fn utc() -> String {
     "UTC".to_owned()
 }
 
-/// The longest window: a week (longer would overlap itself).
-const MAX_LENGTH: std::time::Duration = std::time::Duration::from_secs(7 * 24 * 3600);
-
-/// Checks `windows` (at `key`, like `rollout.windows`).
-pub(super) fn validate(windows: &[Window], key: &str, ctx: &Ctx<'_>) -> Result<(), ConfigError> {
+/// Checks `windows` (at `key`, like `rollout.windows`), their lengths against `length`.
+pub(super) fn validate(
+    windows: &[Window],
+    key: &str,
+    length: &DurationBound,
+    ctx: &Ctx<'_>,
+) -> Result<(), ConfigError> {
     for (i, w) in windows.iter().enumerate() {
         let at = |field: &str| format!("{key}[{i}].{field}");
         if w.days.is_empty() {
@@ -116,9 +118,7 @@ pub(super) fn validate(windows: &[Window], key: &str, ctx: &Ctx<'_>) -> Result<(
                 "must name at least one day, like [\"sat\", \"sun\"]",
             ));
         }
-        if w.length.is_zero() || w.length.get() > MAX_LENGTH {
-            return Err(ctx.error(&at("length"), "must be longer than 0s and at most 7d"));
-        }
+        length.check_at(ctx, &at("length"), w.length)?;
         if let Err(e) = jiff::tz::TimeZone::get(&w.time_zone) {
             return Err(ctx.error(
                 &at("time_zone"),
