@@ -305,6 +305,29 @@ fn clock_skew_of_five_minutes_either_way_takes_no_live_slot() {
         .map(|(n, d)| (*n, history(d)))
         .collect();
     check(&journal, 1, &halts(cp), false, &histories);
+    // Every write carries field manager `ginx`, so the API server stamps each write's time
+    // under it (what the admission policies read as the server's clock).
+    let writes: Vec<_> = rbac
+        .requests()
+        .into_iter()
+        .filter(|e| matches!(e.verb.as_str(), "create" | "update" | "patch"))
+        .collect();
+    assert!(!writes.is_empty());
+    for e in &writes {
+        assert!(
+            e.uri.contains("fieldManager=ginx"),
+            "a write without field manager ginx: {e:?}"
+        );
+    }
+    let slot = cp.lease("ginx-system", lease).unwrap();
+    assert!(
+        slot["metadata"]["managedFields"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .all(|m| m["manager"] == "ginx" && m["time"].is_string()),
+        "{slot:#}"
+    );
 }
 
 /// The halt of `revision` once it is written, with the node it names and its cause.

@@ -346,3 +346,33 @@ impl Reconciler {
         });
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Idle status must not say a window is open after it closed: the loop wakes at the edge.
+    #[test]
+    fn the_loop_wakes_at_the_next_window_edge() {
+        assert_eq!(until_window_edge(&[]), None);
+        let now = util::now().in_tz("UTC").unwrap();
+        let day = |d: jiff::civil::Weekday| {
+            format!("{d:?}").to_lowercase().chars().take(3).collect::<String>()
+        };
+        // A window that opened a minute ago and lasts two: its close is about a minute away.
+        let start = now - jiff::SignedDuration::from_secs(60);
+        let w: crate::config::Window = toml::from_str(&format!(
+            "days = [\"{}\"]\nstart = \"{:02}:{:02}:{:02}\"\nlength = \"2m\"\n",
+            day(start.weekday()),
+            start.hour(),
+            start.minute(),
+            start.second()
+        ))
+        .unwrap();
+        let d = until_window_edge(&[w]).unwrap();
+        assert!(
+            d > std::time::Duration::from_secs(50) && d <= std::time::Duration::from_secs(61),
+            "{d:?}"
+        );
+    }
+}
