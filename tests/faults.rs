@@ -94,7 +94,9 @@ fn halts(cp: &ControlPlane) -> BTreeMap<String, Value> {
 /// - A halted revision is started by no node but the one its halt names (the one whose gate
 ///   failed, or that vanished holding it), unless `may_resume` lets the halt be lifted later
 ///   (a vanished holder that came back and passed its gate): then no other node starts it
-///   before that node's last gate step for it.
+///   before that node's activation and gate of it ended (its last line before its next
+///   `start`); if that node never started it, it lifted the halt knowing it did not kill it.
+///   (Halts an operator cleared are not given here.)
 /// - No attempt is lost or recorded twice: each node's attempts have distinct ids, and each
 ///   node in `histories` recorded as many apply attempts of a revision as its stand-in
 ///   colmena started.
@@ -117,13 +119,34 @@ fn check(
     );
     for (rev, halt) in halted {
         let owner = halt["node"].as_str().unwrap_or("?");
-        let last_own = all.iter().rposition(|l| l.node == owner);
+        // The end of the owner's span for this revision: its last line before its next start.
+        let own_start = all
+            .iter()
+            .position(|l| l.what == "start" && l.node == owner && l.revision == *rev);
+        // (The gate command's run right before that next start is its baseline: it belongs to
+        // the next span, as in `most_at_once`.)
+        let own_end = own_start.map(|s| {
+            let mut own = vec![s];
+            for (k, l) in all.iter().enumerate().skip(s + 1) {
+                if l.node != owner {
+                    continue;
+                }
+                if l.what == "start" {
+                    if own.len() > 1 && all[*own.last().unwrap()].what == "verify" {
+                        own.pop();
+                    }
+                    break;
+                }
+                own.push(k);
+            }
+            *own.last().unwrap()
+        });
         for (i, l) in all.iter().enumerate() {
             if l.what != "start" || l.revision != *rev || l.node == owner {
                 continue;
             }
             assert!(
-                may_resume && last_own.is_some_and(|o| o < i),
+                may_resume && own_end.is_none_or(|o| o < i),
                 "{} started halted revision {rev} (halt: {halt}): {all:#?}",
                 l.node
             );
@@ -173,9 +196,12 @@ fn check_catches_two_at_once_and_a_halted_revision_started_elsewhere() {
     std::fs::write(&j, "start a r1\nstart b r1\nend a\nend b\n").unwrap();
     let r = std::panic::catch_unwind(|| check(&j, 1, &BTreeMap::new(), false, &[]));
     assert!(r.is_err(), "two at once");
-    // A halt lifted after its owner's gate: b's later start is fine.
+    // A halt lifted after its owner's gate: b's later start is fine, one during it is not.
     std::fs::write(&j, "start a r1\nend a\nverify a\nstart b r1\nend b\n").unwrap();
     check(&j, 1, &halt, true, &[]);
+    std::fs::write(&j, "start a r1\nend a\nstart b r1\nverify a\nend b\n").unwrap();
+    let r = std::panic::catch_unwind(|| check(&j, 2, &halt, true, &[]));
+    assert!(r.is_err(), "b started r1 during a's gate");
 }
 
 /// A fleet of `names` in group `group` (workers, one slot, 5 s slots), sharing `origin`.
@@ -468,10 +494,23 @@ fn sigkill_of_the_holder_mid_activation_halts_its_revision() {
             s["rollout"]["waiting_for"] == "halted"
         });
     }
+    // The group waits for the vanished holder, even for a new revision: lucy may be alive and
+    // activating. An operator who checked it clears the halt.
     let s = origin.repo.commit("hive.nix", "{ fixed = true; }", "s");
     for d in [&makise, &quinn] {
         d.ctl_ok(&["sync"]);
     }
+    for d in [&makise, &quinn] {
+        let st = d.wait_status("the group waiting for lucy", |st| {
+            st["apply"]["revision"] == s.as_str() && st["rollout"]["waiting_for"] == "halted"
+        });
+        let why = st["rollout"]["reason"].as_str().unwrap();
+        assert!(
+            why.contains("fsg-lucy vanished") && why.contains("rollout clear"),
+            "{why}"
+        );
+    }
+    makise.ctl_ok(&["rollout", "clear", &r]);
     for d in [&makise, &quinn] {
         d.wait_applied(&s);
     }
@@ -815,6 +854,7 @@ pub(crate) fn nemesis(rounds: usize, seed: u64) -> Vec<String> {
     let mut daemons: Vec<Daemon> = nodes.iter().map(|n| n.env.start()).collect();
     let lease = "ginx-rollout-fnm-0";
     let mut seen_halts: BTreeMap<String, Value> = BTreeMap::new();
+    let mut operator_cleared: Vec<String> = Vec::new();
     let mut done = Vec::new();
     for round in 0..rounds {
         let r = origin
@@ -908,20 +948,45 @@ pub(crate) fn nemesis(rounds: usize, seed: u64) -> Vec<String> {
             _ => {}
         }
         seen_halts.extend(halts(&cp));
-        // The round ends when every node applied the revision or waits on its halt.
-        for d in &daemons {
-            // Applied; or held back by a halt; or (a node killed mid-activation) its
-            // interrupted attempt recorded as failed, retried later.
+        // The halts the fault left: a holder that came back lifts its own once its gate
+        // passes; one whose activation was killed never will, and the operator clears it, as
+        // one would after checking the node.
+        let killed = matches!(fault, Fault::Kill).then_some(victim).flatten();
+        let cleared = if killed.is_some() {
+            let left = halts(&cp);
+            let ours: Vec<&String> = left
+                .keys()
+                .filter(|k| lines(&journal).iter().any(|l| &l.revision == *k))
+                .collect();
+            seen_halts.extend(left.clone());
+            for rev in &ours {
+                daemons[0].ctl_ok(&["rollout", "clear", rev]);
+                operator_cleared.push((*rev).clone());
+            }
+            !ours.is_empty()
+        } else {
+            wait_for("the halts lifted by their holders", || {
+                let left = halts(&cp);
+                seen_halts.extend(left.clone());
+                (!lines(&journal)
+                    .iter()
+                    .any(|l| left.contains_key(&l.revision)))
+                .then_some(())
+            });
+            false
+        };
+        // The round ends when every node applied the revision; a node whose activation was
+        // killed has it recorded as failed (retried much later).
+        for (k, d) in daemons.iter().enumerate() {
             d.wait_status("the round's end on this node", |s| {
                 let this = s["apply"]["revision"] == r.as_str();
                 (this && s["apply"]["state"] == "succeeded")
-                    || (this && s["apply"]["state"] == "failed" && s["rollout"]["slot"].is_null())
-                    || s["rollout"]["waiting_for"] == "halted"
+                    || (killed == Some(k) && this && s["apply"]["state"] == "failed")
             });
             seen_halts.extend(halts(&cp));
         }
         let line = format!(
-            "round {round}: {fault:?} at {moment:?} of {}; {} halted: {}",
+            "round {round}: {fault:?} at {moment:?} of {}; {} halted: {}, cleared by the operator: {cleared}",
             victim.map_or("-", |i| names[i]),
             r.get(..8).unwrap_or(&r),
             seen_halts.contains_key(&r)
@@ -938,6 +1003,9 @@ pub(crate) fn nemesis(rounds: usize, seed: u64) -> Vec<String> {
         d.wait_applied(&last);
     }
     seen_halts.extend(halts(&cp));
+    for rev in &operator_cleared {
+        seen_halts.remove(rev);
+    }
     let histories: Vec<(&str, Value)> = names
         .iter()
         .zip(&daemons)

@@ -672,8 +672,13 @@ fn a_killed_holder_s_slot_expires_and_it_never_takes_a_second() {
             .all(|c| c.env.get("GINX_REVISION") != Some(&x)),
         "b applied the vanished holder's revision"
     );
+    // The group waits for the vanished holder until an operator clears its halt.
     let y = origin.repo.commit("hive.nix", "{ y = true; }", "y");
     db.ctl_ok(&["sync"]);
+    db.wait_status("b waiting for the vanished holder", |s| {
+        s["apply"]["revision"] == y.as_str() && s["rollout"]["waiting_for"] == "halted"
+    });
+    db.ctl_ok(&["rollout", "clear", &x]);
     db.wait_applied(&y);
     let _ = std::fs::write(&gate, "");
 }

@@ -592,6 +592,7 @@ mod tests {
                 reason: "health gate failed".into(),
                 at: "2026-12-01T10:00:00Z".parse().unwrap(),
                 cause: crate::status::HaltCause::GateFailed,
+                group: None,
             },
         );
         let v = ClusterView {

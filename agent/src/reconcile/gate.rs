@@ -19,6 +19,7 @@ impl Reconciler {
     /// Asks the rollout whether `desired` may be applied now; `true` with the lock (if any)
     /// held and recorded. Otherwise the wait is recorded for status.
     pub(super) async fn ask(&mut self, desired: &Desired) -> bool {
+        self.lift_unstarted_vanished().await;
         let held = self.core.state.rollout_held.clone();
         let permit = self
             .gatekeeper
@@ -63,6 +64,41 @@ impl Reconciler {
                     return false;
                 }
                 true
+            }
+        }
+    }
+
+    /// A `holder-vanished` halt naming this node, of a revision it never started (it lost its
+    /// slot before the activation: fencing held it back), is lifted: that revision did not
+    /// kill it. One it started stays: only its passed gate, or an operator, lifts that.
+    async fn lift_unstarted_vanished(&mut self) {
+        let node = self.config.borrow().node_name().to_owned();
+        let Some(fleet) = self.gatekeeper.fleet.clone() else {
+            return;
+        };
+        let st = &self.core.state;
+        for halt in fleet.halted.values() {
+            if halt.cause != crate::status::HaltCause::HolderVanished || halt.node != node {
+                continue;
+            }
+            let running = st
+                .in_flight
+                .as_ref()
+                .is_some_and(|f| f.revision == halt.revision)
+                || st
+                    .verifying
+                    .as_ref()
+                    .is_some_and(|v| v.revision == halt.revision);
+            let started = running
+                || self
+                    .history
+                    .attempts
+                    .iter()
+                    .any(|a| a.kind == AttemptKind::Apply && a.revision == halt.revision);
+            if !started {
+                tracing::warn!(revision = %halt.revision.short(),
+                    "a holder-vanished halt names this node for a revision it never started: lifting it");
+                self.gatekeeper.lift_vanished(&halt.revision).await;
             }
         }
     }
@@ -151,6 +187,7 @@ impl Reconciler {
             reason,
             at: g.at,
             cause: crate::status::HaltCause::GateFailed,
+            group: None,
         };
         match self.gatekeeper.halt(halt).await {
             Ok(()) => {

@@ -172,6 +172,7 @@ impl Reconciler {
                         reason: "health gate failed on this node".to_owned(),
                         at: g.at,
                         cause: crate::status::HaltCause::GateFailed,
+                        group: None,
                     })
                 }),
             paused: fleet.and_then(|f| f.paused.clone()),
@@ -357,7 +358,11 @@ mod tests {
         assert_eq!(until_window_edge(&[]), None);
         let now = util::now().in_tz("UTC").unwrap();
         let day = |d: jiff::civil::Weekday| {
-            format!("{d:?}").to_lowercase().chars().take(3).collect::<String>()
+            format!("{d:?}")
+                .to_lowercase()
+                .chars()
+                .take(3)
+                .collect::<String>()
         };
         // A window that opened a minute ago and lasts two: its close is about a minute away.
         let start = now - jiff::SignedDuration::from_secs(60);

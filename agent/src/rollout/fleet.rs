@@ -141,6 +141,7 @@ fn unreadable(revision: Revision, key: &str) -> Halt {
         reason: format!("the {key} key cannot be read; see the ConfigMap"),
         at: Timestamp::UNIX_EPOCH,
         cause: crate::status::HaltCause::GateFailed,
+        group: None,
     }
 }
 
@@ -264,7 +265,14 @@ pub fn apply_clear(
 /// stands: it says where the revision failed first).
 pub fn apply_halt(state: &mut FleetState, halt: Halt) -> bool {
     let key = halt.revision.to_string();
-    if state.halted.contains_key(&key) {
+    // A vanished holder that came back and whose gate failed: its halt becomes the failed
+    // gate's (the revision is bad, and the holder is no longer in flight).
+    let replaces_vanished = state.halted.get(&key).is_some_and(|h| {
+        h.cause == crate::status::HaltCause::HolderVanished
+            && halt.cause == crate::status::HaltCause::GateFailed
+            && h.node == halt.node
+    });
+    if state.halted.contains_key(&key) && !replaces_vanished {
         return false;
     }
     let by = format!("ginx@{}", halt.node);
@@ -540,6 +548,7 @@ mod tests {
             reason: "health gate failed".to_owned(),
             at: t("2026-12-01T10:00:00Z"),
             cause: crate::status::HaltCause::GateFailed,
+            group: None,
         }
     }
 

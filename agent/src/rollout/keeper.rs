@@ -546,6 +546,33 @@ impl Gatekeeper {
                 );
             }
         }
+        // A holder of this group vanished mid-rollout: it may still be activating or verifying
+        // (cut off, stopped), so nothing of the group starts until it is back and its gate
+        // passed, or an operator clears the halt. A node resuming its own slot goes on.
+        let resuming_own = held.is_some()
+            || self
+                .holding
+                .as_ref()
+                .is_some_and(|h| !h.lost.load(Ordering::Relaxed));
+        if !resuming_own
+            && let Some(h) = self
+                .fleet
+                .as_ref()
+                .and_then(|f| f.vanished_in(&cfg.rollout.group_for(cfg.node.role)))
+        {
+            return Permit::Wait(
+                WaitingFor::Halted,
+                format!(
+                    "{} vanished holding a rollout slot of group {} while rolling out {} and may \
+                     still be activating it; the group waits until it is back and its gate \
+                     passes, or `ginxctl rollout clear {}` after checking it",
+                    h.node,
+                    h.group.as_deref().unwrap_or("-"),
+                    h.revision.short(),
+                    h.revision.short()
+                ),
+            );
+        }
         if let Some(wait) = self.outside_window(&cfg, held, purpose) {
             return wait;
         }
@@ -768,10 +795,11 @@ impl Gatekeeper {
     }
 
     /// This node took over a slot from `v`, which stopped renewing it. When `v` was applying or
-    /// verifying a revision, that revision may be what killed it: it is halted cluster-wide
-    /// (`on_holder_lost = "halt"`), and the slot released if it is `revision`, the one this
-    /// node wanted to apply. `Some(wait)` when this node must not go on now; the halt that
-    /// cannot be written yet is owed (written first at the next ask), the slot kept meanwhile.
+    /// verifying a revision, that revision may be what killed it, and `v` may still be at it
+    /// (cut off, stopped): the revision is halted cluster-wide (`on_holder_lost = "halt"`) with
+    /// the group, the slot released, and the group waits (see `FleetState::vanished_in`).
+    /// `Some(wait)` when this node must not go on now; a halt that cannot be written yet is
+    /// owed (written first at the next ask), the slot kept meanwhile.
     async fn took_over(
         &mut self,
         cfg: &Config,
@@ -811,18 +839,22 @@ impl Gatekeeper {
             ),
             at: util::now(),
             cause: HaltCause::HolderVanished,
+            group: Some(cfg.rollout.group_for(cfg.node.role)),
         };
         match self.write_owed_halt(halt).await {
-            Ok(()) => (&their == revision).then(|| {
-                Permit::Wait(
-                    WaitingFor::Halted,
-                    format!(
-                        "revision {} is halted: {} vanished while rolling it out",
-                        their.short(),
-                        v.node
-                    ),
-                )
-            }),
+            Ok(()) => Some(Permit::Wait(
+                WaitingFor::Halted,
+                format!(
+                    "{} vanished while rolling out {}: halted, and the group waits{}",
+                    v.node,
+                    their.short(),
+                    if &their == revision {
+                        ""
+                    } else {
+                        " (this node's revision too)"
+                    }
+                ),
+            )),
             Err(e) => Some(self.api_unavailable(
                 cfg,
                 format!(
@@ -834,8 +866,8 @@ impl Gatekeeper {
         }
     }
 
-    /// Writes a `holder-vanished` halt (owed until it is written); once written, the slot held
-    /// for that revision is released: this node does not apply it.
+    /// Writes a `holder-vanished` halt (owed until it is written); once written, the slot
+    /// taken over is released: the group waits for the vanished holder.
     async fn write_owed_halt(&mut self, halt: Halt) -> Result<(), String> {
         let revision = halt.revision.clone();
         let node = halt.node.clone();
@@ -845,7 +877,6 @@ impl Gatekeeper {
         tracing::error!(revision = %revision.short(), holder = %node, reason = "holder-vanished",
             "revision halted cluster-wide: its holder vanished while rolling it out");
         if let Some(h) = self.holding.as_ref().map(|h| h.held.clone())
-            && h.revision == revision
             && let Err(e) = self.release(&h).await
         {
             tracing::warn!(error = %e, "cannot release the slot taken over; it expires by itself");

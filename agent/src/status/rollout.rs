@@ -133,6 +133,10 @@ pub struct Halt {
     /// Why: absent for a failed gate (and in halts written before the field existed).
     #[serde(default, skip_serializing_if = "HaltCause::is_gate_failed")]
     pub cause: HaltCause,
+    /// For a `holder-vanished` halt: the rollout group whose slot the holder held. The whole
+    /// group waits while it stands (the holder may still be activating or verifying).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub group: Option<String>,
 }
 
 /// Why a revision is halted.
@@ -191,6 +195,16 @@ pub struct FleetState {
 impl FleetState {
     pub fn halt_of(&self, revision: &Revision) -> Option<&Halt> {
         self.halted.get(revision.as_str())
+    }
+
+    /// A `holder-vanished` halt in `group`: a holder of the group's slots stopped renewing
+    /// while activating or verifying, and may still be doing so (partitioned, stopped), so no
+    /// node of the group starts anything until it comes back and its gate passes, or an
+    /// operator clears the halt.
+    pub fn vanished_in(&self, group: &str) -> Option<&Halt> {
+        self.halted
+            .values()
+            .find(|h| h.cause == HaltCause::HolderVanished && h.group.as_deref() == Some(group))
     }
 }
 
