@@ -379,6 +379,13 @@ fn daemonset_and_mirror_pods_stay_and_an_admin_cordon_is_never_lifted() {
     assert_eq!(nodes[0].reboots().len(), 1);
     assert!(unschedulable(cp, name), "the admin's cordon stays");
     assert!(!cordoned_by_ginx(cp, name));
+    // And the log does not say otherwise (issue 30: it said "schedulable").
+    let log = nodes[0].d().log();
+    assert!(
+        log.contains("reboot done") && log.contains("ginx did not cordon it")
+            && !log.contains("and schedulable"),
+        "{log}"
+    );
     let after_ds = pods(cp, ns, "agent");
     assert_eq!(
         after_ds.iter().map(|p| &p.1).collect::<Vec<_>>(),
