@@ -12,7 +12,7 @@ export NEMESIS_ROUNDS=${NEMESIS_ROUNDS:-40}
 log=target/nemesis-$(date -u +%Y%m%dT%H%M%SZ).log
 echo "nemesis: $NEMESIS_ROUNDS rounds; log in $log"
 start=$(date +%s)
-CI=${CI:-true} cargo test --release --test integration -- --exact \
+CI=${CI:-true} cargo test --test integration -- --exact \
   faults::a_randomised_nemesis_over_three_nodes --nocapture 2>&1 | tee "$log"
 rc=${PIPESTATUS[0]}
 echo "nemesis: rc $rc after $(( $(date +%s) - start )) s"

@@ -204,7 +204,10 @@ fn check_catches_two_at_once_and_a_halted_revision_started_elsewhere() {
     assert!(r.is_err(), "b started r1 during a's gate");
 }
 
-/// A fleet of `names` in group `group` (workers, one slot, 5 s slots), sharing `origin`.
+/// A fleet of `names` in group `group` (workers, one slot, 5 s slots), sharing `origin`, whose
+/// head is made this group's own: halts are keyed by revision in the one ConfigMap that every
+/// test of the shared control plane uses, and two new repositories' first commits made in the
+/// same second are the same commit.
 fn fleet(
     cp: &ControlPlane,
     rbac: &mut RbacGuard<'_>,
@@ -213,6 +216,9 @@ fn fleet(
     group: &str,
     names: &[&str],
 ) -> Vec<Node> {
+    origin
+        .repo
+        .commit("group.nix", &format!("\"{group}\"\n"), group);
     names
         .iter()
         .map(|n| {

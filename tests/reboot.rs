@@ -382,7 +382,8 @@ fn daemonset_and_mirror_pods_stay_and_an_admin_cordon_is_never_lifted() {
     // And the log does not say otherwise (issue 30: it said "schedulable").
     let log = nodes[0].d().log();
     assert!(
-        log.contains("reboot done") && log.contains("ginx did not cordon it")
+        log.contains("reboot done")
+            && log.contains("ginx did not cordon it")
             && !log.contains("and schedulable"),
         "{log}"
     );

@@ -969,26 +969,13 @@ impl Gatekeeper {
         if h.since_renewal() < lock.duration / 3 {
             return Ok(());
         }
-        let renewed = Arc::clone(&h.renewed);
-        let lost = Arc::clone(&h.lost);
-        match lock.renew(index).await {
-            Ok(true) => {
-                *guard::<Instant>(&renewed) = Instant::now();
-                Ok(())
-            }
-            Ok(false) => {
-                mark_lost(
-                    &lock,
-                    index,
-                    &lost,
-                    &self.changes_tx,
-                    "taken by another node",
-                );
-                Err(format!(
-                    "the rollout slot {} was taken by another node",
-                    lock.name(index)
-                ))
-            }
+        let (renewed, lost) = (Arc::clone(&h.renewed), Arc::clone(&h.lost));
+        match renew_now(&lock, index, &renewed, &lost, &self.changes_tx).await {
+            Ok(true) => Ok(()),
+            Ok(false) => Err(format!(
+                "the rollout slot {} was taken by another node",
+                lock.name(index)
+            )),
             Err(e) => Err(format!(
                 "cannot renew the rollout slot {} before starting: {e}",
                 lock.name(index)
@@ -1012,19 +999,9 @@ impl Gatekeeper {
         if h.lost.load(Ordering::Relaxed) {
             return;
         }
-        let renewed = Arc::clone(&h.renewed);
-        match lock.renew(index).await {
-            Ok(true) => *guard::<Instant>(&renewed) = Instant::now(),
-            Ok(false) => {
-                let lost = Arc::clone(&h.lost);
-                mark_lost(
-                    &lock,
-                    index,
-                    &lost,
-                    &self.changes_tx,
-                    "taken by another node",
-                );
-            }
+        let (renewed, lost) = (Arc::clone(&h.renewed), Arc::clone(&h.lost));
+        match renew_now(&lock, index, &renewed, &lost, &self.changes_tx).await {
+            Ok(_) => {}
             Err(e) => {
                 tracing::warn!(slot = index, error = %e, phase = phase.as_str(), "cannot write the slot's phase now; the next renewal writes it");
             }
@@ -1295,6 +1272,24 @@ fn mark_lost(
             "the rollout slot was lost: nothing new starts until a slot is taken again; an activation or gate under way finishes and is reported");
         changes.send_modify(|n| *n = n.wrapping_add(1));
     }
+}
+
+/// Renews slot `index` now: its renewal time updated, or the slot marked lost when another node
+/// holds it (`Ok(false)`).
+async fn renew_now(
+    lock: &LeaseLock,
+    index: u32,
+    renewed: &Mutex<Instant>,
+    lost: &AtomicBool,
+    changes: &watch::Sender<u64>,
+) -> Result<bool, LockError> {
+    let held = lock.renew(index).await?;
+    if held {
+        *guard::<Instant>(renewed) = Instant::now();
+    } else {
+        mark_lost(lock, index, lost, changes, "taken by another node");
+    }
+    Ok(held)
 }
 
 /// Renews slot `index` at a third of its duration until aborted. The slot is lost when a
