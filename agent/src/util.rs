@@ -34,6 +34,14 @@ pub fn after(t: Timestamp, d: Duration) -> Timestamp {
         .unwrap_or(Timestamp::MAX)
 }
 
+/// `t` minus `d`, saturating at the far past.
+pub fn before(t: Timestamp, d: Duration) -> Timestamp {
+    jiff::SignedDuration::try_from(d)
+        .ok()
+        .and_then(|d| t.checked_sub(d).ok())
+        .unwrap_or(Timestamp::MIN)
+}
+
 /// "12s", "3m", "2h", "5d": how long ago (or until) `t`, for one-line human views.
 pub fn age(t: Timestamp, now: Timestamp) -> String {
     let secs = now.duration_since(t).as_secs();

@@ -109,6 +109,8 @@ pub struct Reconciler {
     baseline: BTreeMap<String, crate::status::HealthStatus>,
     /// What blocks the open gate now (for status).
     gate_failing: BTreeMap<String, String>,
+    /// When the failed revision's retry is due, on the monotonic clock.
+    retry_clock: RetryClock,
     /// The open gate's own times on the monotonic clock, for the gate that started at the
     /// wall-clock time given (the persisted `verifying.started_at`); and whether a step of the
     /// wall clock during it was logged.
@@ -215,6 +217,7 @@ impl Reconciler {
             baseline: BTreeMap::new(),
             gate_failing: BTreeMap::new(),
             gate_times: None,
+            retry_clock: RetryClock::default(),
             lock_retry_at: None,
             reboot_view: reboot::RebootView::default(),
         };
@@ -329,7 +332,10 @@ impl Reconciler {
                 Decision::Idle
             } else {
                 let desired = self.desired();
-                self.core.decide(desired.as_ref().map(|(d, _)| d), now)
+                let at = self.core.state.failure.as_ref().map(|f| f.next_retry_at);
+                let retry_now = self.retry_clock.now(at, now, std::time::Instant::now());
+                self.core
+                    .decide(desired.as_ref().map(|(d, _)| d), retry_now)
             };
             let reboot_turn =
                 attempting.is_none() && self.unsaved.is_none() && self.reboot_turn(&decision);
@@ -392,8 +398,8 @@ impl Reconciler {
             };
             let retry = async {
                 match decision {
-                    Decision::RetryAt(at) => {
-                        tokio::time::sleep(now.duration_until(at).unsigned_abs()).await;
+                    Decision::RetryAt(_) => {
+                        tokio::time::sleep(self.retry_clock.left(std::time::Instant::now())).await;
                     }
                     _ => std::future::pending().await,
                 }
@@ -536,6 +542,50 @@ impl Reconciler {
     }
 }
 
+/// The retry backoff on the monotonic clock: `next_retry_at` (persisted, wall clock, for status
+/// and restarts) is turned into a monotonic due time the first time this process sees it, so
+/// a step of the wall clock neither brings a retry forward nor holds it back.
+#[derive(Debug, Default)]
+struct RetryClock {
+    /// The persisted retry time, and when it is due on the monotonic clock.
+    due: Option<(Timestamp, std::time::Instant)>,
+}
+
+impl RetryClock {
+    /// The time to decide with: the wall clock's `wall`, but for a pending retry `at`, `at`
+    /// less the monotonic time left until it is due.
+    fn now(
+        &mut self,
+        at: Option<Timestamp>,
+        wall: Timestamp,
+        mono: std::time::Instant,
+    ) -> Timestamp {
+        let Some(at) = at else {
+            self.due = None;
+            return wall;
+        };
+        let due = match self.due {
+            Some((t, due)) if t == at => due,
+            _ => {
+                let left =
+                    std::time::Duration::try_from(wall.duration_until(at)).unwrap_or_default();
+                let due = mono.checked_add(left).unwrap_or(mono);
+                self.due = Some((at, due));
+                due
+            }
+        };
+        let left = due.saturating_duration_since(mono);
+        util::before(at, left)
+    }
+
+    /// How long until the pending retry is due.
+    fn left(&self, mono: std::time::Instant) -> std::time::Duration {
+        self.due.map_or(std::time::Duration::ZERO, |(_, due)| {
+            due.saturating_duration_since(mono)
+        })
+    }
+}
+
 /// The ids of the attempt folders under `dir` (`attempts/<id>`).
 fn attempt_dirs(dir: &std::path::Path) -> Vec<u64> {
     std::fs::read_dir(dir)
@@ -546,4 +596,32 @@ fn attempt_dirs(dir: &std::path::Path) -> Vec<u64> {
                 .collect()
         })
         .unwrap_or_default()
+}
+
+#[cfg(test)]
+mod retry_clock_tests {
+    use super::*;
+
+    /// A wall-clock step after a failure neither brings its retry forward nor holds it back.
+    #[test]
+    fn a_retry_is_due_by_the_monotonic_clock_whatever_the_wall_clock_does() {
+        let mut c = RetryClock::default();
+        let wall = Timestamp::from_second(1_800_000_000).unwrap();
+        let at = wall + jiff::SignedDuration::from_secs(60);
+        let mono = std::time::Instant::now();
+        // Seen 60 s before it is due.
+        assert!(c.now(Some(at), wall, mono) < at);
+        // The wall clock jumps an hour ahead 10 s later: still 50 s to go.
+        let later = mono + std::time::Duration::from_secs(10);
+        let stepped = wall + jiff::SignedDuration::from_secs(3600);
+        let now = c.now(Some(at), stepped, later);
+        assert!(now < at, "due at once after the step");
+        assert_eq!(c.left(later), std::time::Duration::from_secs(50));
+        // Or an hour back at 61 s: due.
+        let due = mono + std::time::Duration::from_secs(61);
+        let back = wall - jiff::SignedDuration::from_secs(3600);
+        assert!(c.now(Some(at), back, due) >= at, "held back by the step");
+        // No failure: the wall clock.
+        assert_eq!(c.now(None, back, due), back);
+    }
 }
