@@ -18,6 +18,7 @@ use crate::rollout::{Node, most_at_once, node};
 use crate::support::blackhole::Blackhole;
 use crate::support::control_plane::{self, ControlPlane, RbacGuard};
 use crate::support::daemon::Daemon;
+use crate::support::kubelet::Kubelet;
 use crate::support::{Env, wait_for};
 
 /// libfaketime's preload library (Debian's `faketime` package).
@@ -296,8 +297,10 @@ fn clock_skew_of_five_minutes_either_way_takes_no_live_slot() {
     }
     // The clocks really are off: their heartbeats' renewTimes are 5 minutes from lucy's.
     let renewed = |n: &str| -> jiff::Timestamp {
-        let l = cp.lease("ginx-system", &format!("ginx-{n}")).unwrap();
-        l["spec"]["renewTime"].as_str().unwrap().parse().unwrap()
+        wait_for(&format!("{n}'s heartbeat"), || {
+            let l = cp.lease("ginx-system", &format!("ginx-{n}"))?;
+            l["spec"]["renewTime"].as_str()?.parse().ok()
+        })
     };
     let skew = |n: &str| renewed(n).duration_since(renewed("fsk-lucy")).as_secs();
     assert!(skew("fsk-makise") > 240, "makise's clock is not ahead");
@@ -385,6 +388,8 @@ fn partition_of_the_holder(group: &str, during_gate: bool) {
     let journal = origin.root.join("journal");
     let (an, bn) = (format!("{group}-a"), format!("{group}-b"));
     let nodes = fleet(cp, &mut rbac, &origin, &journal, group, &[&an, &bn]);
+    // a's Node, for its annotation and condition.
+    let _kubelet = Kubelet::start(cp, &an, "worker");
     let proxy = Blackhole::start(cp.addr());
     cp.ginx_kubeconfig_via(&nodes[0].env.root.join("kubeconfig"), &an, &proxy.url());
     let go = held_at_activation(&nodes[0]);
@@ -431,6 +436,26 @@ fn partition_of_the_holder(group: &str, during_gate: bool) {
     std::fs::write(&go, "").unwrap();
     proxy.heal();
     if during_gate {
+        // Healed, its gate still open: the loss is on its Node (annotation, condition) and so
+        // in `ginxctl cluster`, not only in its own status.
+        wait_for("the loss on a's Node", || {
+            let n = cp.node(&an)?;
+            let lost = n["metadata"]["annotations"]["ginx.io/rollout-phase"] == "lost";
+            let reason = n["status"]["conditions"]
+                .as_array()?
+                .iter()
+                .any(|c| c["type"] == "GinxHealthy" && c["reason"] == "RolloutSlotLost");
+            (lost && reason).then_some(())
+        });
+        let view: Value = serde_json::from_str(&b.ctl_ok(&["cluster", "--json"])).unwrap();
+        let row = view["nodes"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|n| n["name"] == an.as_str())
+            .cloned()
+            .unwrap();
+        assert_eq!(row["rollout_phase"], "lost", "{view:#}");
         nodes[0]
             .env
             .dropin("86-settle.toml", "[rollout.gate]\nsettle = \"1s\"\n");
