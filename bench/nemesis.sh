@@ -8,6 +8,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 export NEMESIS_ROUNDS=${NEMESIS_ROUNDS:-40}
+export NEMESIS_SEED=${NEMESIS_SEED:-$(od -An -N8 -tu8 /dev/urandom | tr -d " ")}
 [ -x target/control-plane/control-plane ] || bash tests/control-plane/build.sh
 log=target/nemesis-$(date -u +%Y%m%dT%H%M%SZ).log
 echo "nemesis: $NEMESIS_ROUNDS rounds; log in $log"
