@@ -720,6 +720,23 @@ fn a_wall_clock_step_during_a_gate_keeps_the_full_settle() {
         "{log}"
     );
     assert!(!halts(cp).contains_key(&r));
+    // Idle now: a step back is logged once too (the windows follow the wall clock), whenever
+    // the loop next wakes (here: a `ginxctl history`).
+    std::fs::write(&offset, "+0\n").unwrap();
+    let idle = "the wall clock stepped; maintenance windows follow it";
+    wait_for("the idle step logged", || {
+        d.ctl_ok(&["history"]);
+        d.log().contains(idle).then_some(())
+    });
+    d.ctl_ok(&["history"]);
+    let log = d.log();
+    assert_eq!(log.matches(idle).count(), 1, "{log}");
+    assert_eq!(
+        log.matches("the wall clock stepped during the health gate")
+            .count(),
+        1,
+        "{log}"
+    );
 }
 
 /// +15 min while a check fails: the gate does not fail at once (its deadline is its own); the

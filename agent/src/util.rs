@@ -42,6 +42,32 @@ pub fn before(t: Timestamp, d: Duration) -> Timestamp {
         .unwrap_or(Timestamp::MIN)
 }
 
+/// Tells a step of the wall clock from its running: between two looks, the wall clock should
+/// move as the monotonic clock does. NTP's slewing (at most 500 ppm) stays far below the
+/// threshold; a step (`date -s`, a VM restored, an NTP step at boot) does not.
+#[derive(Debug, Default)]
+pub struct WallSteps {
+    last: Option<(Timestamp, std::time::Instant)>,
+}
+
+impl WallSteps {
+    /// Looks at the clocks; returns how far the wall clock stepped since the last look, when
+    /// that is more than `threshold` either way.
+    pub fn look(
+        &mut self,
+        wall: Timestamp,
+        mono: std::time::Instant,
+        threshold: Duration,
+    ) -> Option<jiff::SignedDuration> {
+        let last = self.last.replace((wall, mono));
+        let (w0, m0) = last?;
+        let ran = jiff::SignedDuration::try_from(mono.saturating_duration_since(m0)).ok()?;
+        let step = wall.duration_since(w0).checked_sub(ran)?;
+        let threshold = jiff::SignedDuration::try_from(threshold).ok()?;
+        (step.abs() > threshold).then_some(step)
+    }
+}
+
 /// "12s", "3m", "2h", "5d": how long ago (or until) `t`, for one-line human views.
 pub fn age(t: Timestamp, now: Timestamp) -> String {
     let secs = now.duration_since(t).as_secs();
@@ -127,6 +153,40 @@ pub fn interface_with(ip: std::net::IpAddr) -> Result<Option<String>, String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn wall_steps_tell_a_step_from_running() {
+        let mut w = WallSteps::default();
+        let t0 = Timestamp::from_second(1_800_000_000).unwrap();
+        let m0 = std::time::Instant::now();
+        let th = Duration::from_secs(5);
+        assert_eq!(
+            w.look(t0, m0, th),
+            None,
+            "the first look has nothing to compare"
+        );
+        // An hour of running, with a second of slewing: no step.
+        let m1 = m0 + Duration::from_secs(3600);
+        let t1 = after(t0, Duration::from_secs(3601));
+        assert_eq!(w.look(t1, m1, th), None);
+        // +15 min in a second of monotonic time.
+        let m2 = m1 + Duration::from_secs(1);
+        let t2 = after(t1, Duration::from_secs(901));
+        assert_eq!(
+            w.look(t2, m2, th),
+            Some(jiff::SignedDuration::from_secs(900))
+        );
+        // Logged once: the next look compares with the stepped clock.
+        let m3 = m2 + Duration::from_secs(1);
+        assert_eq!(w.look(after(t2, Duration::from_secs(1)), m3, th), None);
+        // Back by 15 min.
+        let m4 = m3 + Duration::from_secs(1);
+        let t4 = before(after(t2, Duration::from_secs(2)), Duration::from_secs(900));
+        assert_eq!(
+            w.look(t4, m4, th),
+            Some(jiff::SignedDuration::from_secs(-900))
+        );
+    }
 
     #[test]
     fn backoff_doubles_and_caps() {

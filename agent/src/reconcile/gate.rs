@@ -103,6 +103,22 @@ impl Reconciler {
         }
     }
 
+    /// Logs a step of the wall clock, once, outside a gate (an open gate logs its own): the
+    /// maintenance windows follow it; no duration ginx measures does.
+    pub(super) fn look_at_clocks(&mut self, now: jiff::Timestamp) {
+        let step = self.wall_steps.look(
+            now,
+            Instant::now(),
+            std::time::Duration::from_secs(CLOCK_STEP_SECS.unsigned_abs()),
+        );
+        if let Some(step) = step
+            && self.core.state.verifying.is_none()
+        {
+            tracing::warn!(step = %format!("{step:#}"),
+                "the wall clock stepped; maintenance windows follow it, every duration ginx measures keeps its own (monotonic) time");
+        }
+    }
+
     /// Releases the lock once nothing needs it: no attempt running, no gate open, no failed
     /// gate keeping it, and no apply of the revision it was taken for about to start.
     pub(super) async fn settle_lock(&mut self, decision: &Decision) {
@@ -111,9 +127,11 @@ impl Reconciler {
         };
         // A retry waits, unless the API client it lacked has come meanwhile (after a reboot,
         // the slot is taken up the moment the connection is there, not a retry later).
-        if self.lock_retry_at.is_some_and(|t| t > Instant::now())
-            && !self.gatekeeper.clients_changed()
-        {
+        if retry_waits(
+            self.lock_retry_at,
+            Instant::now(),
+            self.gatekeeper.clients_changed(),
+        ) {
             return;
         }
         let st = &self.core.state;
@@ -419,6 +437,12 @@ impl Reconciler {
 
 /// A gap this large between the wall clock's and the monotonic clock's time since a gate opened
 /// is a step of the wall clock (NTP slews far less).
+/// Whether a lock retry due at `at` still waits at `now`: it does until it is due, unless the
+/// API clients it may have lacked were made meanwhile.
+fn retry_waits(at: Option<Instant>, now: Instant, clients_changed: bool) -> bool {
+    at.is_some_and(|t| t > now) && !clients_changed
+}
+
 const CLOCK_STEP_SECS: i64 = 5;
 
 fn non_negative(d: jiff::SignedDuration) -> std::time::Duration {
@@ -428,4 +452,22 @@ fn non_negative(d: jiff::SignedDuration) -> std::time::Duration {
 /// Whether an apply with `goal` activates something the gate must verify.
 fn gated(goal: Goal) -> bool {
     matches!(goal, Goal::Switch | Goal::Test)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_lock_retry_waits_until_due_or_until_the_clients_come() {
+        let now = Instant::now();
+        let later = now + crate::rollout::RECHECK;
+        assert!(!retry_waits(None, now, false), "no retry pending");
+        assert!(retry_waits(Some(later), now, false), "not due yet");
+        assert!(
+            !retry_waits(Some(later), now, true),
+            "the clients came: at once"
+        );
+        assert!(!retry_waits(Some(now), later, false), "due");
+    }
 }

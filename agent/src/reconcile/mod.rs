@@ -115,6 +115,8 @@ pub struct Reconciler {
     /// wall-clock time given (the persisted `verifying.started_at`); and whether a step of the
     /// wall clock during it was logged.
     gate_times: Option<(Timestamp, crate::rollout::gate::Times, bool)>,
+    /// Steps of the wall clock outside a gate (the gate logs its own).
+    wall_steps: util::WallSteps,
     /// A lock release or a halt that failed is tried again after this.
     lock_retry_at: Option<std::time::Instant>,
     /// The reboot as far as it is not persisted: what it waits for, the drain's pods.
@@ -218,6 +220,7 @@ impl Reconciler {
             gate_failing: BTreeMap::new(),
             gate_times: None,
             retry_clock: RetryClock::default(),
+            wall_steps: util::WallSteps::default(),
             lock_retry_at: None,
             reboot_view: reboot::RebootView::default(),
         };
@@ -325,6 +328,7 @@ impl Reconciler {
         loop {
             self.publish();
             let now = util::now();
+            self.look_at_clocks(now);
             let decision = if attempting.is_some() {
                 Decision::Busy
             } else if self.unsaved.is_some() {

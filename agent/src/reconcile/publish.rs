@@ -37,10 +37,17 @@ pub(super) fn until_window_edge(windows: &[crate::config::Window]) -> Option<std
         WindowState::Closed { opens_at } => opens_at?,
     };
     let d = now.duration_until(edge);
+    // The sleep runs on the monotonic clock and the edge is on the wall clock: cut at a minute,
+    // so that a step of the wall clock moves the wake-up with it.
     Some(
-        std::time::Duration::try_from(d).unwrap_or_default() + std::time::Duration::from_millis(20),
+        (std::time::Duration::try_from(d).unwrap_or_default()
+            + std::time::Duration::from_millis(20))
+        .min(WINDOW_EDGE_RECHECK),
     )
 }
+
+/// The longest sleep toward a window's edge.
+const WINDOW_EDGE_RECHECK: std::time::Duration = std::time::Duration::from_secs(60);
 
 fn h_group(held: Option<&Held>) -> String {
     held.map(|h| h.group.clone()).unwrap_or_default()

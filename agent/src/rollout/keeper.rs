@@ -1382,3 +1382,41 @@ async fn run_command(argv: &[String], timeout: Duration) -> Check {
         checked: Some(started),
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn gatekeeper() -> (Gatekeeper, watch::Sender<Option<KubeClients>>) {
+        let (_config_tx, config) = watch::channel(Arc::new(Config::default()));
+        let (kube_tx, kube) = watch::channel(None);
+        let (_health_tx, health) = watch::channel(HealthMap::new());
+        let (fast_probes, _) = watch::channel(None);
+        let g = Gatekeeper::new(Wiring {
+            config,
+            kube,
+            health,
+            fast_probes,
+            reach_source: None,
+            metrics: Metrics::new(),
+            observed: Arc::default(),
+        });
+        (g, kube_tx)
+    }
+
+    /// After a reboot the slot is taken up the moment the API client is made, not a retry
+    /// later: the reconciler waits in `changed()`, which marks the client watch seen, and
+    /// `clients_changed()` must still say so until the clients are used.
+    #[tokio::test]
+    async fn clients_made_while_waiting_count_as_changed_until_used() {
+        let (mut g, kube_tx) = gatekeeper();
+        assert!(!g.clients_changed());
+        kube_tx.send_replace(None);
+        assert!(g.clients_changed(), "a client made before the wait");
+        g.changed().await;
+        assert!(g.clients_changed(), "a client made during the wait");
+        assert!(g.clients().is_none());
+        assert!(!g.clients_changed(), "used");
+        assert_eq!(g.clients_generation, 1);
+    }
+}
