@@ -97,7 +97,13 @@ fn a_peer_outside_the_group_can_read_status_but_not_sync() {
     // With mode 0660 the kernel refuses nobody outright.
     let out = as_nobody(&["status"]);
     assert_eq!(out.status.code(), Some(2));
-    assert!(String::from_utf8_lossy(&out.stderr).contains("permission denied"));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("permission denied")
+            && err.contains("even reading ginx's status needs access to its socket")
+            && err.contains("control.group"),
+        "says what reading needs: {err}"
+    );
 
     // Opened wider, status is for anyone; changes still need root or the group.
     std::fs::set_permissions(&env.socket, std::fs::Permissions::from_mode(0o666)).unwrap();

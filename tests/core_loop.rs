@@ -49,6 +49,32 @@ fn first_clone_is_applied_with_colmena_in_a_clean_tree() {
     assert!(env.state_dir.join("state.json").is_file());
 }
 
+/// The state directory holds the clones (hive.nix) and the attempts' output: created 0700
+/// outside systemd too, and an existing one readable by others made 0700, with a warning.
+#[test]
+fn the_state_dir_is_private() {
+    use std::os::unix::fs::PermissionsExt;
+    let mode = |p: &std::path::Path| std::fs::metadata(p).unwrap().permissions().mode() & 0o777;
+    let env = Env::new();
+    let d = env.start();
+    d.wait_applied(&env.repo.head());
+    assert_eq!(mode(&env.state_dir), 0o700);
+    assert!(!d.log().contains("made it 0700"), "{}", d.log());
+    d.stop();
+    std::fs::set_permissions(&env.state_dir, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let d = env.start();
+    d.wait_status("running", |s| s["node"] == "lucy");
+    assert_eq!(mode(&env.state_dir), 0o700);
+    assert_eq!(
+        d.log()
+            .matches("state_dir was readable by others; made it 0700")
+            .count(),
+        1,
+        "{}",
+        d.log()
+    );
+}
+
 #[test]
 fn new_commit_and_sync_is_applied() {
     let env = Env::new();

@@ -541,7 +541,9 @@ fn sigkill_of_the_holder_mid_activation_halts_its_revision() {
             "{why}"
         );
     }
-    makise.ctl_ok(&["rollout", "clear", &r]);
+    nodes[1]
+        .env
+        .operator_ok(&cp.admin_kubeconfig, &["rollout", "clear", &r]);
     for d in [&makise, &quinn] {
         d.wait_applied(&s);
     }
@@ -1008,7 +1010,9 @@ pub(crate) fn nemesis(rounds: usize, seed: u64) -> Vec<String> {
                 .collect();
             seen_halts.extend(left.clone());
             for rev in &ours {
-                daemons[0].ctl_ok(&["rollout", "clear", rev]);
+                nodes[0]
+                    .env
+                    .operator_ok(&cp.admin_kubeconfig, &["rollout", "clear", rev]);
                 operator_cleared.push((*rev).clone());
             }
             !ours.is_empty()

@@ -26,6 +26,8 @@ const PROBES_OFF: &str = "[health]\ninterval = \"200ms\"\n\
 fn use_api(env: &Env, api: &ApiServer, extra: &str) {
     let kc = env.root.join("kubeconfig");
     api.kubeconfig_token(&kc);
+    // The stand-in knows one identity: the node's own is the same token.
+    std::fs::copy(&kc, env.root.join("kubelet.conf")).unwrap();
     kube_dropin(env, &kc, extra);
 }
 
@@ -496,77 +498,86 @@ fn a_missing_role_binding_is_a_403_naming_rbac_yaml() {
     assert_eq!(heartbeat_lines, 1, "{}", d.log());
 }
 
+/// The node report is written with the node's own identity (`kubernetes.node_kubeconfig`):
+/// missing, it is named; another node's, the API server refuses it (Node authorizer and
+/// NodeRestriction), and the error says which identity needs what. The heartbeat goes on; the
+/// refusal is logged once, not once per retry.
 #[test]
-fn a_removed_cluster_role_binding_is_a_403_naming_rbac_yaml() {
+fn the_node_report_needs_the_nodes_own_identity() {
     let Some(cp) = control_plane::shared() else {
         return;
     };
-    let node = "no-node-report";
+    let (node, other) = ("own-report", "own-report-other");
     let mut rbac = RbacGuard::new(cp);
     rbac.watch(node);
-    rbac.expect_forbidden(node);
-    // This node's group has the heartbeat Role of rbac.yaml, but not its ClusterRoleBinding
-    // `ginx-node-report`: as if that binding had been removed.
-    cp.apply(&format!(
-        "apiVersion: rbac.authorization.k8s.io/v1\nkind: RoleBinding\n\
-         metadata: {{name: ginx-test-{node}, namespace: ginx-system}}\n\
-         roleRef: {{apiGroup: rbac.authorization.k8s.io, kind: Role, name: ginx-heartbeat}}\n\
-         subjects: [{{apiGroup: rbac.authorization.k8s.io, kind: Group, name: 'ginx:{node}-group'}}]\n"
-    ));
     let _kubelet = Kubelet::start(cp, node, "worker");
+    let _other = Kubelet::start(cp, other, "worker");
     let env = Env::new();
     use_cluster(&env, cp, node, "");
-    cp.kubeconfig_for(
-        &env.root.join("kubeconfig"),
-        &format!("ginx:{node}"),
-        &[&format!("ginx:{node}-group")],
-    );
+    let own = env.root.join("kubelet.conf");
+    std::fs::remove_file(&own).unwrap();
     let d = env.start();
-    let s = d.wait_status("the node report refused", |s| {
+    let s = d.wait_status("the node report waiting for the node's kubeconfig", |s| {
         s["kubernetes"]["report_error"].is_string()
     });
-    // The heartbeat works; the node report does not, and says why.
-    assert_eq!(s["kubernetes"]["state"], "connected");
+    assert_eq!(s["kubernetes"]["state"], "connected", "{s:#}");
     assert_eq!(s["kubernetes"]["reported"], false);
     let e = s["kubernetes"]["report_error"].as_str().unwrap();
     assert!(
-        e.contains("403")
-            && e.contains("packaging/kubernetes/rbac.yaml")
-            && e.contains("nodes")
-            && e.contains("ginx:no-node-report"),
+        e.contains(&own.display().to_string())
+            && e.contains("kubernetes.node_kubeconfig")
+            && e.contains("does not exist"),
+        "{e}"
+    );
+    // Another node's identity: refused by the API server for this node.
+    let mark = cp.audit_mark();
+    cp.kubeconfig_for(&own, &format!("system:node:{other}"), &["system:nodes"]);
+    let s = d.wait_status("the node report refused", |s| {
+        s["kubernetes"]["report_error"]
+            .as_str()
+            .is_some_and(|e| e.contains("403"))
+    });
+    let e = s["kubernetes"]["report_error"].as_str().unwrap();
+    assert!(
+        e.contains("kubernetes.node_kubeconfig") && e.contains("NodeRestriction"),
         "{e}"
     );
     assert!(
-        d.ctl_ok(&["status"])
-            .contains("node report: cannot read the node"),
+        d.ctl_ok(&["status"]).contains("node report: cannot"),
         "{}",
         d.ctl_ok(&["status"])
     );
-    let refused = rbac
-        .requests()
-        .iter()
-        .filter(|r| r.resource == "nodes" && r.code == 403)
-        .count();
+    let by_other = |code: u16| {
+        cp.audit_since(mark)
+            .into_iter()
+            .filter(|r| {
+                r.user == format!("system:node:{other}") && r.name == node && r.code == code
+            })
+            .count()
+    };
+    let refused = by_other(403);
     assert!(refused >= 1);
+    assert_eq!(
+        by_other(200),
+        0,
+        "another node's identity changed this node"
+    );
     // Logged once, not once per retry: wait for more refusals, then count.
     let next = env.repo.commit("x.nix", "{ }\n", "a change to report");
     d.ctl_ok(&["sync"]);
     d.wait_applied(&next);
-    wait_for("another refused node read", || {
-        (rbac
-            .requests()
-            .iter()
-            .filter(|r| r.resource == "nodes" && r.code == 403)
-            .count()
-            > refused)
-            .then_some(())
+    wait_for("another refused node request", || {
+        (by_other(403) > refused).then_some(())
     });
     assert_eq!(
         d.log().matches("cannot report to the node").count(),
-        1,
-        "{}",
+        2,
+        "once missing, once refused: {}",
         d.log()
     );
+    // Its own identity again: reported.
+    cp.ginx_kubeconfig(&env.root.join("kubeconfig"), node);
+    d.wait_status("reported", |s| s["kubernetes"]["reported"] == true);
 }
 
 #[test]

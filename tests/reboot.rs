@@ -251,7 +251,7 @@ fn a_drain_respects_the_pod_disruption_budget_and_gives_the_node_back_after_the_
         pods(cp, ns, "web").iter().any(|p| p.1 == on_b.1),
         "b's pod is still there"
     );
-    // The evictions went through the Eviction API, with ginx's own credentials.
+    // The evictions went through the Eviction API, with the node's own credentials.
     let evictions: Vec<_> = rbac
         .requests()
         .into_iter()
@@ -260,17 +260,18 @@ fn a_drain_respects_the_pod_disruption_budget_and_gives_the_node_back_after_the_
     assert!(
         evictions
             .iter()
-            .any(|e| e.code == 429 && e.user == "ginx:rb-pdb-b"),
+            .any(|e| e.code == 429 && e.user == "system:node:rb-pdb-b"),
         "{evictions:?}"
     );
     assert!(
         evictions
             .iter()
-            .any(|e| e.code < 300 && e.user == "ginx:rb-pdb-a"),
+            .any(|e| e.code < 300 && e.user == "system:node:rb-pdb-a"),
         "{evictions:?}"
     );
-    // What the drain asked of the API beyond what ginx did before: exactly the rules of
-    // rbac.yaml's ginx-drain (and RbacGuard fails the test on any 403).
+    // What the drain asked of the API beyond what ginx did before: its pods and evictions as
+    // the node, the budgets as ginx (rbac.yaml's ginx-drain-budgets); RbacGuard fails the test
+    // on any 403.
     let mut used: Vec<String> = rbac
         .requests()
         .into_iter()

@@ -166,7 +166,13 @@ async fn heartbeats(
         let api: kube::Api<Lease> = kube::Api::namespaced(clients.main.clone(), "ginx-system");
         let (latencies, writes) = (Arc::clone(&latencies), Arc::clone(&writes));
         tasks.push(tokio::spawn(async move {
-            let mut hb = Heartbeat::new(api, format!("ginx-node-{i}"), format!("node-{i}"), 40);
+            let mut hb = Heartbeat::new(
+                api,
+                format!("ginx-node-{i}"),
+                format!("node-{i}"),
+                40,
+                Default::default(),
+            );
             // Spread the first renewals over one interval, as nodes started at different times.
             tokio::time::sleep(interval.mul_f64(fastrand::f64())).await;
             let mut first = true;

@@ -69,8 +69,7 @@ pub async fn run(config_path: PathBuf) -> anyhow::Result<Ending> {
     if let Some(t) = cfg.sources.values().map(|s| s.fetch_timeout.get()).min() {
         source::set_network_timeout(t);
     }
-    std::fs::create_dir_all(&cfg.state_dir)
-        .with_context(|| format!("creating state_dir {}", cfg.state_dir.display()))?;
+    private_state_dir(&cfg.state_dir)?;
     // Before anything touches the state: a second ginx on the same state_dir must not, say,
     // stop the first one's running apply as if it were left over.
     let _lock = lock_state_dir(&cfg.state_dir)?;
@@ -736,6 +735,36 @@ impl ConfigWatcher {
             self.watching_dropins = false;
         }
     }
+}
+
+/// Creates `state_dir` (and missing parents) mode 0700, and makes an existing one 0700: it
+/// holds the clones (`hive.nix`, secrets a hive may name), the attempts' output and the
+/// state. systemd's `StateDirectory=` does the same; this holds outside systemd too.
+fn private_state_dir(dir: &Path) -> anyhow::Result<()> {
+    use std::os::unix::fs::{DirBuilderExt, PermissionsExt};
+    std::fs::DirBuilder::new()
+        .recursive(true)
+        .mode(0o700)
+        .create(dir)
+        .with_context(|| format!("creating state_dir {}", dir.display()))?;
+    let mode = std::fs::metadata(dir)
+        .with_context(|| format!("reading state_dir {}", dir.display()))?
+        .permissions()
+        .mode();
+    if mode & 0o077 != 0 {
+        std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o700)).with_context(
+            || {
+                format!(
+                    "making state_dir {} private (mode {:o}, others may read it)",
+                    dir.display(),
+                    mode & 0o777
+                )
+            },
+        )?;
+        tracing::warn!(state_dir = %dir.display(), was = %format!("{:o}", mode & 0o777),
+            "state_dir was readable by others; made it 0700");
+    }
+    Ok(())
 }
 
 #[cfg(test)]

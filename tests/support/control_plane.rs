@@ -85,6 +85,11 @@ pub fn shared() -> Option<&'static ControlPlane> {
         .as_ref()
 }
 
+/// The node's own kubeconfig [`ControlPlane::ginx_kubeconfig`] writes beside ginx's at `path`.
+pub fn node_kubeconfig(path: &Path) -> PathBuf {
+    path.with_file_name("kubelet.conf")
+}
+
 /// A component process and how to start it again.
 struct Component {
     name: &'static str,
@@ -215,6 +220,8 @@ impl ControlPlane {
                 format!("--service-account-signing-key-file={}", p(&sa_key)),
                 "--service-cluster-ip-range=10.0.0.0/24".into(),
                 "--authorization-mode=Node,RBAC".into(),
+                // As kubeadm: a kubelet's identity may change its own Node and pods only.
+                "--enable-admission-plugins=NodeRestriction".into(),
                 // A loopback advertise address makes the `kubernetes` Endpoints invalid.
                 "--endpoint-reconciler-type=none".into(),
                 format!("--audit-policy-file={}", p(&audit_policy)),
@@ -271,10 +278,52 @@ impl ControlPlane {
             .lock()
             .unwrap_or_else(|e| e.into_inner())
             .spawn(bin);
-        let rbac = Path::new(env!("CARGO_MANIFEST_DIR")).join("../packaging/kubernetes/rbac.yaml");
-        cp.kubectl(&["apply", "-f", &rbac.display().to_string()]);
+        let packaging = Path::new(env!("CARGO_MANIFEST_DIR")).join("../packaging/kubernetes");
+        let (rbac, vap) = (packaging.join("rbac.yaml"), packaging.join("vap.yaml"));
+        cp.kubectl(&[
+            "apply",
+            "-f",
+            &rbac.display().to_string(),
+            "-f",
+            &vap.display().to_string(),
+        ]);
+        cp.wait_policies();
         cp.started_in = began.elapsed();
         cp
+    }
+
+    /// Waits until vap.yaml's policies are in force (a policy takes a moment after it is
+    /// created): a node identity's dry-run create of a ConfigMap other than ginx-rollout is
+    /// refused by them.
+    fn wait_policies(&self) {
+        let probe = self.dir.join("vap-probe.kubeconfig");
+        self.kubeconfig_for(&probe, "ginx:vap-probe", &["ginx:nodes"]);
+        let start = Instant::now();
+        loop {
+            let out = Command::new(&self.bin)
+                .arg("kubectl")
+                .arg(format!("--kubeconfig={}", probe.display()))
+                .args([
+                    "-n",
+                    "ginx-system",
+                    "create",
+                    "configmap",
+                    "vap-probe",
+                    "--dry-run=server",
+                    "--field-manager=ginx",
+                ])
+                .output()
+                .unwrap();
+            let err = String::from_utf8_lossy(&out.stderr);
+            if err.contains("ginx-rollout-configmap") {
+                return;
+            }
+            assert!(
+                start.elapsed() < PATIENCE,
+                "vap.yaml's policies not in force within {PATIENCE:?}: {err}"
+            );
+            std::thread::sleep(Duration::from_millis(200));
+        }
     }
 
     /// Waits until `/readyz` answers 200 to the admin.
@@ -415,16 +464,23 @@ impl ControlPlane {
 
     /// A kubeconfig at `path` for ginx's own identity on `node`: a client certificate with
     /// `O=ginx:nodes` and `CN=ginx:<node>`, signed by the cluster CA.
+    /// Beside it, `kubelet.conf`: the node's own identity (`CN=system:node:<node>`,
+    /// `O=system:nodes`, as kubeadm's kubelet.conf), for `kubernetes.node_kubeconfig`.
     pub fn ginx_kubeconfig(&self, path: &Path, node: &str) {
-        self.kubeconfig_for(path, &format!("ginx:{node}"), &["ginx:nodes"]);
+        self.ginx_kubeconfig_via(path, node, &self.url);
     }
 
-    /// Like [`Self::ginx_kubeconfig`], with the API server at `url` (a proxy in front of it).
+    /// Like [`Self::ginx_kubeconfig`], with the API server at `url` (a proxy in front of it)
+    /// for both identities.
     pub fn ginx_kubeconfig_via(&self, path: &Path, node: &str, url: &str) {
         let (cert, key) = self
             .ca
             .issue_client_pem(&format!("ginx:{node}"), &["ginx:nodes"]);
         write_kubeconfig(path, url, &self.ca, &cert, &key);
+        let (cert, key) = self
+            .ca
+            .issue_client_pem(&format!("system:node:{node}"), &["system:nodes"]);
+        write_kubeconfig(&node_kubeconfig(path), url, &self.ca, &cert, &key);
     }
 
     /// The API server's address (`host:port` of [`Self::url`]).
@@ -694,6 +750,8 @@ pub struct AuditEvent {
     pub uri: String,
     /// `stageTimestamp`, RFC 3339 with microseconds.
     pub time: String,
+    /// `ginx/<version>` for ginx's requests (whichever identity made them).
+    pub user_agent: String,
 }
 
 impl AuditEvent {
@@ -717,6 +775,7 @@ impl AuditEvent {
             code: e["responseStatus"]["code"].as_u64().unwrap_or(0) as u16,
             uri: s(&e["requestURI"]),
             time: s(&e["stageTimestamp"]),
+            user_agent: s(&e["userAgent"]),
         })
     }
 
@@ -757,9 +816,12 @@ impl<'a> RbacGuard<'a> {
         }
     }
 
-    /// `ginx:<node>` is this test's: its 403s count.
+    /// `ginx:<node>` is this test's, and so are ginx's requests as `system:node:<node>` (the
+    /// node's own identity, told from the stand-in kubelet's by ginx's user agent): their 403s
+    /// count.
     pub fn watch(&mut self, node: &str) {
         self.users.insert(format!("ginx:{node}"));
+        self.users.insert(format!("system:node:{node}"));
     }
 
     /// `ginx:<node>` is meant to be refused in this test.
@@ -783,7 +845,10 @@ impl<'a> RbacGuard<'a> {
         self.cp
             .audit_range(from, to)
             .into_iter()
-            .filter(|e| self.users.contains(&e.user))
+            .filter(|e| {
+                self.users.contains(&e.user)
+                    && (e.user.starts_with("ginx:") || e.user_agent.starts_with("ginx/"))
+            })
             .collect()
     }
 }

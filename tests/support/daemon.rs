@@ -124,7 +124,11 @@ group = "root"
 [rollout.gate]
 settle = "0s"
 interval = "200ms"
+
+[kubernetes]
+node_kubeconfig = "{node_kubeconfig}"
 "#,
+            node_kubeconfig = self.root.join("kubelet.conf").display(),
             state = self.state_dir.display(),
             socket = self.socket.display(),
             repo = self.repo.path.display(),
@@ -474,6 +478,39 @@ impl Drop for Env {
     /// history, attempt output, bootstrap report, the clones' Git configuration).
     fn drop(&mut self) {
         super::sweep::collect_dir("state-dir", &self.state_dir);
+    }
+}
+
+impl Env {
+    /// Runs `ginxctl` as an operator with `kubeconfig` (`rollout resume`, `rollout clear`,
+    /// which do not ask the daemon) and this node's configuration (its namespace and
+    /// ConfigMap). `KUBECONFIG` from the test's environment is not passed on.
+    pub fn operator_ctl(&self, kubeconfig: &Path, args: &[&str]) -> Output {
+        let out = Command::new(ginxctl_bin())
+            .arg("--config")
+            .arg(&self.config)
+            .args(["--timeout", "90s"])
+            .args(args)
+            .arg("--kubeconfig")
+            .arg(kubeconfig)
+            .env_remove("GINX_SOCKET")
+            .env_remove("KUBECONFIG")
+            .output()
+            .expect("running ginxctl");
+        super::sweep::collect_ctl(args, &out);
+        out
+    }
+
+    /// [`Self::operator_ctl`], failing the test unless it exits 0; returns stdout.
+    pub fn operator_ok(&self, kubeconfig: &Path, args: &[&str]) -> String {
+        let out = self.operator_ctl(kubeconfig, args);
+        assert!(
+            out.status.success(),
+            "ginxctl {args:?} as an operator failed ({}): {}",
+            out.status,
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8_lossy(&out.stdout).into_owned()
     }
 }
 

@@ -10,8 +10,7 @@ use super::render;
 use crate::config::{self, DEFAULT_CONFIG_PATH, Duration};
 use crate::control::client::{Client, ClientError};
 use crate::control::protocol::{
-    AcceptReport, ClearReport, Command, FleetReport, HistoryReport, RollbackReport, SuspendReport,
-    SyncReport,
+    AcceptReport, Command, FleetReport, HistoryReport, RollbackReport, SuspendReport, SyncReport,
 };
 use crate::status::{ClusterView, Status};
 
@@ -110,13 +109,22 @@ pub enum RolloutCommand {
     /// No node starts applying a new revision until `ginxctl rollout resume` (applies under way
     /// finish).
     Pause,
-    /// Lift the fleet-wide pause.
-    Resume,
-    /// Let nodes apply REVISION again after its health gate failed on a node.
+    /// Lift the fleet-wide pause: an operator's act, with your own credentials (not the
+    /// node's), so the daemon is not asked.
+    Resume {
+        /// Your kubeconfig [default: KUBECONFIG, else /etc/kubernetes/admin.conf].
+        #[arg(long)]
+        kubeconfig: Option<PathBuf>,
+    },
+    /// Let nodes apply REVISION again after it was halted: an operator's act, with your own
+    /// credentials (not the node's).
     Clear {
         /// The halted revision: the full commit id, or a unique prefix of at least 7 hex
         /// digits.
         revision: String,
+        /// Your kubeconfig [default: KUBECONFIG, else /etc/kubernetes/admin.conf].
+        #[arg(long)]
+        kubeconfig: Option<PathBuf>,
     },
 }
 
@@ -128,6 +136,23 @@ pub fn main(args: CtlArgs) -> ExitCode {
     if args.timeout.is_zero() {
         eprintln!("ginxctl: --timeout must be longer than 0s");
         return ExitCode::from(2);
+    }
+    if let CtlCommand::Rollout(
+        RolloutCommand::Resume { kubeconfig } | RolloutCommand::Clear { kubeconfig, .. },
+    ) = &args.command
+    {
+        let lift = match &args.command {
+            CtlCommand::Rollout(RolloutCommand::Clear { revision, .. }) => {
+                super::operator::Lift::Halt(revision.clone())
+            }
+            _ => super::operator::Lift::Pause,
+        };
+        return super::operator::main(
+            &args.config,
+            kubeconfig.as_deref(),
+            args.timeout.get(),
+            lift,
+        );
     }
     let client = Client::new(&socket, args.timeout.get());
     if let CtlCommand::Kubeadm(cmd) = args.command {
@@ -216,13 +241,8 @@ fn run(client: &Client, command: CtlCommand) -> Result<ExitCode, ClientError> {
             let r: FleetReport = client.call(Command::RolloutPause)?;
             print(render::paused(&r));
         }
-        CtlCommand::Rollout(RolloutCommand::Resume) => {
-            let r: FleetReport = client.call(Command::RolloutResume)?;
-            print(render::resumed(&r));
-        }
-        CtlCommand::Rollout(RolloutCommand::Clear { revision }) => {
-            let r: ClearReport = client.call(Command::RolloutClear { revision })?;
-            print(render::cleared(&r));
+        CtlCommand::Rollout(RolloutCommand::Resume { .. } | RolloutCommand::Clear { .. }) => {
+            unreachable!("handled before")
         }
         CtlCommand::Cluster { json } => {
             if json {
@@ -305,7 +325,7 @@ mod tests {
         let a = CtlArgs::try_parse_from(["ginxctl", "rollout", "clear", "0123456"]).unwrap();
         assert!(matches!(
             a.command,
-            CtlCommand::Rollout(RolloutCommand::Clear { revision }) if revision == "0123456"
+            CtlCommand::Rollout(RolloutCommand::Clear { revision, .. }) if revision == "0123456"
         ));
         assert!(CtlArgs::try_parse_from(["ginxctl", "rollout", "clear"]).is_err());
         let a = CtlArgs::try_parse_from(["ginxctl", "cluster", "--json"]).unwrap();

@@ -6,6 +6,7 @@
 mod bootstrap;
 mod ctl;
 mod kubeadm;
+mod operator;
 pub mod render;
 
 use std::path::PathBuf;

@@ -17,6 +17,12 @@ pub struct KubernetesConfig {
     pub kubeconfig: Option<PathBuf>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub context: Option<String>,
+    /// The node's own identity, the kubelet's (`system:node:<name>`): what ginx does to its
+    /// own Node and its pods (annotations, the condition, cordon, the drain's list and
+    /// evictions) is done with it, so that the API server's Node authorizer and NodeRestriction
+    /// refuse it for any other node. kubeadm writes it; the client certificate it names is
+    /// read again when it is rotated.
+    pub node_kubeconfig: PathBuf,
     /// Where the heartbeat Lease lives.
     pub namespace: String,
     /// `{node}` is replaced by the node name.
@@ -38,6 +44,7 @@ impl Default for KubernetesConfig {
         Self {
             kubeconfig: None,
             context: None,
+            node_kubeconfig: PathBuf::from(DEFAULT_NODE_KUBECONFIG),
             namespace: "ginx-system".to_owned(),
             lease_name: "ginx-{node}".to_owned(),
             lease_duration: Duration::from_secs(40),
@@ -49,6 +56,9 @@ impl Default for KubernetesConfig {
         }
     }
 }
+
+/// Where kubeadm writes the kubelet's kubeconfig.
+pub const DEFAULT_NODE_KUBECONFIG: &str = "/etc/kubernetes/kubelet.conf";
 
 impl KubernetesConfig {
     pub fn lease_name_for(&self, node: &str) -> String {
@@ -91,13 +101,18 @@ impl KubernetesConfig {
                 )
             });
         }
-        if let Some(p) = &k.kubeconfig
-            && !p.is_absolute()
-        {
-            return Err(ctx.error(
-                "kubernetes.kubeconfig",
-                format!("{} must be an absolute path", p.display()),
-            ));
+        for (key, path) in [
+            ("kubernetes.kubeconfig", k.kubeconfig.as_deref()),
+            (
+                "kubernetes.node_kubeconfig",
+                Some(k.node_kubeconfig.as_path()),
+            ),
+        ] {
+            if let Some(p) = path
+                && !p.is_absolute()
+            {
+                return Err(ctx.error(key, format!("{} must be an absolute path", p.display())));
+            }
         }
         let prefix_ok = k.annotation_prefix.ends_with('/')
             && is_dns_subdomain(k.annotation_prefix.trim_end_matches('/'));

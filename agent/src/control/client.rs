@@ -29,8 +29,9 @@ pub enum ClientError {
     )]
     NotASocket { socket: PathBuf, kind: &'static str },
     #[error(
-        "permission denied opening {}: changing ginx needs root or membership in its control \
-         group (control.group); reading status needs access to the socket",
+        "permission denied opening {}: even reading ginx's status needs access to its socket, \
+         which belongs to ginx's control group (control.group, mode 0660): run as root or as a \
+         member of that group",
         socket.display()
     )]
     Denied { socket: PathBuf },

@@ -16,11 +16,11 @@ use tokio::net::{UnixListener, UnixStream};
 use tokio::sync::{mpsc, oneshot, watch};
 
 use super::protocol::{
-    AcceptReport, ClearReport, Command, ErrorKind, FleetReport, HistoryReport, MAX_REQUEST,
-    Response, RollbackReport, SourceFileReport, SuspendReport, SyncReport, parse_request,
+    AcceptReport, Command, ErrorKind, FleetReport, HistoryReport, MAX_REQUEST, Response,
+    RollbackReport, SourceFileReport, SuspendReport, SyncReport, parse_request,
 };
 use crate::reconcile;
-use crate::rollout::fleet::{ClearError, Fleet, RevisionError};
+use crate::rollout::fleet::Fleet;
 use crate::source::PollerCmd;
 use crate::status::{BootstrapStatus, Parts, Status};
 use crate::types::api::KubeClients;
@@ -265,62 +265,25 @@ impl Backend {
         ))
     }
 
-    /// `rollout-pause` (`pause`) or `rollout-resume`, recorded as done by the peer.
+    /// `rollout-pause`, recorded as done by the peer. Any node may stop the fleet.
     async fn rollout_pause(
         &self,
         command: &Command,
-        pause: bool,
         peer: Option<&Peer>,
     ) -> Result<FleetReport, (ErrorKind, String)> {
         let fleet = self.fleet(command)?;
         let by = self.who(peer).await;
-        let updated = if pause {
-            fleet.pause(&by).await
-        } else {
-            fleet.resume(&by).await
-        }
-        .map_err(|e| (ErrorKind::Unavailable, e))?;
+        let updated = fleet
+            .pause(&by)
+            .await
+            .map_err(|e| (ErrorKind::Unavailable, e))?;
         if updated.changed {
-            let what = if pause {
-                "rollout paused fleet-wide"
-            } else {
-                "fleet-wide rollout pause lifted"
-            };
-            tracing::info!(by = %by, command = command.name(), configmap = %fleet.object(), "{what}");
+            tracing::info!(by = %by, command = command.name(), configmap = %fleet.object(), "rollout paused fleet-wide");
         }
         Ok(FleetReport {
             changed: updated.changed,
             fleet: updated.state,
         })
-    }
-
-    /// `rollout-clear`: lifts the halt `revision` names, recorded as done by the peer.
-    async fn rollout_clear(
-        &self,
-        command: &Command,
-        revision: &str,
-        peer: Option<&Peer>,
-    ) -> Result<ClearReport, (ErrorKind, String)> {
-        let fleet = self.fleet(command)?;
-        let by = self.who(peer).await;
-        match fleet.clear(revision, &by).await {
-            Ok(cleared) => {
-                tracing::info!(
-                    by = %by,
-                    command = command.name(),
-                    revision = %cleared.revision,
-                    halted_on = %cleared.node,
-                    configmap = %fleet.object(),
-                    "halt lifted"
-                );
-                Ok(ClearReport { cleared })
-            }
-            Err(ClearError::Revision(e @ RevisionError::NotHalted { .. })) => {
-                Err((ErrorKind::NotFound, e.to_string()))
-            }
-            Err(ClearError::Revision(e)) => Err((ErrorKind::BadRequest, e.to_string())),
-            Err(ClearError::Api(e)) => Err((ErrorKind::Unavailable, e)),
-        }
     }
 
     /// `user@node` for the fleet's records: the peer's user name (`uid N` when it has none)
@@ -423,18 +386,17 @@ impl Backend {
             Command::Accept { source, revision } => {
                 self.accept(source, revision).await.map(Response::ok)
             }
-            Command::RolloutPause => self
-                .rollout_pause(&command, true, peer)
-                .await
-                .map(Response::ok),
-            Command::RolloutResume => self
-                .rollout_pause(&command, false, peer)
-                .await
-                .map(Response::ok),
-            Command::RolloutClear { ref revision } => self
-                .rollout_clear(&command, revision, peer)
-                .await
-                .map(Response::ok),
+            Command::RolloutPause => self.rollout_pause(&command, peer).await.map(Response::ok),
+            // Lifting is an operator's act, with the operator's credentials: `ginxctl` does
+            // it itself. The node's identity may stop the fleet, never start it again.
+            Command::RolloutResume | Command::RolloutClear { .. } => Err((
+                ErrorKind::Forbidden,
+                format!(
+                    "{} lifts with an operator's credentials, never this node's: run a ginxctl of \
+                     this version, which does it with --kubeconfig, KUBECONFIG or admin.conf",
+                    command.name()
+                ),
+            )),
             Command::Cluster => self.cluster().await,
             Command::BootstrapReport { report } => self.bootstrap_report(report, peer),
             Command::History { limit } => {

@@ -7,7 +7,7 @@ use k8s_openapi::api::coordination::v1::{Lease, LeaseSpec};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{MicroTime, ObjectMeta};
 use kube::Api;
 
-use crate::types::api::code;
+use crate::types::api::{ServerClock, code};
 
 /// Renewal attempts per tick when the Lease keeps changing under us.
 pub const MAX_CONFLICT_RETRIES: usize = 5;
@@ -19,6 +19,8 @@ pub struct Heartbeat {
     duration_seconds: i32,
     /// The Lease as last written; its resourceVersion makes the next PUT conditional.
     cached: Option<Lease>,
+    /// The API server's clock, learned from each write and written in.
+    clock: ServerClock,
 }
 
 /// Why a renewal failed.
@@ -30,20 +32,27 @@ pub enum RenewError {
 }
 
 impl Heartbeat {
-    pub fn new(api: Api<Lease>, name: String, holder: String, duration_seconds: i32) -> Self {
+    pub fn new(
+        api: Api<Lease>,
+        name: String,
+        holder: String,
+        duration_seconds: i32,
+        clock: ServerClock,
+    ) -> Self {
         Self {
             api,
             name,
             holder,
             duration_seconds,
             cached: None,
+            clock,
         }
     }
 
     /// Writes `renewTime = now`; one PUT per call in the steady state.
     pub async fn renew(&mut self) -> Result<(), RenewError> {
         for _ in 0..MAX_CONFLICT_RETRIES {
-            let now = MicroTime(jiff::Timestamp::now());
+            let now = MicroTime(self.clock.now());
             let mut lease = match self.cached.take() {
                 Some(l) => l,
                 None => match self
@@ -67,12 +76,14 @@ impl Heartbeat {
                                 ..LeaseSpec::default()
                             }),
                         };
+                        let sent = jiff::Timestamp::now();
                         match self
                             .api
                             .create(&crate::types::api::post_params(), &fresh)
                             .await
                         {
                             Ok(l) => {
+                                self.clock.learn(&l.metadata, sent, jiff::Timestamp::now());
                                 self.cached = Some(l);
                                 return Ok(());
                             }
@@ -90,12 +101,14 @@ impl Heartbeat {
             spec.holder_identity = Some(self.holder.clone());
             spec.lease_duration_seconds = Some(self.duration_seconds);
             spec.renew_time = Some(now);
+            let sent = jiff::Timestamp::now();
             match self
                 .api
                 .replace(&self.name, &crate::types::api::post_params(), &lease)
                 .await
             {
                 Ok(l) => {
+                    self.clock.learn(&l.metadata, sent, jiff::Timestamp::now());
                     self.cached = Some(l);
                     return Ok(());
                 }

@@ -66,6 +66,10 @@ pub async fn client_config(
     config.reset_reader_on_write = true;
     config.default_retry = false;
     config.proxy_url = None;
+    // The audit log tells ginx's requests from the kubelet's, which share the node's identity.
+    if let Ok(ua) = http::HeaderValue::from_str(&format!("ginx/{}", crate::VERSION)) {
+        config.headers.push((http::header::USER_AGENT, ua));
+    }
     Ok(config)
 }
 
@@ -113,12 +117,67 @@ pub async fn connect(cfg: &Config, metrics: &Arc<Metrics>) -> Result<KubeClients
     // A watch lasts up to rollout's WATCH_SECONDS and may carry nothing all that time.
     watching.read_timeout = Some(std::time::Duration::from_secs(WATCH_READ_SECONDS));
     let watch = build(watching)?;
+    let node = node_client(cfg, metrics).await;
     Ok(KubeClients {
         main,
         local,
         vip,
         watch,
+        node,
+        clock: crate::types::api::ServerClock::default(),
     })
+}
+
+/// The client with the node's own identity (`kubernetes.node_kubeconfig`), against the server
+/// its kubeconfig names. The error names the file and what to do, without its contents.
+async fn node_client(cfg: &Config, metrics: &Arc<Metrics>) -> Result<kube::Client, String> {
+    let k = &cfg.kubernetes;
+    let path = &k.node_kubeconfig;
+    if !path.exists() {
+        return Err(format!(
+            "the node's own kubeconfig {} (kubernetes.node_kubeconfig) does not exist: ginx \
+             annotates, cordons and drains its node with the node's identity (kubeadm writes it \
+             when the node joins)",
+            path.display()
+        ));
+    }
+    let config = client_config(path, None, k.request_timeout.get()).await?;
+    ClientBuilder::try_from(config)
+        .map(|b| {
+            b.with_layer(&crate::metrics::KubeMetricsLayer(Arc::clone(metrics)))
+                .build()
+        })
+        .map_err(|e| format!("kubeconfig {}: {}", path.display(), describe(&e)))
+}
+
+/// The files a kubeconfig's credentials come from: itself, and the client certificates, keys
+/// and CA files it names (the kubelet's client certificate is rotated under the same name).
+/// Their stamps tell when the clients must be built again.
+pub fn credential_files(path: &Path) -> Vec<std::path::PathBuf> {
+    let mut files = vec![path.to_owned()];
+    let Ok(kc) = Kubeconfig::read_from(path) else {
+        return files;
+    };
+    let dir = path.parent().unwrap_or(Path::new("/"));
+    let named = kc
+        .auth_infos
+        .iter()
+        .filter_map(|a| a.auth_info.as_ref())
+        .flat_map(|a| [a.client_certificate.clone(), a.client_key.clone()])
+        .chain(
+            kc.clusters
+                .iter()
+                .filter_map(|c| c.cluster.as_ref())
+                .map(|c| c.certificate_authority.clone()),
+        )
+        .flatten();
+    files.extend(named.map(|f| dir.join(f)));
+    files
+}
+
+/// The stamps of `files` (see [`stamp`]), for noticing a rotation.
+pub fn stamps(files: &[std::path::PathBuf]) -> Vec<Option<(std::time::SystemTime, u64)>> {
+    files.iter().map(|f| stamp(f)).collect()
 }
 
 /// The watch client's read timeout: longer than any watch request ginx makes (290 s).

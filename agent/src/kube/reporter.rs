@@ -42,8 +42,12 @@ pub struct Reporter {
 struct Session {
     /// The kubeconfig version the clients were built from.
     stamp: Option<(std::time::SystemTime, u64)>,
+    /// The files the node's own identity came from, and their versions then.
+    node_files: Vec<std::path::PathBuf>,
+    node_stamps: Vec<Option<(std::time::SystemTime, u64)>>,
     heartbeat: Option<Heartbeat>,
-    node: Option<NodeReport>,
+    /// The node report, written with the node's own identity; or why there is none.
+    node: Option<Result<NodeReport, String>>,
     /// ginx's annotations as last written (or read); `None`: read the Node first.
     annotations: Option<BTreeMap<String, String>>,
     condition: Option<Written>,
@@ -140,7 +144,10 @@ impl Reporter {
             self.drop_clients();
             return false;
         };
-        if session.heartbeat.is_some() && session.stamp == Some(stamp) {
+        if session.heartbeat.is_some()
+            && session.stamp == Some(stamp)
+            && super::stamps(&session.node_files) == session.node_stamps
+        {
             return true;
         }
         match super::connect(&cfg, &self.metrics).await {
@@ -155,16 +162,21 @@ impl Reporter {
                     lease,
                     node.clone(),
                     i32::try_from(k.lease_duration.get().as_secs()).unwrap_or(i32::MAX),
+                    clients.clock.clone(),
                 ));
-                session.node = Some(NodeReport::new(
-                    kube::Api::<Node>::all(clients.main.clone()),
-                    node,
-                    k.annotation_prefix.clone(),
-                    k.condition_type.clone(),
-                ));
+                session.node = Some(clients.node().map(|c| {
+                    NodeReport::new(
+                        kube::Api::<Node>::all(c),
+                        node,
+                        k.annotation_prefix.clone(),
+                        k.condition_type.clone(),
+                    )
+                }));
                 session.annotations = None;
                 session.condition = None;
                 session.stamp = Some(stamp);
+                session.node_files = super::credential_files(&k.node_kubeconfig);
+                session.node_stamps = super::stamps(&session.node_files);
                 let _ = self.clients.send(Some(clients));
                 if self.status.borrow().state == KubeState::NotConfigured {
                     self.set_state(KubeState::Connecting, None);
@@ -272,8 +284,13 @@ impl Reporter {
     /// Writes annotations and the condition if they differ from what the Node has.
     async fn report(&self, session: &mut Session, resync: bool) {
         let cfg = self.cfg();
-        let Some(node) = session.node.as_ref() else {
-            return;
+        let node = match session.node.as_ref() {
+            None => return,
+            Some(Ok(node)) => node,
+            Some(Err(e)) => {
+                self.report_unable(e.clone());
+                return;
+            }
         };
         let status = self.parts.status();
         let desired = report::annotations(&status, &cfg.kubernetes.annotation_prefix);
@@ -303,9 +320,11 @@ impl Reporter {
             match node.patch_annotations(&patch).await {
                 Ok(()) => session.annotations = Some(desired),
                 Err(e) => {
-                    ok = false;
                     session.annotations = None;
                     self.report_failed("cannot annotate the node", "patch on nodes", &e);
+                    // Not the condition too: one reason at a time, or the two would take turns
+                    // in status and in the log.
+                    return;
                 }
             }
         }
@@ -356,11 +375,18 @@ impl Reporter {
     fn report_failed(&self, what: &str, needs: &str, e: &kube::Error) {
         let msg = match code(e) {
             Some(403) => format!(
-                "{what}: {}; ginx needs {needs} — apply packaging/kubernetes/rbac.yaml",
+                "{what}: {}; the node's own identity (kubernetes.node_kubeconfig, \
+                 system:node:<name>) needs {needs} of its own Node: is the API server's \
+                 authorization mode Node and its admission NodeRestriction?",
                 describe(e)
             ),
             _ => format!("{what}: {}", describe(e)),
         };
+        self.report_unable(msg);
+    }
+
+    /// Records that the node report cannot be written, and why.
+    fn report_unable(&self, msg: String) {
         let mut changed = false;
         self.status.send_modify(|s| {
             s.reported = false;

@@ -273,15 +273,18 @@ impl Reconciler {
         let cfg = Arc::clone(&self.config.borrow());
         let node = cfg.node_name().to_owned();
         let cluster = self.gatekeeper.can_halt();
-        let client = self.gatekeeper.client();
+        let client = self.gatekeeper.node_client();
+        let main = self.gatekeeper.client();
         if cluster && r.drain_started_at.is_none() {
-            let Some(client) = client.clone() else {
-                self.set_reboot_waiting(Some((
-                    WaitingFor::Api,
-                    "no connection to the Kubernetes API: the node is not cordoned or drained yet"
-                        .into(),
-                )));
-                return Step::After(EVICT_AGAIN);
+            let client = match &client {
+                Ok(c) => c.clone(),
+                Err(e) => {
+                    self.set_reboot_waiting(Some((
+                        WaitingFor::Api,
+                        format!("{e}: the node is not cordoned or drained yet"),
+                    )));
+                    return Step::After(EVICT_AGAIN);
+                }
             };
             if let Some(sel) = &cfg.reboot.blocking_pod_selector {
                 match drain::blocking(&client, &node, sel).await {
@@ -305,12 +308,12 @@ impl Reconciler {
             }
         }
         if cluster && !self.reboot_view.cordon_checked {
-            let Some(client) = client.clone() else {
-                self.set_reboot_waiting(Some((
-                    WaitingFor::Api,
-                    "no connection to the Kubernetes API".into(),
-                )));
-                return Step::After(EVICT_AGAIN);
+            let client = match &client {
+                Ok(c) => c.clone(),
+                Err(e) => {
+                    self.set_reboot_waiting(Some((WaitingFor::Api, e.clone())));
+                    return Step::After(EVICT_AGAIN);
+                }
             };
             match drain::cordon(&client, &node).await {
                 Ok(ours) => {
@@ -341,14 +344,24 @@ impl Reconciler {
         }
         let r = self.core.state.rebooting.clone().unwrap_or(r);
         if cluster {
-            let Some(client) = client else {
-                self.set_reboot_waiting(Some((
-                    WaitingFor::Api,
-                    "no connection to the Kubernetes API while draining".into(),
-                )));
-                return self.drain_deadline(&cfg, &r).await;
+            let (client, main) = match (client, main) {
+                (Ok(c), Some(m)) => (c, m),
+                (Err(e), _) => {
+                    self.set_reboot_waiting(Some((
+                        WaitingFor::Api,
+                        format!("{e}, while draining"),
+                    )));
+                    return self.drain_deadline(&cfg, &r).await;
+                }
+                (_, None) => {
+                    self.set_reboot_waiting(Some((
+                        WaitingFor::Api,
+                        "no connection to the Kubernetes API while draining".into(),
+                    )));
+                    return self.drain_deadline(&cfg, &r).await;
+                }
             };
-            match self.drain_pass(&cfg, &client, &node).await {
+            match self.drain_pass(&cfg, &client, &main, &node).await {
                 Ok(true) => {}
                 Ok(false) => return self.drain_deadline(&cfg, &r).await,
                 Err(e) => {
@@ -367,10 +380,13 @@ impl Reconciler {
     }
 
     /// One look at the node's pods: evicts what is due. `Ok(true)` when the node is drained.
+    /// `client` is the node's own identity (its pods, their evictions); `main` ginx's (the
+    /// budgets that hold an eviction).
     async fn drain_pass(
         &mut self,
         cfg: &Config,
         client: &kube::Client,
+        main: &kube::Client,
         node: &str,
     ) -> Result<bool, String> {
         let pods = drain::pods_on(client, node).await?;
@@ -418,7 +434,7 @@ impl Reconciler {
                             .iter()
                             .find(|x| x.metadata.uid.as_deref() == Some(&p.uid));
                         let budgets = match pod {
-                            Some(pod) => drain::budgets_for(client, pod)
+                            Some(pod) => drain::budgets_for(main, pod)
                                 .await
                                 .unwrap_or_else(|e| vec![e]),
                             None => Vec::new(),
@@ -464,7 +480,7 @@ impl Reconciler {
         // Given up: give the node back as it was, release the slot, try in the next window.
         let node = cfg.node_name().to_owned();
         if r.cordoned {
-            let Some(client) = self.gatekeeper.client() else {
+            let Ok(client) = self.gatekeeper.node_client() else {
                 return Step::After(EVICT_AGAIN);
             };
             if let Err(e) = drain::uncordon(&client, &node).await {
@@ -745,12 +761,15 @@ impl Reconciler {
     async fn finish_reboot(&mut self, r: Rebooting) -> Step {
         let cfg = Arc::clone(&self.config.borrow());
         if r.cordoned && self.gatekeeper.can_halt() {
-            let Some(client) = self.gatekeeper.client() else {
-                self.set_reboot_waiting(Some((
-                    WaitingFor::Api,
-                    "rebooted; waiting for the API to uncordon the node".into(),
-                )));
-                return Step::After(EVICT_AGAIN);
+            let client = match self.gatekeeper.node_client() {
+                Ok(c) => c,
+                Err(e) => {
+                    self.set_reboot_waiting(Some((
+                        WaitingFor::Api,
+                        format!("rebooted; waiting to uncordon the node: {e}"),
+                    )));
+                    return Step::After(EVICT_AGAIN);
+                }
             };
             match drain::uncordon(&client, cfg.node_name()).await {
                 Ok(changed) => {

@@ -375,10 +375,19 @@ async fn patch_node(
 }
 
 /// "cannot WHAT: …", with the RBAC rule to add when the API says 403.
+/// The error of a request made with the node's own identity (`kubernetes.node_kubeconfig`),
+/// except `budgets_for`'s, made with ginx's: a 403 says which.
 fn forbidden_or(e: &kube::Error, what: &str, rule: &str) -> String {
-    if code(e) == Some(403) {
+    if code(e) == Some(403) && rule.starts_with("poddisruptionbudgets") {
         format!(
             "cannot {what}: {}; ginx needs {rule} — apply packaging/kubernetes/rbac.yaml",
+            describe(e)
+        )
+    } else if code(e) == Some(403) {
+        format!(
+            "cannot {what}: {}; the node's own identity (kubernetes.node_kubeconfig, \
+             system:node:<name>) needs {rule} for its own node: is the API server's \
+             authorization mode Node and its admission NodeRestriction?",
             describe(e)
         )
     } else {

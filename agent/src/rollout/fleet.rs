@@ -343,6 +343,8 @@ pub struct Fleet {
     api: Api<ConfigMap>,
     namespace: String,
     name: String,
+    /// Written with an operator's credentials (`ginxctl rollout resume|clear`), not ginx's.
+    operator: bool,
 }
 
 impl Fleet {
@@ -351,7 +353,14 @@ impl Fleet {
             api: Api::namespaced(client, namespace),
             namespace: namespace.to_owned(),
             name: name.to_owned(),
+            operator: false,
         }
+    }
+
+    /// The same ConfigMap, written with an operator's credentials: errors say so.
+    pub fn as_operator(mut self) -> Self {
+        self.operator = true;
+        self
     }
 
     /// `namespace/name`, for messages.
@@ -452,6 +461,12 @@ impl Fleet {
 
     fn api_error(&self, verb: &str, e: &kube::Error) -> String {
         let what = format!("cannot {verb} ConfigMap {}: {}", self.object(), describe(e));
+        if self.operator && matches!(code(e), Some(401 | 403)) {
+            return format!(
+                "{what}; the credentials given may not: lifting a halt or the pause needs get \
+                 and update on it (an operator's, e.g. cluster-admin; never a node's)"
+            );
+        }
         match code(e) {
             Some(403) => format!(
                 "{what}; ginx needs get, create and update on it (Role ginx-rollout, which names \

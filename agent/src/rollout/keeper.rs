@@ -316,6 +316,7 @@ impl Gatekeeper {
             cfg.node_name(),
             &cfg.rollout,
             Arc::clone(&self.w.observed),
+            clients.clock.clone(),
         )
     }
 
@@ -1048,6 +1049,15 @@ impl Gatekeeper {
     /// The client for the API (the kubeconfig's server), when there is one.
     pub fn client(&mut self) -> Option<kube::Client> {
         self.clients().map(|c| c.main)
+    }
+
+    /// The node's own identity, for what ginx does to its own Node and pods (cordon, drain);
+    /// or why there is none.
+    pub fn node_client(&mut self) -> Result<kube::Client, String> {
+        match self.clients() {
+            Some(c) => c.node(),
+            None => Err("no connection to the Kubernetes API".to_owned()),
+        }
     }
 
     /// Before a reboot: the held slot Lease's duration raised to `ttl` (and renewed at a third

@@ -26,7 +26,7 @@ use tokio::sync::watch;
 
 use super::slots::{self, Choice, Observed, Slot};
 use crate::config::RolloutConfig;
-use crate::types::api::{code, describe, post_params, refusal, unavailable};
+use crate::types::api::{ServerClock, code, describe, post_params, refusal, unavailable};
 
 /// The label that marks a slot Lease and names its group.
 pub const GROUP_LABEL: &str = "ginx.io/rollout-group";
@@ -161,6 +161,8 @@ pub struct LeaseLock {
     pub doing: Arc<Mutex<Doing>>,
     /// When this node saw each slot Lease change (shared by every lock of the process).
     seen: Arc<Mutex<Observed>>,
+    /// The API server's clock: `renewTime` and `acquireTime` are written in it.
+    clock: ServerClock,
 }
 
 impl LeaseLock {
@@ -171,6 +173,7 @@ impl LeaseLock {
         node: &str,
         cfg: &RolloutConfig,
         seen: Arc<Mutex<Observed>>,
+        clock: ServerClock,
     ) -> Self {
         Self {
             api: Api::namespaced(client, namespace),
@@ -181,6 +184,7 @@ impl LeaseLock {
             duration: cfg.lease_duration.get(),
             doing: Arc::default(),
             seen,
+            clock,
         }
     }
 
@@ -319,7 +323,8 @@ impl LeaseLock {
         existing: Option<Lease>,
         keep: bool,
     ) -> Result<(), Option<LockError>> {
-        let now = MicroTime(jiff::Timestamp::now());
+        let now = MicroTime(self.clock.now());
+        let sent = jiff::Timestamp::now();
         let name = self.name(index);
         let result = match existing {
             None => {
@@ -339,7 +344,7 @@ impl LeaseLock {
                     }),
                 };
                 self.annotate(&mut lease.metadata);
-                self.api.create(&post_params(), &lease).await.map(|_| ())
+                self.api.create(&post_params(), &lease).await
             }
             Some(mut lease) => {
                 self.annotate(&mut lease.metadata);
@@ -351,14 +356,15 @@ impl LeaseLock {
                 spec.holder_identity = Some(self.node.clone());
                 spec.lease_duration_seconds = Some(self.duration_secs());
                 spec.renew_time = Some(now);
-                self.api
-                    .replace(&name, &post_params(), &lease)
-                    .await
-                    .map(|_| ())
+                self.api.replace(&name, &post_params(), &lease).await
             }
         };
         match result {
-            Ok(()) => Ok(()),
+            Ok(written) => {
+                self.clock
+                    .learn(&written.metadata, sent, jiff::Timestamp::now());
+                Ok(())
+            }
             Err(e) if code(&e) == Some(409) => Err(None),
             Err(e) => Err(Some(self.error("write", &e))),
         }

@@ -22,6 +22,84 @@ pub struct KubeClients {
     /// `main` for watches: its read timeout outlasts a watch request, which may be silent
     /// for minutes (`main`'s `request_timeout` would cut every watch after that long).
     pub watch: kube::Client,
+    /// The node's own identity (`kubernetes.node_kubeconfig`, the kubelet's): what ginx does
+    /// to its own Node and its pods. Or why there is none (named with its file).
+    pub node: Result<kube::Client, String>,
+    /// The API server's clock as ginx's own writes found it: Leases are written in it.
+    pub clock: ServerClock,
+}
+
+/// The API server's wall clock as seen from this node: the time the server stamps in
+/// `managedFields` on each of ginx's Lease writes, against this node's clock around the write.
+/// Leases are written in it (`renewTime`, `acquireTime`), so a node whose clock is off still
+/// writes times the server (and `vap.yaml`, which allows 30 s) takes for now. Nothing ginx
+/// decides rests on it: slots expire by observation on the monotonic clock.
+#[derive(Clone, Debug, Default)]
+pub struct ServerClock(std::sync::Arc<std::sync::Mutex<Option<jiff::SignedDuration>>>);
+
+/// An offset this small is within what a whole-second stamp can tell: taken as none.
+const CLOCK_PRECISION: jiff::SignedDuration = jiff::SignedDuration::from_millis(1500);
+
+impl ServerClock {
+    /// This node's wall clock moved by the offset learned (none yet: as it is).
+    pub fn now(&self) -> jiff::Timestamp {
+        let now = jiff::Timestamp::now();
+        self.offset()
+            .and_then(|o| now.checked_add(o).ok())
+            .unwrap_or(now)
+    }
+
+    /// How far the server's clock is ahead of this node's (negative: behind), once learned.
+    pub fn offset(&self) -> Option<jiff::SignedDuration> {
+        *self.0.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Learns from the answer `meta` to a write of ginx's sent at `sent` and answered at
+    /// `received` (this node's clock) that changed a field, so that the server stamped it.
+    /// Logs when the offset first is, or stops being, more than a few seconds.
+    pub fn learn(
+        &self,
+        meta: &k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta,
+        sent: jiff::Timestamp,
+        received: jiff::Timestamp,
+    ) {
+        let stamp = meta
+            .managed_fields
+            .iter()
+            .flatten()
+            .filter(|m| {
+                m.manager.as_deref() == Some(FIELD_MANAGER)
+                    && m.operation.as_deref() == Some("Update")
+            })
+            .filter_map(|m| m.time.as_ref().map(|t| t.0))
+            .max();
+        let Some(stamp) = stamp else { return };
+        // The stamp is cut to the second: the server's time was within the second after it.
+        let server = stamp + jiff::SignedDuration::from_millis(500);
+        let local = sent + received.duration_since(sent) / 2;
+        let mut offset = server.duration_since(local);
+        if offset.abs() <= CLOCK_PRECISION {
+            offset = jiff::SignedDuration::ZERO;
+        }
+        let mut known = self.0.lock().unwrap_or_else(|e| e.into_inner());
+        let before = known.unwrap_or_default();
+        *known = Some(offset);
+        drop(known);
+        let far = |o: jiff::SignedDuration| o.abs() > jiff::SignedDuration::from_secs(5);
+        if far(offset) && (offset - before).abs() > jiff::SignedDuration::from_secs(5) {
+            tracing::warn!(offset = %format!("{offset:#}"),
+                "the API server's clock is this far from this node's: ginx writes its Leases in the server's time; fix this node's clock (NTP)");
+        } else if far(before) && !far(offset) {
+            tracing::info!("this node's clock agrees with the API server's again");
+        }
+    }
+}
+
+impl KubeClients {
+    /// The node's own identity, or why there is none.
+    pub fn node(&self) -> Result<kube::Client, String> {
+        self.node.clone()
+    }
 }
 
 /// A short description of a client error: the HTTP status and reason for API errors, the root
