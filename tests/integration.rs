@@ -15,6 +15,7 @@ mod fleetlock;
 mod kubeadm;
 mod kubernetes;
 mod packaging;
+mod privilege;
 mod reboot;
 mod rollout;
 mod soak;

@@ -371,23 +371,17 @@ impl ControlPlane {
             .unwrap()
     }
 
-    /// Runs kubectl as admin with `input` on stdin (e.g. `apply -f -`), failing the test
-    /// unless it exits 0; returns stdout.
-    pub fn kubectl_stdin(&self, args: &[&str], input: &str) -> String {
-        let out = self.kubectl_stdin_output(args, input);
-        assert!(
-            out.status.success(),
-            "kubectl {args:?}: {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        String::from_utf8(out.stdout).unwrap()
-    }
-
-    pub fn kubectl_stdin_output(&self, args: &[&str], input: &str) -> std::process::Output {
+    /// Runs kubectl with the credentials of `kubeconfig` (not the admin's), `input` on stdin.
+    pub fn kubectl_as(
+        &self,
+        kubeconfig: &Path,
+        args: &[&str],
+        input: &str,
+    ) -> std::process::Output {
         use std::io::Write;
         let mut child = Command::new(&self.bin)
             .arg("kubectl")
-            .arg(format!("--kubeconfig={}", self.admin_kubeconfig.display()))
+            .arg(format!("--kubeconfig={}", kubeconfig.display()))
             .args(args)
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
@@ -401,6 +395,22 @@ impl ControlPlane {
             .write_all(input.as_bytes())
             .unwrap();
         child.wait_with_output().unwrap()
+    }
+
+    /// Runs kubectl as admin with `input` on stdin (e.g. `apply -f -`), failing the test
+    /// unless it exits 0; returns stdout.
+    pub fn kubectl_stdin(&self, args: &[&str], input: &str) -> String {
+        let out = self.kubectl_stdin_output(args, input);
+        assert!(
+            out.status.success(),
+            "kubectl {args:?}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8(out.stdout).unwrap()
+    }
+
+    pub fn kubectl_stdin_output(&self, args: &[&str], input: &str) -> std::process::Output {
+        self.kubectl_as(&self.admin_kubeconfig, args, input)
     }
 
     /// The admin's client (built once).
@@ -752,6 +762,8 @@ pub struct AuditEvent {
     pub time: String,
     /// `ginx/<version>` for ginx's requests (whichever identity made them).
     pub user_agent: String,
+    /// `responseStatus.message`: why a request was refused.
+    pub message: String,
 }
 
 impl AuditEvent {
@@ -776,6 +788,7 @@ impl AuditEvent {
             uri: s(&e["requestURI"]),
             time: s(&e["stageTimestamp"]),
             user_agent: s(&e["userAgent"]),
+            message: s(&e["responseStatus"]["message"]),
         })
     }
 
@@ -869,7 +882,7 @@ impl Drop for RbacGuard<'_> {
             .iter()
             .filter(|e| e.code == 403 && !self.forbidden_ok.contains(&e.user))
             .filter(|e| !forgiven.contains(&format!("{e:?}")))
-            .map(|e| format!("{}: {}", e.user, e.short()))
+            .map(|e| format!("{}: {}: {}", e.user, e.short(), e.message))
             .collect();
         assert!(
             refused.is_empty(),

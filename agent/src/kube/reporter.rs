@@ -251,6 +251,14 @@ impl Reporter {
                         describe(e)
                     ),
                 ),
+                Some(403) if crate::types::api::by_policy(e) => (
+                    KubeState::Refused,
+                    format!(
+                        "refused by an admission policy: {}; packaging/kubernetes/vap.yaml lets \
+                         a node write only its own heartbeat, {lease}",
+                        describe(e)
+                    ),
+                ),
                 Some(403) => (
                     KubeState::Refused,
                     format!(

@@ -448,11 +448,12 @@ mod tests {
     fn a_slot_is_free_when_unheld_or_expired() {
         let leases = [
             lease("ginx-rollout-worker-0", "w1", 10, 60),
-            lease("ginx-rollout-worker-1", "w2", 61, 60),
+            lease("ginx-rollout-worker-1", "w2", 62, 60),
             lease("ginx-rollout-worker-2", "", 1, 60),
             lease("ginx-rollout-edge-nodes-12", "e1", 0, 60),
-            // Renewed exactly one duration ago: expired, as the lock sees it.
-            lease("ginx-rollout-worker-3", "w4", 60, 60),
+            // Renewed one duration and a second ago (the server's stamps are whole seconds):
+            // expired, as the lock sees it.
+            lease("ginx-rollout-worker-3", "w4", 61, 60),
             lease("ginx-rollout-worker-x", "w3", 0, 60),
         ];
         let v = build(

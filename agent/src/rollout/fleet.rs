@@ -468,6 +468,10 @@ impl Fleet {
             );
         }
         match code(e) {
+            Some(403) if crate::types::api::by_policy(e) => format!(
+                "{what}; packaging/kubernetes/vap.yaml lets a node add a halt or the pause, never \
+                 lift or change one (an operator does, with `ginxctl rollout resume|clear`)"
+            ),
             Some(403) => format!(
                 "{what}; ginx needs get, create and update on it (Role ginx-rollout, which names \
                  the ConfigMap ginx-rollout; another rollout.configmap needs the Role changed) — \

@@ -22,17 +22,26 @@ pub struct Slot {
     pub duration: Duration,
 }
 
+/// Added to a slot's duration before it counts as expired: the API server's policy
+/// (`packaging/kubernetes/vap.yaml`) judges expiry by the whole-second times it stamps, and
+/// refuses a take-over within the second after the exact expiry.
+pub const STAMP_GRAIN: Duration = Duration::from_secs(1);
+
 impl Slot {
-    /// The live holder: set, and not seen unchanged for the Lease's duration.
+    fn expired(&self) -> bool {
+        self.unchanged_for >= self.duration + STAMP_GRAIN
+    }
+
+    /// The live holder: set, and not seen unchanged for the Lease's duration (and a second).
     pub fn live_holder(&self) -> Option<&str> {
         let holder = self.holder.as_deref().filter(|h| !h.is_empty())?;
-        (self.unchanged_for < self.duration).then_some(holder)
+        (!self.expired()).then_some(holder)
     }
 
     /// Whether the slot has a holder that stopped renewing it (not released: expired).
     pub fn expired_holder(&self) -> Option<&str> {
         let holder = self.holder.as_deref().filter(|h| !h.is_empty())?;
-        (self.unchanged_for >= self.duration).then_some(holder)
+        self.expired().then_some(holder)
     }
 }
 
@@ -139,11 +148,12 @@ mod tests {
     }
 
     #[test]
-    fn a_slot_seen_unchanged_for_its_duration_is_free() {
-        let s = [slot(0, Some("makise"), 60)];
+    fn a_slot_seen_unchanged_for_its_duration_and_a_second_is_free() {
+        let s = [slot(0, Some("makise"), 61)];
         assert_eq!(choose(&s, "lucy", 1), Choice::Take(0));
         assert_eq!(s[0].expired_holder(), Some("makise"));
-        let s = [slot(0, Some("makise"), 59)];
+        // Within the second the server's whole-second stamps cannot tell: still live.
+        let s = [slot(0, Some("makise"), 60)];
         assert!(matches!(choose(&s, "lucy", 1), Choice::Full(_)));
         assert_eq!(s[0].expired_holder(), None);
     }

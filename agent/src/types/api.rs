@@ -195,6 +195,11 @@ pub fn unavailable(e: &kube::Error) -> bool {
     }
 }
 
+/// Whether a refusal came from a ValidatingAdmissionPolicy rather than RBAC.
+pub fn by_policy(e: &kube::Error) -> bool {
+    matches!(e, kube::Error::Api(s) if s.message.contains("ValidatingAdmissionPolicy"))
+}
+
 /// Why the API refused `verb` on `resource` (`e` is not [`unavailable`]), and what to do. Only
 /// a 403 is RBAC's doing; a 404 of ginx's namespace is the manifest not applied either.
 pub fn refusal(verb: &str, resource: &str, e: &kube::Error) -> String {
@@ -203,9 +208,14 @@ pub fn refusal(verb: &str, resource: &str, e: &kube::Error) -> String {
             "the credentials of kubernetes.kubeconfig are not accepted: check that file (an \
              expired or revoked certificate?)"
         }
+        Some(403) if by_policy(e) => {
+            "an admission policy of packaging/kubernetes/vap.yaml refused it (its message says \
+             which rule): if this node's request was right, check that the policies match this \
+             ginx's version"
+        }
         Some(403) => {
-            "ginx's identity may not do this: apply packaging/kubernetes/rbac.yaml (and its \
-             admission policies) to the cluster"
+            "ginx's identity may not do this: apply packaging/kubernetes/rbac.yaml and \
+             vap.yaml to the cluster"
         }
         Some(404) => {
             "it does not exist: check kubernetes.namespace and apply \
