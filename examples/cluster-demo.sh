@@ -93,7 +93,7 @@ kubeconfig() { # file cert key
 kubeconfig "$work/admin.kubeconfig" "$pki/admin.crt" "$pki/admin.key"
 kubeconfig "$work/controller-manager.kubeconfig" "$pki/controller-manager.crt" "$pki/controller-manager.key"
 
-echo "==> etcd, kube-apiserver (Node,RBAC, audit log) and kube-controller-manager on 127.0.0.1"
+echo "==> etcd, kube-apiserver (Node,RBAC, NodeRestriction, audit log) and kube-controller-manager on 127.0.0.1"
 mkdir -m 700 "$work/etcd"
 "$cpbin" etcd --name=default --data-dir="$work/etcd" \
   --listen-client-urls="http://127.0.0.1:$etcd_port" --advertise-client-urls="http://127.0.0.1:$etcd_port" \
@@ -107,7 +107,8 @@ printf 'apiVersion: audit.k8s.io/v1\nkind: Policy\nomitStages: [RequestReceived]
   --tls-cert-file="$pki/apiserver.crt" --tls-private-key-file="$pki/apiserver.key" \
   --client-ca-file="$pki/ca.crt" --service-account-issuer=https://kubernetes.default.svc.cluster.local \
   --service-account-key-file="$pki/sa.pub" --service-account-signing-key-file="$pki/sa.key" \
-  --service-cluster-ip-range=10.0.0.0/24 --authorization-mode=Node,RBAC --endpoint-reconciler-type=none \
+  --service-cluster-ip-range=10.0.0.0/24 --authorization-mode=Node,RBAC --enable-admission-plugins=NodeRestriction \
+  --endpoint-reconciler-type=none \
   --audit-policy-file="$work/audit-policy.yaml" --audit-log-path="$work/audit.log" --profiling=false \
   > "$work/kube-apiserver.log" 2>&1 &
 pids+=($!)
@@ -147,26 +148,33 @@ renew_nodes > "$work/renew-nodes.log" 2>&1 &
 pids+=($!)
 
 issued() { [ -n "$(kubectl get csr "$1" -o jsonpath='{.status.certificate}')" ]; }
-echo "==> rbac.yaml, then each node's identity through the CSR API (README, Kubernetes credentials)"
-kubectl apply -f "$here/packaging/kubernetes/rbac.yaml" | sed 's/^/    /'
-for n in "${nodes[@]}"; do
+echo "==> rbac.yaml and vap.yaml, then each node's two identities through the CSR API (README, Security model)"
+kubectl apply -f "$here/packaging/kubernetes/rbac.yaml" -f "$here/packaging/kubernetes/vap.yaml" | sed 's/^/    /'
+identity() { # name subject file-prefix
   openssl_ req -new -newkey ec -pkeyopt ec_paramgen_curve:P-256 -nodes \
-    -keyout "$pki/ginx-$n.key" -subj "/O=ginx:nodes/CN=ginx:$n" -out "$pki/ginx-$n.csr"
+    -keyout "$pki/$3.key" -subj "$2" -out "$pki/$3.csr"
   kubectl apply -f - >/dev/null <<CSR
 apiVersion: certificates.k8s.io/v1
 kind: CertificateSigningRequest
-metadata: { name: ginx-$n }
+metadata: { name: $1 }
 spec:
   signerName: kubernetes.io/kube-apiserver-client
   usages: [client auth]
   expirationSeconds: 86400
-  request: $(base64 -w0 < "$pki/ginx-$n.csr")
+  request: $(base64 -w0 < "$pki/$3.csr")
 CSR
-  kubectl certificate approve "ginx-$n" >/dev/null
-  wait_until "the certificate of ginx-$n" issued "ginx-$n"
-  kubectl get csr "ginx-$n" -o jsonpath='{.status.certificate}' | base64 -d > "$pki/ginx-$n.crt"
+  kubectl certificate approve "$1" >/dev/null
+  wait_until "the certificate of $1" issued "$1"
+  kubectl get csr "$1" -o jsonpath='{.status.certificate}' | base64 -d > "$pki/$3.crt"
+}
+for n in "${nodes[@]}"; do
   mkdir -p "$work/$n"
+  # ginx's own: the Leases in ginx-system and the ginx-rollout ConfigMap.
+  identity "ginx-$n" "/O=ginx:nodes/CN=ginx:$n" "ginx-$n"
   kubeconfig "$work/$n/kubeconfig" "$pki/ginx-$n.crt" "$pki/ginx-$n.key"
+  # The node's own, as kubeadm's kubelet.conf: its Node's annotations and condition.
+  identity "node-$n" "/O=system:nodes/CN=system:node:$n" "node-$n"
+  kubeconfig "$work/$n/kubelet.conf" "$pki/node-$n.crt" "$pki/node-$n.key"
 done
 kubectl get csr | sed 's/^/    /'
 
@@ -211,6 +219,7 @@ group = "$(id -gn)"
 
 [kubernetes]
 kubeconfig = "$work/$n/kubeconfig"
+node_kubeconfig = "$work/$n/kubelet.conf"
 
 # The rollout lock is on (a kubeconfig is there): one control-plane node at a time, each
 # healthy for 2 s after its activation before the next may start.

@@ -451,7 +451,10 @@ fn the_daemon_takes_the_fleetlock_before_activating_and_gives_it_back_after_the_
         "{s:#}"
     );
     assert_eq!(s["rollout"]["lock"], "fleetlock", "{s:#}");
-    let log = d.log();
+    // Logged once the server's answer is in: the server may count it released a moment before.
+    let log = wait_for("the release logged", || {
+        let log = d.log();
+        log.contains("rollout lock released").then_some(log)
+    });
     assert!(log.contains("FleetLock held"), "{log}");
-    assert!(log.contains("rollout lock released"), "{log}");
 }

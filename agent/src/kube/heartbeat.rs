@@ -76,14 +76,15 @@ impl Heartbeat {
                                 ..LeaseSpec::default()
                             }),
                         };
-                        let sent = jiff::Timestamp::now();
+                        let sent = std::time::Instant::now();
                         match self
                             .api
                             .create(&crate::types::api::post_params(), &fresh)
                             .await
                         {
                             Ok(l) => {
-                                self.clock.learn(&l.metadata, sent, jiff::Timestamp::now());
+                                self.clock
+                                    .learn(&l.metadata, sent, std::time::Instant::now());
                                 self.cached = Some(l);
                                 return Ok(());
                             }
@@ -101,14 +102,15 @@ impl Heartbeat {
             spec.holder_identity = Some(self.holder.clone());
             spec.lease_duration_seconds = Some(self.duration_seconds);
             spec.renew_time = Some(now);
-            let sent = jiff::Timestamp::now();
+            let sent = std::time::Instant::now();
             match self
                 .api
                 .replace(&self.name, &crate::types::api::post_params(), &lease)
                 .await
             {
                 Ok(l) => {
-                    self.clock.learn(&l.metadata, sent, jiff::Timestamp::now());
+                    self.clock
+                        .learn(&l.metadata, sent, std::time::Instant::now());
                     self.cached = Some(l);
                     return Ok(());
                 }

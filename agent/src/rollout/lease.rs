@@ -324,7 +324,7 @@ impl LeaseLock {
         keep: bool,
     ) -> Result<(), Option<LockError>> {
         let now = MicroTime(self.clock.now());
-        let sent = jiff::Timestamp::now();
+        let sent = std::time::Instant::now();
         let name = self.name(index);
         let result = match existing {
             None => {
@@ -362,7 +362,7 @@ impl LeaseLock {
         match result {
             Ok(written) => {
                 self.clock
-                    .learn(&written.metadata, sent, jiff::Timestamp::now());
+                    .learn(&written.metadata, sent, std::time::Instant::now());
                 Ok(())
             }
             Err(e) if code(&e) == Some(409) => Err(None),
