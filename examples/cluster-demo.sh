@@ -300,8 +300,8 @@ PY
 echo "==> ginxctl status on lucy"
 ctl lucy status | sed 's/^/    /'
 
-echo "==> what ginx asked of the API server (from its audit log), by user"
-grep -o '"username":"ginx:[a-z]*"' "$work/audit.log" | sort | uniq -c | sed 's/^/    /'
+echo "==> what ginx asked of the API server (from its audit log), by identity: its own, and the node's"
+grep '"userAgent":"ginx/' "$work/audit.log" | grep -o '"username":"[a-z:]*"' | sort | uniq -c | sed 's/^/    /'
 
 echo "==> stopping everything and cleaning up"
 echo "cluster demo finished: lucy, makise and quinn applied $first, then $second one at a time"
