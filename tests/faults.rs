@@ -19,6 +19,7 @@ use crate::support::blackhole::Blackhole;
 use crate::support::control_plane::{self, ControlPlane, RbacGuard};
 use crate::support::daemon::Daemon;
 use crate::support::kubelet::Kubelet;
+use crate::support::webhook::Webhook;
 use crate::support::{Env, wait_for};
 
 /// libfaketime's preload library (Debian's `faketime` package).
@@ -560,6 +561,91 @@ fn sigkill_of_the_holder_mid_activation_halts_its_revision() {
     );
     // The dead node's orphaned activation ends now.
     std::fs::write(&go, "").unwrap();
+}
+
+/// A halt written between a node's read of the fleet state and its taking of a slot (as a
+/// takeover halts and then releases the very slot the node takes) is seen before anything
+/// starts: the node gives the slot back and waits. The halt is written by a webhook at the
+/// moment the API server admits the node's slot write: the interleaving is certain, not timed.
+#[test]
+fn a_halt_written_while_the_slot_is_taken_is_seen_before_the_activation() {
+    let Some(cp) = control_plane::shared() else {
+        return;
+    };
+    let mut rbac = RbacGuard::new(cp);
+    let origin = Env::new();
+    let journal = origin.root.join("journal");
+    let nodes = fleet(cp, &mut rbac, &origin, &journal, "fhs", &["fhs-quinn"]);
+    let r = origin.repo.head();
+    let _ = cp.kubectl_output(&["create", "configmap", "ginx-rollout", "-n", "ginx-system"]);
+    let halt = serde_json::json!({
+        "revision": r,
+        "node": "fhs-makise",
+        "probes": {},
+        "reason": "written by the test while fhs-quinn took its slot",
+        "at": "2026-01-01T00:00:00Z",
+        "cause": "gate-failed",
+        "group": "fhs",
+    });
+    let patch = serde_json::json!({"data": {format!("halted.{r}"): halt.to_string()}});
+    let written = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let hook = {
+        let written = std::sync::Arc::clone(&written);
+        let patch = patch.to_string();
+        Webhook::leases(
+            cp,
+            "fhs",
+            "object.metadata.name == 'ginx-rollout-fhs-0' && has(object.spec.holderIdentity) \
+             && object.spec.holderIdentity == 'fhs-quinn'",
+            move |_| {
+                if !written.swap(true, std::sync::atomic::Ordering::SeqCst) {
+                    cp.kubectl(&[
+                        "patch",
+                        "configmap",
+                        "ginx-rollout",
+                        "-n",
+                        "ginx-system",
+                        "--type",
+                        "merge",
+                        "-p",
+                        &patch,
+                    ]);
+                }
+            },
+        )
+    };
+    let quinn = nodes[0].env.start();
+    let st = quinn.wait_status("quinn held back by the halt", |s| {
+        s["rollout"]["waiting_for"] == "halted"
+    });
+    assert!(
+        written.load(std::sync::atomic::Ordering::SeqCst),
+        "the halt was not written while quinn took its slot: {:#?}",
+        hook.seen()
+    );
+    assert!(
+        st["rollout"]["reason"]
+            .as_str()
+            .unwrap()
+            .contains("is halted"),
+        "{st:#}"
+    );
+    wait_for("quinn's slot given back", || {
+        (slot_holder(cp, "ginx-rollout-fhs-0").unwrap_or_default() != "fhs-quinn").then_some(())
+    });
+    wait_for("quinn's log saying why", || {
+        quinn.log().contains("giving it back").then_some(())
+    });
+    drop(hook);
+    assert!(
+        !lines(&journal).iter().any(|l| l.what == "start"),
+        "quinn started a halted revision: {:#?}",
+        lines(&journal)
+    );
+    nodes[0]
+        .env
+        .operator_ok(&cp.admin_kubeconfig, &["rollout", "clear", &r]);
+    quinn.wait_applied(&r);
 }
 
 /// A holder stopped for longer than its slot's duration (SIGSTOP) and continued: it sees the

@@ -21,6 +21,7 @@ pub mod soak;
 pub mod ssh;
 pub mod sweep;
 pub mod tls;
+pub mod webhook;
 
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};

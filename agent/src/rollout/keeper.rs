@@ -489,11 +489,7 @@ impl Gatekeeper {
                     .api_unavailable(&cfg, "no connection to the Kubernetes API yet".into());
             };
             self.ensure_watch(&cfg, &clients);
-            let fleet = Fleet::new(
-                clients.main.clone(),
-                &cfg.kubernetes.namespace,
-                &cfg.rollout.configmap,
-            );
+            let fleet = fleet_of(&cfg, &clients);
             let state = match fleet.read().await {
                 Ok(s) => s,
                 Err(e) if unavailable(&e) => {
@@ -514,65 +510,23 @@ impl Gatekeeper {
                     ));
                 }
             };
-            self.fleet = Some(state.clone());
-            if let Some(p) = &state.paused {
-                return Permit::Wait(
-                    WaitingFor::Paused,
-                    format!(
-                        "the fleet is paused by {} since {}; `ginxctl rollout resume` lifts it",
-                        p.by, p.at
-                    ),
-                );
-            }
-            if let Some(h) = state
-                .halt_of(revision)
-                .filter(|_| purpose == Purpose::Apply)
-            {
-                let what = match h.cause {
-                    HaltCause::GateFailed => format!("its health gate failed on {}", h.node),
-                    HaltCause::HolderVanished => {
-                        format!("{} vanished holding a rollout slot for it", h.node)
-                    }
-                };
-                return Permit::Wait(
-                    WaitingFor::Halted,
-                    format!(
-                        "revision {} is halted: {what} at {} ({}); a new revision rolls out \
-                         normally, `ginxctl rollout clear {}` lifts the halt",
-                        revision.short(),
-                        h.at,
-                        h.reason,
-                        revision.short()
-                    ),
-                );
-            }
+            self.fleet = Some(state);
         }
-        // A holder of this group vanished mid-rollout: it may still be activating or verifying
-        // (cut off, stopped), so nothing of the group starts until it is back and its gate
-        // passed, or an operator clears the halt. A node resuming its own slot goes on.
         let resuming_own = held.is_some()
             || self
                 .holding
                 .as_ref()
                 .is_some_and(|h| !h.lost.load(Ordering::Relaxed));
-        if !resuming_own
-            && let Some(h) = self
-                .fleet
-                .as_ref()
-                .and_then(|f| f.vanished_in(&cfg.rollout.group_for(cfg.node.role)))
-        {
-            return Permit::Wait(
-                WaitingFor::Halted,
-                format!(
-                    "{} vanished holding a rollout slot of group {} while rolling out {} and may \
-                     still be activating it; the group waits until it is back and its gate \
-                     passes, or `ginxctl rollout clear {}` after checking it",
-                    h.node,
-                    h.group.as_deref().unwrap_or("-"),
-                    h.revision.short(),
-                    h.revision.short()
-                ),
-            );
+        if let Some(wait) = self.fleet.as_ref().and_then(|state| {
+            held_back(
+                state,
+                revision,
+                purpose,
+                &cfg.rollout.group_for(cfg.node.role),
+                resuming_own,
+            )
+        }) {
+            return wait;
         }
         if let Some(wait) = self.outside_window(&cfg, held, purpose) {
             return wait;
@@ -719,14 +673,73 @@ impl Gatekeeper {
             }
             Effective::None | Effective::Bootstrap => return Permit::Granted(None),
         };
+        let resuming_own = held.is_some();
+        let held = granted.held.clone();
+        self.holding = Some(granted);
+        // The fleet state was read before the slot was taken; a halt or pause written since
+        // (a takeover halts, then releases the very slot this node just took) must be seen
+        // before anything starts under it. A read after the slot's write is ordered after it.
+        if kube_configured
+            && let Some(wait) = self
+                .recheck_fleet(&cfg, revision, purpose, resuming_own)
+                .await
+        {
+            if let Err(e) = self.release(&held).await {
+                tracing::warn!(error = %e, "cannot release the slot just taken; it expires by itself");
+            }
+            self.holding = None;
+            return wait;
+        }
         self.waiting_since = None;
         self.w
             .metrics
             .lock_waited(started_waiting.elapsed().as_secs_f64());
         self.w.metrics.lock_held(true);
-        let held = granted.held.clone();
-        self.holding = Some(granted);
         Permit::Granted(Some(held))
+    }
+
+    /// The fleet state read again after a slot was taken: the wait it imposes, if any (an
+    /// unreadable state is a wait too: the slot is given back).
+    async fn recheck_fleet(
+        &mut self,
+        cfg: &Config,
+        revision: &Revision,
+        purpose: Purpose,
+        resuming_own: bool,
+    ) -> Option<Permit> {
+        let clients = self.clients()?;
+        let fleet = fleet_of(cfg, &clients);
+        let state = match fleet.read().await {
+            Ok(s) => s,
+            Err(e) => {
+                let waiting_for = if unavailable(&e) {
+                    WaitingFor::Api
+                } else {
+                    WaitingFor::Refused
+                };
+                return Some(Permit::Wait(
+                    waiting_for,
+                    format!(
+                        "cannot read the rollout state {} again after taking a slot: {}",
+                        fleet.object(),
+                        describe(&e)
+                    ),
+                ));
+            }
+        };
+        let wait = held_back(
+            &state,
+            revision,
+            purpose,
+            &cfg.rollout.group_for(cfg.node.role),
+            resuming_own,
+        );
+        self.fleet = Some(state);
+        if wait.is_some() {
+            tracing::info!(revision = %revision.short(),
+                "the rollout state changed while the slot was taken; giving it back");
+        }
+        wait
     }
 
     /// After a restart, the lock the state says this node holds: its slot taken up again
@@ -1027,11 +1040,7 @@ impl Gatekeeper {
         let Some(clients) = self.clients() else {
             return;
         };
-        let fleet = Fleet::new(
-            clients.main.clone(),
-            &cfg.kubernetes.namespace,
-            &cfg.rollout.configmap,
-        );
+        let fleet = fleet_of(&cfg, &clients);
         match fleet.lift_vanished(revision, cfg.node_name()).await {
             Ok(u) => {
                 if u.changed {
@@ -1111,11 +1120,7 @@ impl Gatekeeper {
         let Some(clients) = self.clients() else {
             return Err("no connection to the Kubernetes API".into());
         };
-        let fleet = Fleet::new(
-            clients.main.clone(),
-            &cfg.kubernetes.namespace,
-            &cfg.rollout.configmap,
-        );
+        let fleet = fleet_of(&cfg, &clients);
         let u = fleet.halt(halt).await?;
         self.fleet = Some(u.state);
         if u.changed {
@@ -1262,6 +1267,77 @@ impl Gatekeeper {
     pub fn new_gate(&mut self) {
         self.last_reach = None;
     }
+}
+
+/// What in the fleet state holds this node back from taking (or keeping) a slot for
+/// `revision`: a pause, a halt of the revision (for an apply), or a holder of its group that
+/// vanished mid-rollout (unless this node resumes its own slot).
+fn held_back(
+    state: &FleetState,
+    revision: &Revision,
+    purpose: Purpose,
+    group: &str,
+    resuming_own: bool,
+) -> Option<Permit> {
+    if let Some(p) = &state.paused {
+        return Some(Permit::Wait(
+            WaitingFor::Paused,
+            format!(
+                "the fleet is paused by {} since {}; `ginxctl rollout resume` lifts it",
+                p.by, p.at
+            ),
+        ));
+    }
+    if let Some(h) = state
+        .halt_of(revision)
+        .filter(|_| purpose == Purpose::Apply)
+    {
+        let what = match h.cause {
+            HaltCause::GateFailed => format!("its health gate failed on {}", h.node),
+            HaltCause::HolderVanished => {
+                format!("{} vanished holding a rollout slot for it", h.node)
+            }
+        };
+        return Some(Permit::Wait(
+            WaitingFor::Halted,
+            format!(
+                "revision {} is halted: {what} at {} ({}); a new revision rolls out \
+                 normally, `ginxctl rollout clear {}` lifts the halt",
+                revision.short(),
+                h.at,
+                h.reason,
+                revision.short()
+            ),
+        ));
+    }
+    // A holder of this group vanished mid-rollout: it may still be activating or verifying
+    // (cut off, stopped), so nothing of the group starts until it is back and its gate
+    // passed, or an operator clears the halt. A node resuming its own slot goes on.
+    if resuming_own {
+        return None;
+    }
+    let h = state.vanished_in(group)?;
+    Some(Permit::Wait(
+        WaitingFor::Halted,
+        format!(
+            "{} vanished holding a rollout slot of group {} while rolling out {} and may \
+             still be activating it; the group waits until it is back and its gate \
+             passes, or `ginxctl rollout clear {}` after checking it",
+            h.node,
+            h.group.as_deref().unwrap_or("-"),
+            h.revision.short(),
+            h.revision.short()
+        ),
+    ))
+}
+
+/// The fleet state's ConfigMap, as ginx's own identity reads and writes it.
+fn fleet_of(cfg: &Config, clients: &KubeClients) -> Fleet {
+    Fleet::new(
+        clients.main.clone(),
+        &cfg.kubernetes.namespace,
+        &cfg.rollout.configmap,
+    )
 }
 
 /// The slot Lease name of slot `index` of this node's group.
