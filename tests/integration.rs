@@ -20,3 +20,4 @@ mod reboot;
 mod rollout;
 mod soak;
 mod sources;
+mod systemd;

@@ -62,7 +62,7 @@ pub async fn run(config_path: PathBuf) -> anyhow::Result<Ending> {
     let cfg = Arc::new(loaded.config);
     tracing::info!(
         node = cfg.node_name(),
-        version = crate::VERSION,
+        version = crate::version(),
         files = ?loaded.files,
         "starting ginx"
     );

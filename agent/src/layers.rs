@@ -35,7 +35,7 @@ const LAYERS: &[(&str, u8)] = &[
 ];
 
 /// Items of `lib.rs` itself (not modules) that any layer may use.
-const ROOT_ITEMS: &[&str] = &["VERSION"];
+const ROOT_ITEMS: &[&str] = &["VERSION", "version"];
 
 /// Imports within one layer that are allowed, as (importer, imported). Workers (layer 5) never
 /// import each other; there is no entry for them.

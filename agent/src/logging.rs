@@ -18,7 +18,14 @@ pub fn init() {
         && let Ok(journald) = tracing_journald::layer()
     {
         registry
-            .with(journald.with_syslog_identifier("ginx".into()))
+            .with(
+                journald
+                    .with_syslog_identifier("ginx".into())
+                    // Fields as they are named in the code, upper-cased (`REVISION`, `SOURCE`,
+                    // `ATTEMPT`, `PHASE`), for `journalctl -u ginx REVISION=…`; journald itself
+                    // refuses a field that would pass for one of its trusted `_` fields.
+                    .with_field_prefix(None),
+            )
             .init();
         return;
     }

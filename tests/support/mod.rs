@@ -16,6 +16,7 @@ pub mod kubeadm_schema;
 pub mod kubelet;
 pub mod netns;
 pub mod nix;
+pub mod nspawn;
 pub mod reboot;
 pub mod soak;
 pub mod ssh;
@@ -111,13 +112,19 @@ pub fn which(tool: &str) -> Option<PathBuf> {
 }
 
 /// Polls `f` until it returns `Some`, failing the test with `what` after [`PATIENCE`].
-pub fn wait_for<T>(what: &str, mut f: impl FnMut() -> Option<T>) -> T {
+pub fn wait_for<T>(what: &str, f: impl FnMut() -> Option<T>) -> T {
+    wait_for_up_to(what, PATIENCE, f)
+}
+
+/// [`wait_for`] with a patience of its own: for what takes longer by nature (a watchdog's
+/// minute, a machine's boot), never a bound on how long ginx may take.
+pub fn wait_for_up_to<T>(what: &str, patience: Duration, mut f: impl FnMut() -> Option<T>) -> T {
     let start = Instant::now();
     loop {
         if let Some(v) = f() {
             return v;
         }
-        if start.elapsed() > PATIENCE {
+        if start.elapsed() > patience {
             panic!("timed out waiting for {what}");
         }
         std::thread::sleep(Duration::from_millis(25));
@@ -166,4 +173,26 @@ pub fn output_within_patience(cmd: &mut std::process::Command) -> Option<std::pr
         stdout: stdout.join().unwrap(),
         stderr: stderr.join().unwrap(),
     })
+}
+
+/// A copy of the `ginx` binary at `to` whose version (its stamp, see `ginx::version`) says
+/// `version` instead: what a packager's in-place stamp does, without building again.
+pub fn stamped_ginx(to: &Path, version: &str) {
+    let mut bytes = std::fs::read(ginx_bin()).unwrap();
+    let mark = b"ginx-version-stamp:";
+    let stamp = [&mark[..], ginx::VERSION.as_bytes(), b"\0"].concat();
+    let at: Vec<usize> = bytes
+        .windows(stamp.len())
+        .enumerate()
+        .filter(|(_, w)| *w == stamp)
+        .map(|(i, _)| i)
+        .collect();
+    assert_eq!(at.len(), 1, "the version stamp is in the binary once");
+    let start = at[0] + mark.len();
+    let room = 64 - mark.len();
+    assert!(version.len() < room);
+    bytes[start..start + room].fill(0);
+    bytes[start..start + version.len()].copy_from_slice(version.as_bytes());
+    std::fs::write(to, bytes).unwrap();
+    std::fs::set_permissions(to, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
 }

@@ -54,11 +54,37 @@ pub fn reboot_reasons(booted: &Path, target: &Path) -> Vec<String> {
         .collect()
 }
 
-/// The files ginx runs from, as resolved when it started.
-#[derive(Clone, Debug, PartialEq, Eq)]
+/// The files ginx runs from, as resolved when it started, and which file each was: NixOS
+/// changes the path (a new store path), a package manager replaces the file at the same path
+/// (a new inode, size or time).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct SelfImage {
     pub binary: Option<PathBuf>,
     pub unit: Option<PathBuf>,
+    pub binary_file: Option<FileId>,
+    pub unit_file: Option<FileId>,
+}
+
+/// Which file a path resolved to: device, inode, size and modification time.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct FileId {
+    dev: u64,
+    ino: u64,
+    size: u64,
+    mtime: (i64, i64),
+}
+
+impl FileId {
+    fn of(path: &Path) -> Option<Self> {
+        use std::os::unix::fs::MetadataExt;
+        let m = std::fs::metadata(path).ok()?;
+        Some(Self {
+            dev: m.dev(),
+            ino: m.ino(),
+            size: m.size(),
+            mtime: (m.mtime(), m.mtime_nsec()),
+        })
+    }
 }
 
 impl SelfImage {
@@ -66,16 +92,28 @@ impl SelfImage {
         Self {
             binary: resolve(binary),
             unit: resolve(unit),
+            binary_file: FileId::of(binary),
+            unit_file: FileId::of(unit),
         }
     }
 
-    /// What changed between `self` (at start) and `now`, if anything did.
+    /// What changed between `self` (at start) and `now`, if anything did. A file that is gone
+    /// now is not an update.
     pub fn changed(&self, now: &SelfImage) -> Option<String> {
         let mut what = Vec::new();
-        if now.binary.is_some() && now.binary != self.binary {
+        let differs =
+            |a: &Option<PathBuf>, b: &Option<PathBuf>, fa: &Option<FileId>, fb: &Option<FileId>| {
+                b.is_some() && (a != b || (fb.is_some() && fa != fb))
+            };
+        if differs(
+            &self.binary,
+            &now.binary,
+            &self.binary_file,
+            &now.binary_file,
+        ) {
             what.push("binary");
         }
-        if now.unit.is_some() && now.unit != self.unit {
+        if differs(&self.unit, &now.unit, &self.unit_file, &now.unit_file) {
             what.push("unit");
         }
         (!what.is_empty()).then(|| format!("ginx's {} changed", what.join(" and ")))
@@ -130,17 +168,37 @@ mod tests {
         let a = SelfImage {
             binary: Some("/nix/store/a/bin/ginx".into()),
             unit: Some("/u1".into()),
+            ..Default::default()
         };
         let b = SelfImage {
             binary: Some("/nix/store/b/bin/ginx".into()),
             unit: Some("/u1".into()),
+            ..Default::default()
         };
         assert_eq!(a.changed(&a), None);
         assert_eq!(a.changed(&b).unwrap(), "ginx's binary changed");
-        let gone = SelfImage {
-            binary: None,
-            unit: None,
-        };
-        assert_eq!(a.changed(&gone), None, "a missing file is not an update");
+        assert_eq!(
+            a.changed(&SelfImage::default()),
+            None,
+            "a missing file is not an update"
+        );
+    }
+
+    /// A package manager replaces the binary at the same path: a new file, an update.
+    #[test]
+    fn a_binary_replaced_in_place_is_a_change() {
+        let dir = tempfile::tempdir().unwrap();
+        let (bin, unit) = (dir.path().join("ginx"), dir.path().join("ginx.service"));
+        std::fs::write(&bin, "v1").unwrap();
+        std::fs::write(&unit, "[Service]").unwrap();
+        let before = SelfImage::read(&bin, &unit);
+        assert_eq!(before.changed(&SelfImage::read(&bin, &unit)), None);
+        let new = dir.path().join("ginx.new");
+        std::fs::write(&new, "v2 longer").unwrap();
+        std::fs::rename(&new, &bin).unwrap();
+        assert_eq!(
+            before.changed(&SelfImage::read(&bin, &unit)).unwrap(),
+            "ginx's binary changed"
+        );
     }
 }

@@ -16,7 +16,7 @@ use crate::status::{ClusterView, Status};
 
 /// Talk to the ginx daemon on this node.
 #[derive(Debug, Parser)]
-#[command(name = "ginxctl", version, long_about = None)]
+#[command(name = "ginxctl", version = crate::version(), long_about = None)]
 pub struct CtlArgs {
     /// The control socket [default: `socket` from the configuration, else /run/ginx/ginx.sock].
     #[arg(long, global = true, env = "GINX_SOCKET")]

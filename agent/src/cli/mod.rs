@@ -21,7 +21,7 @@ pub use ctl::{CtlArgs, CtlCommand};
 
 /// ginx keeps this NixOS Kubernetes node in step with Git, safely.
 #[derive(Debug, Parser)]
-#[command(name = "ginx", version, long_about = None)]
+#[command(name = "ginx", version = crate::version(), long_about = None)]
 pub struct GinxArgs {
     /// The configuration file; drop-ins are read from `config.d/*.toml` beside it.
     #[arg(long, short, global = true, default_value = DEFAULT_CONFIG_PATH, env = "GINX_CONFIG")]

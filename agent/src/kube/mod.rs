@@ -67,7 +67,7 @@ pub async fn client_config(
     config.default_retry = false;
     config.proxy_url = None;
     // The audit log tells ginx's requests from the kubelet's, which share the node's identity.
-    if let Ok(ua) = http::HeaderValue::from_str(&format!("ginx/{}", crate::VERSION)) {
+    if let Ok(ua) = http::HeaderValue::from_str(&format!("ginx/{}", crate::version())) {
         config.headers.push((http::header::USER_AGENT, ua));
     }
     Ok(config)

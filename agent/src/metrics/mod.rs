@@ -141,7 +141,7 @@ impl Metrics {
         registry.register(
             "build",
             "Version of this ginx",
-            Info::new(vec![("version", crate::VERSION)]),
+            Info::new(vec![("version", crate::version())]),
         );
         registry.register("fetches", "Fetches by source and result", m.fetches.clone());
         registry.register(

@@ -229,6 +229,9 @@ impl Reconciler {
             // not only this one (a failure shows in status and holds applies back too).
             let _ = r.save_state();
         }
+        // Status says what the state file says from the first request on, not "nothing
+        // applied" until the loop's first round (which may wait for a source first).
+        r.publish();
         Ok(r)
     }
 

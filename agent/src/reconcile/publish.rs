@@ -348,6 +348,19 @@ impl Reconciler {
         self.published.send_if_modified(|p| {
             let changed = *p != next;
             if changed {
+                if p.rollout.phase != next.rollout.phase {
+                    // One line per phase, with the phase as a field: `journalctl -u ginx
+                    // PHASE=verifying` finds every gate.
+                    tracing::info!(
+                        phase = next.rollout.phase.as_str(),
+                        revision = next
+                            .rollout
+                            .target_revision
+                            .as_ref()
+                            .map_or("-", |r| r.short()),
+                        "rollout phase"
+                    );
+                }
                 *p = next;
             }
             changed

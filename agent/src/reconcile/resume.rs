@@ -76,7 +76,7 @@ impl Reconciler {
             && let (Some(dir), Some(unit)) = (&r.dir, &r.unit)
             && let Some(handle) = isolation::attach(&self.isolation, dir, unit, token).await
         {
-            tracing::info!(attempt = r.id, unit = %unit, revision = %r.revision.short(),
+            tracing::info!(attempt = r.id, apply_unit = %unit, revision = %r.revision.short(),
                 "an attempt started by a previous ginx is still running; following it");
             let tree = self.pin_tree(&r.source, &r.revision).await.ok();
             return Some(self.follow(r.id, &r.revision, handle, tree));

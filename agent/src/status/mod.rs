@@ -109,7 +109,7 @@ impl Parts {
         Status {
             node: cfg.node_name().to_owned(),
             role: cfg.node.role,
-            version: crate::VERSION.to_owned(),
+            version: crate::version().to_owned(),
             suspended: published.suspended,
             sources: self.sources.borrow().clone(),
             apply: published.apply.clone(),
