@@ -76,7 +76,7 @@ fn lines(path: &Path) -> Vec<Line> {
 }
 
 /// The revisions halted in the `ginx-rollout` ConfigMap: revision → the halt.
-fn halts(cp: &ControlPlane) -> BTreeMap<String, Value> {
+pub(crate) fn halts(cp: &ControlPlane) -> BTreeMap<String, Value> {
     let Some(cm) = cp.get_path("/api/v1/namespaces/ginx-system/configmaps/ginx-rollout") else {
         return BTreeMap::new();
     };

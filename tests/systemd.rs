@@ -14,6 +14,7 @@ use serde_json::Value;
 use crate::support::control_plane::{self, RbacGuard};
 use crate::support::kubelet::Kubelet;
 use crate::support::nspawn::{self, Machine};
+use crate::support::reboot::Unschedulable;
 use crate::support::{Env, http, ssh, wait_for, wait_for_up_to};
 
 /// The watchdog's minute (WatchdogSec=60s as shipped) and RestartSec, with room.
@@ -32,7 +33,21 @@ fn machine(image: &Path, name: &str, env: &Env, extra: &str) -> Machine {
 
 /// [`machine`] whose `apply.command` is `command` (TOML array items).
 fn machine_applying(image: &Path, name: &str, env: &Env, command: &str, extra: &str) -> Machine {
-    let m = Machine::new(image, name, &[&env.root]);
+    machine_binding(image, name, env, &[], command, extra)
+}
+
+/// [`machine_applying`] that also sees `binds` (host paths, at the same path).
+fn machine_binding(
+    image: &Path,
+    name: &str,
+    env: &Env,
+    binds: &[&Path],
+    command: &str,
+    extra: &str,
+) -> Machine {
+    let mut all = vec![env.root.as_path()];
+    all.extend_from_slice(binds);
+    let m = Machine::new(image, name, &all);
     m.install_ginx();
     m.write("/etc/ginx/config.toml", &config(name, env, command, extra));
     m
@@ -95,6 +110,20 @@ fn wait_status(m: &Machine, what: &str, pred: impl Fn(&Value) -> bool) -> Value 
     })
 }
 
+/// ginx's journal from the last `Stopping ginx.service` on, once it holds ginx's own last
+/// line (`stopped`): journald takes ginx's lines and systemd's from different sockets, so
+/// systemd's "Stopped" may be read before ginx's last lines are.
+fn stop_messages(m: &Machine) -> Vec<String> {
+    wait_for("ginx's last lines in the journal", || {
+        let said = m.messages("ginx");
+        let stopping = said
+            .iter()
+            .rposition(|l| l.starts_with("Stopping ginx.service"))?;
+        let after = said[stopping..].to_vec();
+        after.iter().any(|l| l == "stopped").then_some(after)
+    })
+}
+
 /// `systemctl enable --now ginx`, then waits for systemd to see it READY.
 fn enable(m: &Machine) {
     m.ok(&["groupadd", "--system", "ginx-ops"]);
@@ -107,7 +136,14 @@ fn enable(m: &Machine) {
     ]);
     m.ok(&["useradd", "--system", "outsider-otto"]);
     m.ok(&["systemctl", "daemon-reload"]);
-    m.ok(&["systemctl", "enable", "--now", "ginx"]);
+    let o = m.exec(&["systemctl", "enable", "--now", "ginx"]);
+    assert!(
+        o.status.success(),
+        "systemctl enable --now ginx on {}: {}\nginx's journal: {:#?}",
+        m.name,
+        String::from_utf8_lossy(&o.stderr),
+        m.messages("ginx")
+    );
     wait_for("ginx active", || {
         (m.show("ginx", "ActiveState") == "active").then_some(())
     });
@@ -199,12 +235,7 @@ fn the_shipped_unit_under_systemd() {
     m.ok(&["systemctl", "stop", "ginx"]);
     assert_eq!(m.show("ginx", "ActiveState"), "inactive");
     assert_eq!(m.show("ginx", "Result"), "success");
-    let said = m.messages("ginx");
-    let stopping = said
-        .iter()
-        .rposition(|l| l.starts_with("Stopping ginx.service"))
-        .unwrap();
-    let after = &said[stopping..];
+    let after = stop_messages(&m);
     assert!(
         !after
             .iter()
@@ -673,6 +704,18 @@ fn a_kaas_vm_s_first_boot_with_cloud_init() {
 /// its system profile at generation 1 (built and booted: the machine reboots into it), ginx
 /// not started.
 fn nix_machine(image: &Path, name: &str, env: &Env, extra: &str) -> Machine {
+    nix_machine_with(image, name, env, &[], extra, |_| {})
+}
+
+/// [`nix_machine`] that also sees `binds`, with `setup` run on it before its first boot.
+fn nix_machine_with(
+    image: &Path,
+    name: &str,
+    env: &Env,
+    binds: &[&Path],
+    extra: &str,
+    setup: impl FnOnce(&Machine),
+) -> Machine {
     let stub = env.root.join("bin/nix-activate");
     std::fs::copy(
         crate::support::support_dir().join("nix-activate-stub"),
@@ -684,7 +727,8 @@ fn nix_machine(image: &Path, name: &str, env: &Env, extra: &str) -> Machine {
         env.stub_dir.display(),
         stub.display()
     );
-    let mut m = machine_applying(image, name, env, &command, extra);
+    let mut m = machine_binding(image, name, env, binds, &command, extra);
+    setup(&m);
     m.boot();
     // The installed system: generation 1, then a boot into it.
     m.ok(&[
@@ -791,4 +835,247 @@ fn real_nix_generations_rolled_back_by_the_gate_and_by_ginxctl() {
         ],
         "{h:#}"
     );
+}
+
+/// The kernel content `/run/booted-system` boots.
+fn booted_kernel(m: &Machine) -> String {
+    m.ok(&["cat", "/run/booted-system/kernel"])
+        .trim()
+        .to_owned()
+}
+
+/// 5. Real reboots, coordinated: lucy, makise and quinn, three machines against the real
+///    control plane on the host, `[reboot] mode = "when-required"` and the default
+///    `reboot_command` (`systemctl reboot`). A revision with a new kernel makes each machine
+///    really reboot (nspawn exits 133 and boots it again: a new boot id), one at a time; each
+///    comes back, verifies, uncordons and releases its slot. A revision whose gate fails after
+///    the reboot is rolled back on the first node that takes it, which reboots again into the
+///    previous generation; it is halted and no other node starts it.
+///
+///    Simulated: the kernel. The machines share the host's kernel; what changes is the system's
+///    `kernel` store path, and `/run/booted-system` is set at boot by the image's stage-2
+///    stand-in (ginx-test-stage2.service) from the profile, as NixOS's stage 2 does. The
+///    stand-in kubelet on the host keeps the Node objects.
+#[test]
+fn real_reboots_one_machine_at_a_time() {
+    let Some(image) = nspawn::image() else { return };
+    let Some(cp) = control_plane::shared() else {
+        return;
+    };
+    let mut rbac = RbacGuard::new(cp);
+    let origin = Env::new();
+    let journal = origin.root.join("journal");
+    std::fs::write(&journal, "").unwrap();
+    let names: Vec<String> = ["sdr-lucy", "sdr-makise", "sdr-quinn"]
+        .map(String::from)
+        .to_vec();
+    let _kubelets: Vec<Kubelet> = names
+        .iter()
+        .map(|n| Kubelet::start(cp, n, "worker"))
+        .collect();
+    let watch = Unschedulable::watch(cp, &names);
+    let envs: Vec<Env> = names.iter().map(|_| Env::new()).collect();
+    let machines: Vec<Machine> = names
+        .iter()
+        .zip(&envs)
+        .map(|(name, env)| {
+            rbac.watch(name);
+            env.stub("journal", &journal.display().to_string());
+            let kc = env.root.join("kube/kubeconfig");
+            std::fs::create_dir_all(kc.parent().unwrap()).unwrap();
+            cp.ginx_kubeconfig(&kc, name);
+            let extra = format!(
+                "interval = \"200ms\"\ntimeout = \"15s\"\n\
+                 command = [\"sh\", \"-c\", \"echo verify {name} >> {j}; test ! -e /run/booted-system/broken\"]\n\n\
+                 [kubernetes]\nkubeconfig = \"/etc/ginx/kubeconfig\"\nrenew_interval = \"1s\"\n\n\
+                 [health]\ninterval = \"200ms\"\n[health.kubelet]\nenabled = false\n\
+                 [health.apiserver]\nenabled = false\n[health.cilium]\nenabled = false\n\
+                 [health.node_ready]\nenabled = true\n\n\
+                 [rollout]\nlock = \"auto\"\ngroup = \"sdr\"\nlease_duration = \"5s\"\n\n\
+                 [reboot]\nmode = \"when-required\"\nlock_ttl = \"60s\"\n",
+                j = journal.display()
+            );
+            nix_machine_with(image, name, env, &[&origin.root], &extra, |m| {
+                m.write(
+                    "/etc/ginx/config.d/20-fleet.toml",
+                    &format!(
+                        "[node]\nrole = \"worker\"\n\n[sources.hephaestus]\nurl = \"{}\"\n",
+                        origin.repo.path.display()
+                    ),
+                );
+                m.write("/etc/ginx/kubeconfig", &std::fs::read_to_string(&kc).unwrap());
+                m.write(
+                    "/etc/kubernetes/kubelet.conf",
+                    &std::fs::read_to_string(control_plane::node_kubeconfig(&kc)).unwrap(),
+                );
+                // Each boot says so in the shared journal.
+                m.write(
+                    "/etc/systemd/system/ginx-test-boot-journal.service",
+                    &format!(
+                        "[Unit]\nDescription=test: this boot in the shared journal\n\
+                         [Service]\nType=oneshot\nExecStart=/bin/sh -c 'echo boot %H >> {}'\n\
+                         [Install]\nWantedBy=multi-user.target\n",
+                        journal.display()
+                    ),
+                );
+                let wants = m.path("/etc/systemd/system/multi-user.target.wants");
+                std::fs::create_dir_all(&wants).unwrap();
+                std::os::unix::fs::symlink(
+                    "/etc/systemd/system/ginx-test-boot-journal.service",
+                    wants.join("ginx-test-boot-journal.service"),
+                )
+                .unwrap();
+            })
+        })
+        .collect();
+    for m in &machines {
+        enable(m);
+    }
+    let first = origin.repo.head();
+    for m in &machines {
+        wait_status(m, "the first revision applied", |s| {
+            s["apply"]["applied_revision"] == first.as_str()
+        });
+        assert_eq!(booted_kernel(m), "kernel-1");
+    }
+    // A new kernel: each machine reboots into it, one at a time.
+    for env in &envs {
+        env.stub("kernel", "kernel-2");
+    }
+    let second = origin
+        .repo
+        .commit("hive.nix", "{ kernel = 2; }", "kernel 2");
+    for m in &machines {
+        m.ok(&["ginxctl", "sync"]);
+    }
+    for m in &machines {
+        wait_for_up_to(
+            &format!("{} rebooted into kernel-2 and done", m.name),
+            std::time::Duration::from_secs(300),
+            || {
+                let s = status(m)?;
+                (s["apply"]["applied_revision"] == second.as_str()
+                    && s["rollout"]["reboot"]["phase"].is_null()
+                    && s["rollout"]["slot"].is_null()
+                    && s["system"]["reboot_required"] == false)
+                    .then_some(())
+            },
+        );
+        // The installation's reboot into generation 1, and this one.
+        assert_eq!(m.exits(), [133, 133], "{}", m.name);
+        assert_eq!(booted_kernel(m), "kernel-2", "{}", m.name);
+        assert!(
+            !cp.node(&m.name).unwrap()["spec"]["unschedulable"]
+                .as_bool()
+                .unwrap_or(false),
+            "{} uncordoned",
+            m.name
+        );
+    }
+    assert_eq!(
+        watch.most.load(std::sync::atomic::Ordering::SeqCst),
+        1,
+        "at most one node unschedulable at once"
+    );
+    let lines = crate::rollout::journal(&journal);
+    assert_eq!(
+        crate::rollout::most_at_once(&lines),
+        1,
+        "one node at a time between its activation and its gate after the reboot: {lines:?}"
+    );
+    // A kernel whose system fails its gate after the reboot.
+    for env in &envs {
+        env.stub("kernel", "kernel-3");
+        env.stub("broken", "");
+    }
+    let bad = origin
+        .repo
+        .commit("hive.nix", "{ kernel = 3; }", "kernel 3, broken");
+    let mark = lines.len();
+    for m in &machines {
+        m.ok(&["ginxctl", "sync"]);
+    }
+    let halt = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        wait_for_up_to(
+            "the bad revision halted",
+            std::time::Duration::from_secs(300),
+            || crate::faults::halts(cp).remove(&bad),
+        )
+    }))
+    .unwrap_or_else(|_| {
+        let seen: Vec<String> = machines
+            .iter()
+            .map(|m| {
+                let said = m.messages("ginx");
+                format!(
+                    "{}: exits {:?}\n{}\n{:#?}",
+                    m.name,
+                    m.exits(),
+                    String::from_utf8_lossy(&m.exec(&["ginxctl", "status"]).stdout),
+                    &said[said.len().saturating_sub(25)..]
+                )
+            })
+            .collect();
+        panic!("the bad revision was not halted:\n{}", seen.join("\n"))
+    });
+    assert!(
+        halt["reason"]
+            .as_str()
+            .is_some_and(|r| r.starts_with("health gate failed")),
+        "{halt:#}"
+    );
+    let failed = machines
+        .iter()
+        .find(|m| halt["node"] == m.name.as_str())
+        .unwrap();
+    wait_status(
+        failed,
+        "the failed node back on kernel-2, rolled back",
+        |s| s["apply"]["state"] == "rolled-back" && s["rollout"]["slot"].is_null(),
+    );
+    // Rebooted into the bad system, then into the previous one.
+    assert_eq!(failed.exits(), [133, 133, 133, 133], "{}", failed.name);
+    assert_eq!(booted_kernel(failed), "kernel-2");
+    for m in &machines {
+        if m.name != failed.name {
+            wait_status(m, "held back by the halt", |s| {
+                s["rollout"]["waiting_for"] == "halted"
+            });
+            assert_eq!(m.exits(), [133, 133], "{}", m.name);
+        }
+    }
+    let after = &crate::rollout::journal(&journal)[mark..];
+    assert!(
+        after.iter().all(|(w, n)| w != "start" || *n == failed.name),
+        "another node started the halted revision: {after:?}"
+    );
+}
+
+/// 1. `systemctl stop` during an apply run as ginx's own child (`isolation = "process"`, the
+///    default graces): ginx gives the apply `shutdown_grace`, stops its whole tree within
+///    `kill_grace`, and exits inside the unit's `TimeoutStopSec` (100 s, derived from those
+///    defaults): systemd records a clean stop, not a timeout.
+#[test]
+fn systemctl_stop_during_a_process_apply_ends_within_the_unit_s_timeout() {
+    let Some(image) = nspawn::image() else { return };
+    let env = Env::new();
+    env.stub("hang", "");
+    let mut m = machine(image, "sd-stop", &env, "");
+    m.write(
+        "/etc/ginx/config.d/50-process.toml",
+        "[apply]\nisolation = \"process\"\n",
+    );
+    m.boot();
+    enable(&m);
+    wait_status(&m, "the apply running", |s| {
+        s["apply"]["state"] == "applying"
+    });
+    assert_eq!(m.show("ginx", "TimeoutStopUSec"), "1min 40s");
+    m.ok(&["systemctl", "stop", "ginx"]);
+    assert_eq!(m.show("ginx", "ActiveState"), "inactive");
+    assert_eq!(m.show("ginx", "Result"), "success");
+    let after = stop_messages(&m);
+    assert!(!after.iter().any(|l| l.contains("timed out")), "{after:#?}");
+    assert!(after.iter().any(|l| l == "stopped"), "{after:#?}");
+    m.stop();
 }
