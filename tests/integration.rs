@@ -16,6 +16,7 @@ mod kubeadm;
 mod kubernetes;
 mod packaging;
 mod privilege;
+mod qemu;
 mod reboot;
 mod rollout;
 mod soak;

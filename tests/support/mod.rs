@@ -17,6 +17,7 @@ pub mod kubelet;
 pub mod netns;
 pub mod nix;
 pub mod nspawn;
+pub mod qemu;
 pub mod reboot;
 pub mod soak;
 pub mod ssh;

@@ -29,43 +29,47 @@ const REBOOTED: i32 = 133;
 pub fn image() -> Option<&'static Path> {
     static IMAGE: OnceLock<Option<PathBuf>> = OnceLock::new();
     IMAGE
-        .get_or_init(|| {
-            for tool in ["systemd-nspawn", "mmdebstrap", "nsenter"] {
-                let found = Command::new("sh")
-                    .args(["-c", &format!("command -v {tool}")])
-                    .stdout(Stdio::null())
-                    .status()
-                    .is_ok_and(|s| s.success());
-                if !found {
-                    let why = format!(
-                        "{tool} is missing (Debian: systemd-container, mmdebstrap, util-linux); \
-                         the real-systemd tier needs it"
-                    );
-                    if std::env::var_os("CI").is_some_and(|v| v == "true") {
-                        panic!("{why}");
-                    }
-                    eprintln!("skipping: {why}");
-                    return None;
-                }
-            }
-            let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/systemd/image.sh");
-            let out = Path::new(env!("CARGO_MANIFEST_DIR")).join("../target/systemd-image");
-            let o = Command::new("bash")
-                .arg(&script)
-                .arg(&out)
-                .stderr(Stdio::inherit())
-                .output()
-                .unwrap();
-            assert!(o.status.success(), "{} failed", script.display());
-            let tree = PathBuf::from(String::from_utf8(o.stdout).unwrap().trim());
-            assert!(
-                tree.join("usr/lib/systemd/systemd").exists(),
-                "{}",
-                tree.display()
-            );
-            Some(tree)
-        })
+        .get_or_init(|| tree("container", &["systemd-nspawn", "mmdebstrap", "nsenter"]))
         .as_deref()
+}
+
+/// The tree of `variant` (tests/systemd/image.sh), if every tool of `tools` is there.
+pub fn tree(variant: &str, tools: &[&str]) -> Option<PathBuf> {
+    for tool in tools {
+        let found = Command::new("sh")
+            .args(["-c", &format!("command -v {tool}")])
+            .stdout(Stdio::null())
+            .status()
+            .is_ok_and(|s| s.success());
+        if !found {
+            let why = format!(
+                "{tool} is missing (Debian: systemd-container, mmdebstrap, util-linux, \
+                 qemu-system-x86, qemu-utils, socat); the real-systemd tier needs it"
+            );
+            if std::env::var_os("CI").is_some_and(|v| v == "true") {
+                panic!("{why}");
+            }
+            eprintln!("skipping: {why}");
+            return None;
+        }
+    }
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/systemd/image.sh");
+    let out = Path::new(env!("CARGO_MANIFEST_DIR")).join("../target/systemd-image");
+    let o = Command::new("bash")
+        .arg(&script)
+        .arg(&out)
+        .arg(variant)
+        .stderr(Stdio::inherit())
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{} failed", script.display());
+    let tree = PathBuf::from(String::from_utf8(o.stdout).unwrap().trim());
+    assert!(
+        tree.join("usr/lib/systemd/systemd").exists(),
+        "{}",
+        tree.display()
+    );
+    Some(tree)
 }
 
 /// A booted (or bootable) container.
@@ -86,24 +90,9 @@ impl Machine {
     /// at the same path (read-write). Not booted yet.
     pub fn new(image: &Path, name: &str, binds: &[&Path]) -> Self {
         static N: AtomicU32 = AtomicU32::new(0);
-        let tmp = tempfile::Builder::new()
-            .prefix(&format!("ginx-nspawn-{name}-"))
-            .tempdir()
-            .unwrap();
+        let tmp = overlay(image, &format!("ginx-nspawn-{name}-"));
         let dir = tmp.path().to_owned();
-        for d in ["upper", "work", "root"] {
-            std::fs::create_dir_all(dir.join(d)).unwrap();
-        }
         let root = dir.join("root");
-        let opts = format!(
-            "lowerdir={},upperdir={},workdir={}",
-            image.display(),
-            dir.join("upper").display(),
-            dir.join("work").display()
-        );
-        run(Command::new("mount")
-            .args(["-t", "overlay", "overlay", "-o", &opts])
-            .arg(&root));
         let cg = format!(
             "ginx-test-{name}-{}-{}",
             std::process::id(),
@@ -269,29 +258,9 @@ impl Machine {
         self.root.join(path.trim_start_matches('/'))
     }
 
-    /// Installs the `ginx` and `ginxctl` this test run built at /usr/local/bin, and the shipped
-    /// unit and tmpfiles file, unmodified, where packaging/systemd/ginx.service says.
+    /// Installs ginx into the machine: see [`install_ginx_into`].
     pub fn install_ginx(&self) {
-        let repo = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
-        for (from, to, mode) in [
-            (super::ginx_bin(), "/usr/local/bin/ginx", 0o755),
-            (super::ginxctl_bin(), "/usr/local/bin/ginxctl", 0o755),
-            (
-                repo.join("packaging/systemd/ginx.service"),
-                "/etc/systemd/system/ginx.service",
-                0o644,
-            ),
-            (
-                repo.join("packaging/systemd/ginx.tmpfiles.conf"),
-                "/etc/tmpfiles.d/ginx.conf",
-                0o644,
-            ),
-        ] {
-            let to = self.path(to);
-            std::fs::create_dir_all(to.parent().unwrap()).unwrap();
-            std::fs::copy(&from, &to).unwrap();
-            std::fs::set_permissions(&to, std::fs::Permissions::from_mode(mode)).unwrap();
-        }
+        install_ginx_into(&self.root);
     }
 
     /// The journal of UNIT inside, one JSON object per entry: what its processes wrote, what
@@ -412,6 +381,51 @@ impl Drop for Machine {
     }
 }
 
+/// Installs the `ginx` and `ginxctl` this test run built at /usr/local/bin of the tree at `root`,
+/// and the shipped unit and tmpfiles file, unmodified, where packaging/systemd/ginx.service says.
+pub fn install_ginx_into(root: &Path) {
+    let repo = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+    for (from, to, mode) in [
+        (super::ginx_bin(), "usr/local/bin/ginx", 0o755),
+        (super::ginxctl_bin(), "usr/local/bin/ginxctl", 0o755),
+        (
+            repo.join("packaging/systemd/ginx.service"),
+            "etc/systemd/system/ginx.service",
+            0o644,
+        ),
+        (
+            repo.join("packaging/systemd/ginx.tmpfiles.conf"),
+            "etc/tmpfiles.d/ginx.conf",
+            0o644,
+        ),
+    ] {
+        let to = root.join(to);
+        std::fs::create_dir_all(to.parent().unwrap()).unwrap();
+        std::fs::copy(&from, &to).unwrap();
+        std::fs::set_permissions(&to, std::fs::Permissions::from_mode(mode)).unwrap();
+    }
+}
+
+/// A temp dir holding an overlay mounted at `root/` over `tree` (`upper/` and `work/` beside
+/// it): one machine's writes over the shared, cached tree. The caller unmounts it.
+pub fn overlay(tree: &Path, prefix: &str) -> tempfile::TempDir {
+    let tmp = tempfile::Builder::new().prefix(prefix).tempdir().unwrap();
+    let dir = tmp.path();
+    for d in ["upper", "work", "root"] {
+        std::fs::create_dir_all(dir.join(d)).unwrap();
+    }
+    let opts = format!(
+        "lowerdir={},upperdir={},workdir={}",
+        tree.display(),
+        dir.join("upper").display(),
+        dir.join("work").display()
+    );
+    run(Command::new("mount")
+        .args(["-t", "overlay", "overlay", "-o", &opts])
+        .arg(dir.join("root")));
+    tmp
+}
+
 /// The children of `pid`.
 fn children(pid: i32) -> Vec<i32> {
     std::fs::read_to_string(format!("/proc/{pid}/task/{pid}/children"))
@@ -453,7 +467,7 @@ fn remove_cgroup(dir: &Path) {
     let _ = std::fs::remove_dir(dir);
 }
 
-fn run(cmd: &mut Command) {
+pub fn run(cmd: &mut Command) {
     let o = cmd.output().unwrap();
     assert!(
         o.status.success(),

@@ -4,12 +4,14 @@
 # no ginx: the tests install the binaries they built, and the shipped unit, into each
 # container's own overlay.
 #
-# Usage: tests/systemd/image.sh [OUT_DIR]   (default: target/systemd-image)
-# Prints the tree's path. The tree is cached under OUT_DIR by a hash of this script and the
-# files beside it: an unchanged recipe is not built again.
+# Usage: tests/systemd/image.sh [OUT_DIR [VARIANT]]   (default: target/systemd-image, container)
+# VARIANT "vm" adds Debian's kernel and initrd (/boot) and DHCP on eth0 (systemd-networkd), for
+# qemu (tests/qemu.rs). Prints the tree's path. The tree is cached under OUT_DIR by a hash of
+# this script, the files beside it and the variant: an unchanged recipe is not built again.
 set -euo pipefail
 here="$(cd "$(dirname "$0")" && pwd)"
 out="${1:-$here/../../target/systemd-image}"
+variant="${2:-container}"
 mkdir -p "$out"
 out="$(cd "$out" && pwd)"
 
@@ -21,7 +23,16 @@ packages=(
   cloud-init                       # the kaas user-data's NoCloud seed
   procps iproute2 util-linux       # ps, ip, setpriv
 )
-hash="$( (cat "$0"; cd "$here/files" && find . -type f | LC_ALL=C sort | while read -r f; do echo "$f"; cat "$f"; done; printf '%s\n' "${packages[@]}") | sha256sum | cut -c1-16)"
+vm_hooks=()
+if [ "$variant" = vm ]; then
+  packages+=(linux-image-amd64)    # a real kernel and Debian's initrd, booted by qemu
+  vm_hooks=(
+    --customize-hook='printf "[Match]\nName=eth0\n\n[Network]\nDHCP=yes\n" > "$1/etc/systemd/network/20-dhcp.network"'
+    --customize-hook='chroot "$1" systemctl enable systemd-networkd'
+    --customize-hook='chroot "$1" systemctl mask serial-getty@ttyS0.service'
+  )
+fi
+hash="$( (cat "$0"; cd "$here/files" && find . -type f | LC_ALL=C sort | while read -r f; do echo "$f"; cat "$f"; done; printf '%s\n' "$variant" "${packages[@]}") | sha256sum | cut -c1-16)"
 tree="$out/$hash/tree"
 if [ -e "$out/$hash/done" ]; then
   echo "$tree"
@@ -36,10 +47,12 @@ mmdebstrap --mode=root --variant=minbase --format=directory --quiet \
   --customize-hook='chroot "$1" systemctl enable ginx-test-stage2.service' \
   --customize-hook='chroot "$1" systemctl mask getty@.service console-getty.service systemd-networkd-wait-online.service' \
   --customize-hook='rm -f "$1/etc/hostname"' \
+  "${vm_hooks[@]}" \
   bookworm "$tree" http://deb.debian.org/debian >&2
 touch "$out/$hash/done"
 # Older trees of this recipe are not needed any more.
 for d in "$out"/*/; do
-  [ "$(basename "$d")" = "$hash" ] || rm -rf "$d"
+  [ -e "$d/variant-$variant" ] && [ "$(basename "$d")" != "$hash" ] && rm -rf "$d"
 done
+touch "$out/$hash/variant-$variant"
 echo "$tree"
