@@ -3,7 +3,10 @@
 //! the real control plane on the host, coordinates one real reboot of the whole machine for a
 //! revision with a new kernel: slot, cordon, the lock's raised duration, `systemctl reboot`
 //! (qemu resets the guest, the kernel boots again: a new boot id), and back: verified,
-//! uncordoned, slot released.
+//! uncordoned, slot released. The VM is a kaas VM: its image has ginx enabled with
+//! `packaging/cloud-init/image-config.toml`, and its first boot is configured by real
+//! cloud-init from a NoCloud seed, README's user-data filled by `fill-user-data.sh` (the Git
+//! server: sshd on 10.0.0.1, one `sshd -i` per connection).
 //!
 //! Simulated, as in tests/systemd.rs: the kernel *change* (a new `kernel` store path in the
 //! system the real Nix makes; the guest boots the same bzImage, and `/run/booted-system` is
@@ -16,7 +19,7 @@ use crate::support::control_plane::{self, RbacGuard};
 use crate::support::kubelet::Kubelet;
 use crate::support::qemu::{self, Vm};
 use crate::support::reboot::Unschedulable;
-use crate::support::{Env, support_dir, wait_for_up_to};
+use crate::support::{Env, ssh, support_dir, wait_for_up_to};
 
 #[test]
 fn a_real_kernel_reboot_of_a_vm_coordinated_by_ginx() {
@@ -32,24 +35,41 @@ fn a_real_kernel_reboot_of_a_vm_coordinated_by_ginx() {
     let origin = Env::new();
     origin.repo.commit("kernel", "kernel-1\n", "kernel 1");
     let bare = origin.bare();
-    let served = bare.parent().unwrap().to_owned();
     let kc = origin.root.join("kube/kubeconfig");
     std::fs::create_dir_all(kc.parent().unwrap()).unwrap();
     cp.ginx_kubeconfig_via(&kc, name, "https://10.0.0.1:6443");
-    let config = format!(
-        "[node]\nname = \"{name}\"\nrole = \"worker\"\n\n\
-         [sources.hephaestus]\nurl = \"git://10.0.0.1/hephaestus.git\"\ninterval = \"2s\"\n\n\
-         [apply]\ncommand = [\"env\", \"GINX_STUB_DIR=/var/lib/ginx-test-stub\", \
-         \"/usr/local/bin/nix-activate\", \"apply-local\", \"--node\", \"{{node}}\"]\n\
-         retry_base = \"1h\"\nretry_max = \"8h\"\n\n\
-         [kubernetes]\nkubeconfig = \"/etc/ginx/kubeconfig\"\n\n\
+    // The seed: README's user-data, the Git server (sshd, one per connection) on 10.0.0.1.
+    let sshd = ssh::SshServer::start(&origin.root.join("ssh"));
+    let user_data = crate::systemd::kaas_user_data(
+        &origin.root.join("cloud-init"),
+        name,
+        &format!("ssh://root@10.0.0.1{}", bare.display()),
+        &sshd.client_key,
+        &format!("10.0.0.1 {}", sshd.host_key_line),
+        &kc,
+    );
+    // The image's own config (packaging/cloud-init/image-config.toml, its colmena the real-Nix
+    // stand-in) and the settings this image was built with.
+    let packaging =
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../packaging/cloud-init");
+    let image_config = std::fs::read_to_string(packaging.join("image-config.toml")).unwrap();
+    let command = image_config
+        .lines()
+        .find(|l| l.starts_with("command = "))
+        .unwrap();
+    let image_config = image_config.replace(
+        command,
+        "command = [\"env\", \"GINX_STUB_DIR=/var/lib/ginx-test-stub\", \
+         \"/usr/local/bin/nix-activate\", \"apply-local\", \"--node\", \"{node}\"]\n\
+         retry_base = \"1h\"\nretry_max = \"8h\"",
+    );
+    let settings = "[sources.hephaestus]\ninterval = \"2s\"\n\n\
          [health]\ninterval = \"1s\"\n[health.kubelet]\nenabled = false\n\
          [health.apiserver]\nenabled = false\n[health.cilium]\nenabled = false\n\
          [health.node_ready]\nenabled = true\n\n\
          [rollout]\nlock = \"auto\"\ngroup = \"vmq\"\nlease_duration = \"15s\"\n\n\
          [rollout.gate]\nsettle = \"2s\"\n\n\
-         [reboot]\nmode = \"when-required\"\nlock_ttl = \"15m\"\n"
-    );
+         [reboot]\nmode = \"when-required\"\nlock_ttl = \"15m\"\n";
     let mut vm = Vm::new(tree, name, |root| {
         crate::support::nspawn::install_ginx_into(root);
         let write = |path: &str, text: &str| {
@@ -62,14 +82,12 @@ fn a_real_kernel_reboot_of_a_vm_coordinated_by_ginx() {
             root.join("usr/local/bin/nix-activate"),
         )
         .unwrap();
-        write("etc/ginx/config.toml", &config);
+        write("etc/ginx/config.toml", &image_config);
+        write("etc/ginx/config.d/90-image.toml", settings);
+        write("var/lib/cloud/seed/nocloud/user-data", &user_data);
         write(
-            "etc/ginx/kubeconfig",
-            &std::fs::read_to_string(&kc).unwrap(),
-        );
-        write(
-            "etc/kubernetes/kubelet.conf",
-            &std::fs::read_to_string(control_plane::node_kubeconfig(&kc)).unwrap(),
+            "var/lib/cloud/seed/nocloud/meta-data",
+            &format!("instance-id: {name}-iid\nlocal-hostname: {name}\n"),
         );
         std::fs::create_dir_all(root.join("var/lib/ginx-test-stub")).unwrap();
         write(
@@ -106,11 +124,12 @@ fn a_real_kernel_reboot_of_a_vm_coordinated_by_ginx() {
     vm.boot(&[
         (6443, format!("socat - TCP:127.0.0.1:{}", api.port())),
         (
-            9418,
+            22,
             format!(
-                "git daemon --inetd --export-all --base-path={} {}",
-                served.display(),
-                served.display()
+                "{} -i -f {} -E {}",
+                ssh::SSHD,
+                sshd.dir.join("sshd_config").display(),
+                sshd.dir.join("sshd.log").display()
             ),
         ),
     ]);
@@ -176,4 +195,10 @@ fn a_real_kernel_reboot_of_a_vm_coordinated_by_ginx() {
         console.contains("reboot: Restarting system"),
         "a kernel reboot"
     );
+    // Configured by cloud-init from the seed, fetched over SSH.
+    assert!(
+        console.contains("DataSourceNoCloud"),
+        "cloud-init's NoCloud seed"
+    );
+    assert!(sshd.log().contains("Accepted publickey"), "{}", sshd.log());
 }

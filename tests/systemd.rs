@@ -524,6 +524,57 @@ fn block(text: &str) -> String {
     text.lines().map(|l| format!("      {l}\n")).collect()
 }
 
+/// A kaas VM's user-data as README says to make it: the operator's copy of
+/// `packaging/cloud-init/user-data.yaml` (in `dir`) with the sources' URLs put in once (both
+/// `url`), filled by `fill-user-data.sh NAME worker KEY 'HOST_KEY_LINE'`. Plus, simulated, what
+/// kubeadm join and Cluster API's `files` would write: ginx's kubeconfig `kc`, the node's
+/// `kubelet.conf` beside it, and the drop-in naming the first, as three more `write_files`.
+pub(crate) fn kaas_user_data(
+    dir: &Path,
+    name: &str,
+    url: &str,
+    key: &Path,
+    host_key_line: &str,
+    kc: &Path,
+) -> String {
+    std::fs::create_dir_all(dir).unwrap();
+    let packaging = Path::new(env!("CARGO_MANIFEST_DIR")).join("../packaging/cloud-init");
+    let template = std::fs::read_to_string(packaging.join("user-data.yaml"))
+        .unwrap()
+        .replace("ssh://git@git.example.com/infra/hephaestus.git", url)
+        .replace("ssh://git@git.example.com/infra/argus.git", url);
+    std::fs::write(dir.join("user-data.yaml"), template).unwrap();
+    std::fs::copy(
+        packaging.join("fill-user-data.sh"),
+        dir.join("fill-user-data.sh"),
+    )
+    .unwrap();
+    let filled = std::process::Command::new("bash")
+        .arg(dir.join("fill-user-data.sh"))
+        .args([name, "worker"])
+        .arg(key)
+        .arg(host_key_line)
+        .output()
+        .unwrap();
+    assert!(
+        filled.status.success(),
+        "{}",
+        String::from_utf8_lossy(&filled.stderr)
+    );
+    let user_data = String::from_utf8(filled.stdout).unwrap();
+    let simulated = format!(
+        "write_files:\n\
+         \x20 - path: /etc/ginx/kubeconfig\n    permissions: \"0600\"\n    content: |\n{}\
+         \x20 - path: /etc/kubernetes/kubelet.conf\n    permissions: \"0600\"\n    content: |\n{}\
+         \x20 - path: /etc/ginx/config.d/20-kubernetes.toml\n    content: |\n{}",
+        block(&std::fs::read_to_string(kc).unwrap()),
+        block(&std::fs::read_to_string(control_plane::node_kubeconfig(kc)).unwrap()),
+        block("[kubernetes]\nkubeconfig = \"/etc/ginx/kubeconfig\"\n"),
+    );
+    assert_eq!(user_data.matches("\nwrite_files:\n").count(), 1);
+    user_data.replacen("\nwrite_files:\n", &format!("\n{simulated}"), 1)
+}
+
 /// 7. A kaas VM's first boot: `packaging/cloud-init/user-data.yaml` with the sources' URLs put
 ///    in once and filled by `fill-user-data.sh`, as README says, is the NoCloud seed of a fresh
 ///    machine whose image has ginx enabled (the image's config as
@@ -547,56 +598,19 @@ fn a_kaas_vm_s_first_boot_with_cloud_init() {
     let env = Env::new();
     let bare = env.bare();
     let sshd = ssh::SshServer::start(&env.root.join("ssh"));
-    // The operator's copy of the template, with the sources' URLs put in once.
-    let dir = env.root.join("cloud-init");
-    std::fs::create_dir_all(&dir).unwrap();
-    let packaging = Path::new(env!("CARGO_MANIFEST_DIR")).join("../packaging/cloud-init");
-    let template = std::fs::read_to_string(packaging.join("user-data.yaml"))
-        .unwrap()
-        .replace(
-            "ssh://git@git.example.com/infra/hephaestus.git",
-            &sshd.url(&bare),
-        )
-        .replace(
-            "ssh://git@git.example.com/infra/argus.git",
-            &sshd.url(&bare),
-        );
-    std::fs::write(dir.join("user-data.yaml"), template).unwrap();
-    std::fs::copy(
-        packaging.join("fill-user-data.sh"),
-        dir.join("fill-user-data.sh"),
-    )
-    .unwrap();
-    let host_key = std::fs::read_to_string(&sshd.known_hosts).unwrap();
-    let filled = std::process::Command::new("bash")
-        .arg(dir.join("fill-user-data.sh"))
-        .args([name, "worker"])
-        .arg(&sshd.client_key)
-        .arg(host_key.trim())
-        .output()
-        .unwrap();
-    assert!(
-        filled.status.success(),
-        "{}",
-        String::from_utf8_lossy(&filled.stderr)
-    );
-    let user_data = String::from_utf8(filled.stdout).unwrap();
-    // What kubeadm join and Cluster API's `files` would write (see the doc comment).
     let kc = env.root.join("kube/kubeconfig");
     std::fs::create_dir_all(kc.parent().unwrap()).unwrap();
     cp.ginx_kubeconfig(&kc, name);
-    let kubelet_conf = control_plane::node_kubeconfig(&kc);
-    let simulated = format!(
-        "write_files:\n\
-         \x20 - path: /etc/ginx/kubeconfig\n    permissions: \"0600\"\n    content: |\n{}\
-         \x20 - path: /etc/kubernetes/kubelet.conf\n    permissions: \"0600\"\n    content: |\n{}\
-         \x20 - path: /etc/ginx/config.d/20-kubernetes.toml\n    content: |\n{}",
-        block(&std::fs::read_to_string(&kc).unwrap()),
-        block(&std::fs::read_to_string(&kubelet_conf).unwrap()),
-        block("[kubernetes]\nkubeconfig = \"/etc/ginx/kubeconfig\"\n"),
+    let host_key = std::fs::read_to_string(&sshd.known_hosts).unwrap();
+    let user_data = kaas_user_data(
+        &env.root.join("cloud-init"),
+        name,
+        &sshd.url(&bare),
+        &sshd.client_key,
+        host_key.trim(),
+        &kc,
     );
-    assert_eq!(user_data.matches("\nwrite_files:\n").count(), 1);
-    let user_data = user_data.replacen("\nwrite_files:\n", &format!("\n{simulated}"), 1);
+    let packaging = Path::new(env!("CARGO_MANIFEST_DIR")).join("../packaging/cloud-init");
     // The image: ginx installed and enabled, its config the image's.
     let colmena = format!(
         "\"env\", \"GINX_STUB_DIR={}\", \"{}\", \"apply-local\", \"--node\", \"{{node}}\"",
