@@ -22,3 +22,4 @@ mod rollout;
 mod soak;
 mod sources;
 mod systemd;
+mod throughput;

@@ -281,7 +281,7 @@ fn five_workers_never_more_than_two_at_once() {
 /// Makes `n` break when `revision` is activated: its gate command fails while the fake
 /// system's current revision is `revision`. `heals` says whether the rollback restores a system
 /// the gate accepts (the stand-in switch marks the running system as the previous one) or not.
-fn breaks_on(n: &Node, revision: &str, heals: bool) {
+pub(crate) fn breaks_on(n: &Node, revision: &str, heals: bool) {
     let nix = n.env.fake_nix();
     let current = nix.join("run/current-system/revision");
     let switch = if heals {

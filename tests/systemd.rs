@@ -276,7 +276,8 @@ fn activation(env: &Env, name: &str, during: &str) -> String {
     std::fs::write(
         &path,
         format!(
-            "#!/bin/sh\necho start >> {root}/activations\n\
+            // `build` (apply.prebuild, before the slot) activates nothing, as colmena's does.
+            "#!/bin/sh\n[ \"${{1:-}}\" != build ] || exit 0\necho start >> {root}/activations\n\
              systemctl show -p MainPID --value ginx > {root}/ginx-before\n{during}\n\
              while [ ! -e {root}/go ]; do sleep 0.1; done\necho end >> {root}/activations\n"
         ),
@@ -300,7 +301,15 @@ fn attempts(m: &Machine, revision: &str) -> Vec<Value> {
 
 /// `revision`'s activation ran once and its success is recorded once.
 fn applied_once(m: &Machine, env: &Env, revision: &str, case: &str) {
-    let a = attempts(m, revision);
+    let all = attempts(m, revision);
+    // The build before the slot (apply.prebuild) is an attempt of its own, once.
+    let builds: Vec<&Value> = all.iter().filter(|a| a["kind"] == "build").collect();
+    assert!(builds.len() <= 1, "{case}: built once: {all:#?}");
+    let a: Vec<Value> = all
+        .iter()
+        .filter(|a| a["kind"] != "build")
+        .cloned()
+        .collect();
     assert_eq!(a.len(), 1, "{case}: recorded once: {a:#?}");
     assert_eq!(a[0]["outcome"], "succeeded", "{case}: {a:#?}");
     let ran = std::fs::read_to_string(env.root.join("activations")).unwrap();
@@ -839,6 +848,16 @@ fn real_nix_generations_rolled_back_by_the_gate_and_by_ginxctl() {
         })
         .collect();
     let n = |v: u64| Value::from(v);
+    // Each revision was built first (apply.prebuild, with the real Nix), changing no generation.
+    assert_eq!(
+        seen.iter().filter(|a| a.0 == "build").collect::<Vec<_>>(),
+        vec![
+            &("build".to_owned(), "succeeded".to_owned(), n(1), n(1)),
+            &("build".to_owned(), "succeeded".to_owned(), n(2), n(2)),
+        ],
+        "{h:#}"
+    );
+    let seen: Vec<_> = seen.into_iter().filter(|a| a.0 != "build").collect();
     assert_eq!(
         seen,
         vec![

@@ -451,6 +451,7 @@ fn start_fleet(
             reach_source: None,
             metrics: Arc::clone(&metrics),
             observed: Arc::new(Mutex::new(Observed::default())),
+            later: None,
         });
         let (tx, rx) = watch::channel(Order::Idle);
         orders.push(tx);

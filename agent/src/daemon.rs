@@ -25,6 +25,9 @@ use crate::status::{self, ApplyState, Published};
 use crate::util;
 
 /// Holds `<state_dir>/lock` for as long as the daemon runs.
+/// How long a start waits for the state directory's lock before it says another ginx runs.
+const LOCK_PATIENCE: std::time::Duration = std::time::Duration::from_secs(2);
+
 fn lock_state_dir(dir: &Path) -> anyhow::Result<nix::fcntl::Flock<std::fs::File>> {
     let path = dir.join("lock");
     let file = std::fs::OpenOptions::new()
@@ -33,7 +36,20 @@ fn lock_state_dir(dir: &Path) -> anyhow::Result<nix::fcntl::Flock<std::fs::File>
         .write(true)
         .open(&path)
         .with_context(|| format!("opening {}", path.display()))?;
-    nix::fcntl::Flock::lock(file, nix::fcntl::FlockArg::LockExclusiveNonblock).map_err(|(_, e)| {
+    // A ginx killed a moment ago may have left a child between its fork and its exec, which
+    // holds the lock until it execs: a short wait, not a failure.
+    let mut file = file;
+    let deadline = std::time::Instant::now() + LOCK_PATIENCE;
+    let locked = loop {
+        match nix::fcntl::Flock::lock(file, nix::fcntl::FlockArg::LockExclusiveNonblock) {
+            Err((f, nix::errno::Errno::EWOULDBLOCK)) if std::time::Instant::now() < deadline => {
+                file = f;
+                std::thread::sleep(std::time::Duration::from_millis(50));
+            }
+            other => break other,
+        }
+    };
+    locked.map_err(|(_, e)| {
         if e == nix::errno::Errno::EWOULDBLOCK {
             anyhow::anyhow!(
                 "another ginx is running with state_dir {} (it holds {}); stop it first",
@@ -102,6 +118,7 @@ pub async fn run(config_path: PathBuf) -> anyhow::Result<Ending> {
             reach_source: Some(reach_apply_source(config_rx.clone(), Arc::clone(&pollers))),
             observed: Arc::clone(&observed),
             metrics: Arc::clone(&metrics),
+            later: Some(later_in(config_rx.clone(), Arc::clone(&workspace))),
         },
         metrics: Arc::clone(&metrics),
         config: config_rx.clone(),
@@ -276,6 +293,28 @@ pub async fn run(config_path: PathBuf) -> anyhow::Result<Ending> {
 
 /// The gate's check that the apply source can still be fetched: a sync of its poller (a real
 /// fetch), answered with its error if it failed.
+/// `rollout.after`'s "a later revision": whether one revision descends from another in the
+/// apply source's clone (a revision not fetched here yet is not later).
+fn later_in(
+    config: watch::Receiver<Arc<Config>>,
+    workspace: Arc<Workspace>,
+) -> crate::rollout::Later {
+    Arc::new(move |theirs, ours| {
+        let source = config.borrow().apply.source.clone();
+        let workspace = Arc::clone(&workspace);
+        Box::pin(async move {
+            tokio::task::spawn_blocking(move || {
+                workspace
+                    .clone_of(&source)
+                    .descends(&theirs, &ours)
+                    .unwrap_or(false)
+            })
+            .await
+            .unwrap_or(false)
+        })
+    })
+}
+
 fn reach_apply_source(
     config: watch::Receiver<Arc<Config>>,
     pollers: Arc<Mutex<BTreeMap<String, mpsc::Sender<PollerCmd>>>>,
@@ -619,6 +658,7 @@ pub fn summary(status: &status::Status) -> String {
         ApplyState::Idle => format!("waiting for the first fetch of {}", a.source),
         ApplyState::Pending => format!("{} {rev} pending", a.source),
         ApplyState::Waiting => format!("suspended; {} {rev} waits to be applied", a.source),
+        ApplyState::Building => format!("building {} {rev} before its activation", a.source),
         ApplyState::Applying => format!("applying {} {rev} ({})", a.source, a.goal),
         ApplyState::Verifying => format!("verifying {} {rev}", a.source),
         ApplyState::Succeeded => format!("up to date: {} {rev} applied", a.source),

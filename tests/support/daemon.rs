@@ -114,6 +114,9 @@ interval = "1h"
 
 [apply]
 command = ["{colmena}", "apply-local", "--node", "{{node}}"]
+# The suite's stand-in counts one call per activation; tests of apply.prebuild (the default)
+# turn it on.
+prebuild = false
 retry_base = "1h"
 retry_max = "8h"
 kill_grace = "1s"

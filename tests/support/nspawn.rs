@@ -190,13 +190,53 @@ impl Machine {
         let Some(leader) = self.leader() else {
             return Command::new("false").output().unwrap();
         };
-        Command::new("nsenter")
+        let mut child = Command::new("nsenter")
             .args(["-t", &leader.to_string(), "-a", "env", "-i"])
             .arg("PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin")
             .args(argv)
             .stdin(Stdio::null())
-            .output()
-            .unwrap()
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let read = |r: Option<Box<dyn std::io::Read + Send>>| {
+            std::thread::spawn(move || {
+                let mut buf = Vec::new();
+                if let Some(mut r) = r {
+                    let _ = r.read_to_end(&mut buf);
+                }
+                buf
+            })
+        };
+        let out = read(child.stdout.take().map(|s| Box::new(s) as _));
+        let err = read(child.stderr.take().map(|s| Box::new(s) as _));
+        // A machine that shuts down while this runs: its systemd-shutdown stops every process
+        // of the machine (SIGSTOP) before it kills them, and nsenter, outside the machine,
+        // stops itself to mirror its child, then waits for a SIGCONT that nobody outside
+        // sends. It would never reap the killed child, and the machine's PID namespace (so
+        // its reboot) would wait for ever. Stopped, it is continued here.
+        let pid = child.id();
+        let status = loop {
+            if let Some(s) = child.try_wait().unwrap() {
+                break s;
+            }
+            let stopped = std::fs::read_to_string(format!("/proc/{pid}/stat"))
+                .ok()
+                .and_then(|s| s.rsplit_once(") ").map(|(_, r)| r.starts_with('T')))
+                .unwrap_or(false);
+            if stopped {
+                let _ = nix::sys::signal::kill(
+                    nix::unistd::Pid::from_raw(pid as i32),
+                    nix::sys::signal::Signal::SIGCONT,
+                );
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        };
+        Output {
+            status,
+            stdout: out.join().unwrap(),
+            stderr: err.join().unwrap(),
+        }
     }
 
     /// `sh -c script` inside the machine.

@@ -296,6 +296,7 @@ pub fn history(h: &HistoryReport, output: bool) -> String {
         let goal = match a.kind {
             AttemptKind::Apply => a.goal.as_str(),
             AttemptKind::Rollback => "rollback",
+            AttemptKind::Build => "prebuild",
         };
         let generation = |g: &Option<Generation>| {
             g.as_ref()
@@ -486,11 +487,46 @@ pub fn cluster(v: &ClusterView) -> String {
         }
         None => o.push_str("not paused\n"),
     }
+    for (revision, c) in &v.revisions {
+        let _ = writeln!(
+            o,
+            "revision {}: {} building, {} waiting, {} activating, {} verifying, {} done, {} failed, {} quarantined",
+            printable(&revision.chars().take(12).collect::<String>()),
+            c.building,
+            c.waiting,
+            c.activating,
+            c.verifying,
+            c.done,
+            c.failed,
+            c.quarantined
+        );
+        if let Some(f) = v.fleet.failures.get(revision) {
+            let _ = writeln!(
+                o,
+                "  failures counted against its budget: {}",
+                f.keys()
+                    .map(|n| printable(n))
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            );
+        }
+    }
+    for n in v.nodes.iter().filter(|n| n.quarantined.is_some()) {
+        let _ = writeln!(
+            o,
+            "quarantined: {} on {} (rolled back; `ginxctl retry` there, or a new revision, ends it)",
+            printable(&n.name),
+            short(&n.quarantined)
+        );
+    }
     let waiting: Vec<String> = v
         .nodes
         .iter()
         .filter(|n| n.rollout_phase.as_deref() == Some("waiting"))
-        .map(|n| printable(&n.name))
+        .map(|n| match &n.waiting_for {
+            Some(w) => format!("{} ({})", printable(&n.name), printable(w)),
+            None => printable(&n.name),
+        })
         .collect();
     if waiting.is_empty() {
         o.push_str("nobody waits\n");
@@ -616,25 +652,42 @@ mod tests {
                     healthy: Some("False".into()),
                     health_reason: Some("ProbesFailed".into()),
                     rollout_phase: Some("waiting".into()),
+                    waiting_for: Some("after control-plane".into()),
                     heartbeat_age_secs: Some(125),
                     ..node("quinn\x1b[2J")
+                },
+                ClusterNode {
+                    quarantined: Some(rev.into()),
+                    ..node("rei")
                 },
                 node("newcomer"),
             ],
             slots: BTreeMap::new(),
             fleet,
             at: Some(at),
+            revisions: [(
+                rev.to_owned(),
+                crate::status::RevisionCounts {
+                    activating: 1,
+                    quarantined: 1,
+                    ..Default::default()
+                },
+            )]
+            .into(),
         };
         let text = cluster(&v);
         let want = "\
 NODE       ROLE           READY  HEALTHY           APPLIED       TARGET        STATE/PHASE         HEARTBEAT  SLOT
 lucy       control-plane  yes    yes               0123456789ab  0123456789ab  succeeded/applying  3s ago     control-plane/0
 quinn\u{fffd}[2J  worker         no     no: ProbesFailed  -             -             -/waiting           2m ago     -
+rei        -              -      -                 -             -             -                   -          -
 newcomer   -              -      -                 -             -             -                   -          -
 halted: 0123456789ab on makise at 2026-12-01T10:00:00Z: health gate failed
   kubelet: healthz answered 500
 paused by alice@lucy since 2026-12-01T11:57:00Z (2m ago)
-waiting: quinn\u{fffd}[2J
+revision 0123456789ab: 0 building, 0 waiting, 1 activating, 0 verifying, 0 done, 0 failed, 1 quarantined
+quarantined: rei on 0123456789ab (rolled back; `ginxctl retry` there, or a new revision, ends it)
+waiting: quinn\u{fffd}[2J (after control-plane)
 ";
         assert_eq!(text, want, "\n{text}");
         let empty = cluster(&ClusterView {

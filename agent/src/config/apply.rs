@@ -51,6 +51,10 @@ pub struct ApplyConfig {
     /// `[apply.closure]`, for `mode = "closure"`.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub closure: Option<ClosureConfig>,
+    /// Build (colmena: `apply-local build`; closure: the realise) before asking for a rollout
+    /// slot, so that only the activation and its gate run under the lock; a revision that does
+    /// not build takes no slot.
+    pub prebuild: bool,
 }
 
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -313,6 +317,7 @@ impl Default for ApplyConfig {
             on_drift: DriftPolicy::Report,
             mode: ApplyMode::Colmena,
             closure: None,
+            prebuild: true,
         }
     }
 }

@@ -251,6 +251,13 @@ pub const ROLLOUT_LEASE_DURATION: DurationBound = in_seconds(
     "a slot not renewed this long is free (renewed at a third of it): shorter loses slots to \
      a slow API server, longer keeps a dead node's slot",
 );
+pub const ROLLOUT_SOAK: DurationBound = bound(
+    "rollout.soak",
+    secs(0),
+    secs(24 * HOUR),
+    "the least time from one node's passed gate to the next node of the group starting the \
+     same revision",
+);
 pub const GATE_SETTLE: DurationBound = bound(
     "rollout.gate.settle",
     secs(0),
@@ -331,6 +338,7 @@ pub const DURATIONS: &[&DurationBound] = &[
     &PROBE_INTERVAL,
     &PROBE_TIMEOUT,
     &ROLLOUT_LEASE_DURATION,
+    &ROLLOUT_SOAK,
     &GATE_SETTLE,
     &GATE_TIMEOUT,
     &GATE_INTERVAL,
@@ -349,6 +357,12 @@ pub const MAX_CONCURRENT: CountBound = CountBound {
     floor: 1,
     ceiling: 1000,
     why: "nodes of the group applying at once; each is a slot Lease",
+};
+pub const HALT_AFTER: CountBound = CountBound {
+    key: "rollout.halt_after",
+    floor: 1,
+    ceiling: 1000,
+    why: "failed gates and vanished holders of one revision before it is halted fleet-wide",
 };
 pub const MAX_ATTEMPTS: CountBound = CountBound {
     key: "apply.max_attempts",
@@ -380,6 +394,7 @@ pub const KUBE_VIP_RETRY_PERIOD: CountBound = CountBound {
 pub const COUNTS: &[&CountBound] = &[
     &MAX_ATTEMPTS,
     &MAX_CONCURRENT,
+    &HALT_AFTER,
     &KUBE_VIP_LEASE_DURATION,
     &KUBE_VIP_RENEW_DEADLINE,
     &KUBE_VIP_RETRY_PERIOD,

@@ -154,6 +154,20 @@ pub struct RolloutConfig {
     /// `[[rollout.windows]]`: when an apply may start; none means always.
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub windows: Vec<super::Window>,
+    /// The least time between one node's gate passing and the next node of the group starting
+    /// the same revision, on the waiting node's monotonic clock from when it saw the pass.
+    pub soak: Duration,
+    /// Groups whose every node must have passed its gate on a revision (or a later one) before
+    /// this node's group starts it, e.g. `["control-plane"]`.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub after: Vec<String>,
+    /// The failure budget of one revision: failed gates (with their rollbacks) and vanished
+    /// holders counted fleet-wide. Below it the failing node is quarantined and the rollout goes
+    /// on; at it the revision is halted. 1: the first failure halts.
+    pub halt_after: u32,
+    /// A revision that fails to build on one node is halted fleet-wide (off: a build can fail
+    /// for local reasons, and the failure takes no slot).
+    pub halt_on_build_failure: bool,
 }
 
 impl Default for RolloutConfig {
@@ -171,17 +185,30 @@ impl Default for RolloutConfig {
             gate: GateConfig::default(),
             fleetlock: None,
             windows: Vec::new(),
+            soak: Duration::from_secs(0),
+            after: Vec::new(),
+            halt_after: 1,
+            halt_on_build_failure: false,
         }
     }
 }
 
 /// The longest slot Lease name (`ginx-rollout-<group>-<slot>`) is a DNS label's worth.
 const MAX_GROUP_LEN: usize = 40;
+/// Groups `rollout.after` may name.
+const MAX_AFTER: usize = 16;
 
 impl RolloutConfig {
     /// The group, after the role default.
     pub fn group_for(&self, role: crate::types::Role) -> String {
         self.group.clone().unwrap_or_else(|| role.to_string())
+    }
+
+    /// The groups this node's group waits for, without its own (a group after itself would
+    /// wait for ever: its own nodes are what it rolls through).
+    pub fn after_for(&self, role: crate::types::Role) -> Vec<String> {
+        let own = self.group_for(role);
+        self.after.iter().filter(|g| **g != own).cloned().collect()
     }
 
     /// The slot Lease's name.
@@ -203,6 +230,25 @@ impl RolloutConfig {
         }
         bounds::MAX_CONCURRENT.check(ctx, self.max_concurrent)?;
         bounds::ROLLOUT_LEASE_DURATION.check(ctx, self.lease_duration)?;
+        bounds::ROLLOUT_SOAK.check(ctx, self.soak)?;
+        bounds::HALT_AFTER.check(ctx, self.halt_after)?;
+        if self.after.len() > MAX_AFTER {
+            return Err(ctx.error(
+                "rollout.after",
+                format!("names {} groups; at most {MAX_AFTER}", self.after.len()),
+            ));
+        }
+        for (i, g) in self.after.iter().enumerate() {
+            if !is_dns_label(g) || g.len() > MAX_GROUP_LEN {
+                return Err(ctx.error(
+                    &format!("rollout.after[{i}]"),
+                    format!(
+                        "{g:?} is not a rollout group: a lowercase DNS label of at most \
+                         {MAX_GROUP_LEN} characters, like \"control-plane\""
+                    ),
+                ));
+            }
+        }
         if !super::is_dns_subdomain(&self.configmap) {
             return Err(ctx.error(
                 "rollout.configmap",

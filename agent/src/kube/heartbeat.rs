@@ -9,6 +9,10 @@ use kube::Api;
 
 use crate::types::api::{ServerClock, code};
 
+use crate::types::api::{
+    HEARTBEAT_GROUP_LABEL as GROUP_LABEL, HEARTBEAT_PASSED_ANNOTATION as PASSED_ANNOTATION,
+};
+
 /// Renewal attempts per tick when the Lease keeps changing under us.
 pub const MAX_CONFLICT_RETRIES: usize = 5;
 
@@ -21,6 +25,9 @@ pub struct Heartbeat {
     cached: Option<Lease>,
     /// The API server's clock, learned from each write and written in.
     clock: ServerClock,
+    /// The node's rollout group and the last revision whose gate passed on it, written on the
+    /// Lease ([`GROUP_LABEL`], [`PASSED_ANNOTATION`]).
+    marks: (String, Option<String>),
 }
 
 /// Why a renewal failed.
@@ -46,6 +53,34 @@ impl Heartbeat {
             duration_seconds,
             cached: None,
             clock,
+            marks: (String::new(), None),
+        }
+    }
+
+    /// Sets what the Lease says of the node's rollout (written with the next renewal); returns
+    /// whether it changed.
+    pub fn set_marks(&mut self, group: &str, passed: Option<&str>) -> bool {
+        let next = (group.to_owned(), passed.map(str::to_owned));
+        let changed = next != self.marks;
+        self.marks = next;
+        changed
+    }
+
+    fn mark(&self, meta: &mut ObjectMeta) {
+        let (group, passed) = &self.marks;
+        if !group.is_empty() {
+            meta.labels
+                .get_or_insert_with(Default::default)
+                .insert(GROUP_LABEL.to_owned(), group.clone());
+        }
+        let a = meta.annotations.get_or_insert_with(Default::default);
+        match passed {
+            Some(p) => {
+                a.insert(PASSED_ANNOTATION.to_owned(), p.clone());
+            }
+            None => {
+                a.remove(PASSED_ANNOTATION);
+            }
         }
     }
 
@@ -63,7 +98,7 @@ impl Heartbeat {
                 {
                     Some(l) => l,
                     None => {
-                        let fresh = Lease {
+                        let mut fresh = Lease {
                             metadata: ObjectMeta {
                                 name: Some(self.name.clone()),
                                 ..ObjectMeta::default()
@@ -76,6 +111,7 @@ impl Heartbeat {
                                 ..LeaseSpec::default()
                             }),
                         };
+                        self.mark(&mut fresh.metadata);
                         let sent = std::time::Instant::now();
                         match self
                             .api
@@ -102,6 +138,7 @@ impl Heartbeat {
             spec.holder_identity = Some(self.holder.clone());
             spec.lease_duration_seconds = Some(self.duration_seconds);
             spec.renew_time = Some(now);
+            self.mark(&mut lease.metadata);
             let sent = std::time::Instant::now();
             match self
                 .api

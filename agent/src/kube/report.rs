@@ -39,6 +39,19 @@ pub fn annotations(status: &Status, prefix: &str) -> BTreeMap<String, String> {
     if let Some(r) = &status.rollout.target_revision {
         put("target-revision", r.to_string());
     }
+    if let Some(r) = &status.rollout.passed_revision {
+        put("passed-revision", r.to_string());
+    }
+    if let Some(q) = &status.rollout.quarantined {
+        put("quarantined", q.revision.to_string());
+    }
+    if let Some(w) = status.rollout.waiting_for {
+        let what = match w {
+            status::WaitingFor::After => format!("after {}", status.rollout.after.join(",")),
+            other => other.as_str().to_owned(),
+        };
+        put("waiting-for", what);
+    }
     put(
         "health",
         status::overall(&status.health).status.as_str().to_owned(),
@@ -91,6 +104,17 @@ pub fn node_condition(status: &Status) -> (String, String, String) {
         );
     }
     let (s, reason, message) = condition(&status.health);
+    if let Some(q) = &status.rollout.quarantined {
+        return (
+            s,
+            "Quarantined".to_owned(),
+            format!(
+                "revision {} failed its health gate here below the failure budget; the node \
+                 runs its rolled-back system and the rollout goes on without it; {message}",
+                q.revision.short()
+            ),
+        );
+    }
     if status.rollout.phase == status::Phase::Lost {
         return (
             s,

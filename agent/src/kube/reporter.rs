@@ -201,6 +201,11 @@ impl Reporter {
         let Some(hb) = session.heartbeat.as_mut() else {
             return interval;
         };
+        let status = self.parts.status();
+        hb.set_marks(
+            &status.rollout.group,
+            status.rollout.passed_revision.as_ref().map(|r| r.as_str()),
+        );
         match hb.renew().await {
             Ok(()) => {
                 let was_failing = session.failures > 0;
@@ -286,6 +291,18 @@ impl Reporter {
             return;
         }
         tokio::time::sleep(DEBOUNCE).await;
+        // A passed gate is told to the groups that come after this one at once, not a renewal
+        // later: one extra write per revision.
+        let status = self.parts.status();
+        if let Some(hb) = session.heartbeat.as_mut()
+            && hb.set_marks(
+                &status.rollout.group,
+                status.rollout.passed_revision.as_ref().map(|r| r.as_str()),
+            )
+            && let Err(e) = hb.renew().await
+        {
+            tracing::debug!(error = ?e, "cannot write the passed revision on the heartbeat now; the next renewal does");
+        }
         self.report(session, false).await;
     }
 

@@ -78,6 +78,8 @@ pub struct Metrics {
     rollout_slot_lost: Gauge,
     rollout_slots_lost: Counter,
     rollout_lock_wait: Histogram,
+    rollout_slot_held: Histogram,
+    rollout_quarantines: Counter,
     rollout_gates: Family<ResultLabels, Counter>,
     rollout_rollbacks: Counter,
     rollout_halts: Counter,
@@ -128,6 +130,8 @@ impl Metrics {
             rollout_slot_lost: Gauge::default(),
             rollout_slots_lost: Counter::default(),
             rollout_lock_wait: Histogram::new(exponential_buckets(0.1, 2.0, 16)),
+            rollout_slot_held: Histogram::new(exponential_buckets(0.5, 2.0, 16)),
+            rollout_quarantines: Counter::default(),
             rollout_gates: Family::default(),
             rollout_rollbacks: Counter::default(),
             rollout_halts: Counter::default(),
@@ -211,6 +215,16 @@ impl Metrics {
             m.rollout_lock_wait.clone(),
         );
         registry.register(
+            "rollout_slot_held_seconds",
+            "How long this node held a rollout slot, from taking it to releasing it (with prebuild: the activation and its gate)",
+            m.rollout_slot_held.clone(),
+        );
+        registry.register(
+            "rollout_quarantines",
+            "Failed gates of this node counted below the failure budget (rollout.halt_after): quarantined, the rollout went on",
+            m.rollout_quarantines.clone(),
+        );
+        registry.register(
             "rollout_gates",
             "Health gates by result (passed, failed; rollback- for the rolled-back system)",
             m.rollout_gates.clone(),
@@ -262,6 +276,14 @@ impl Metrics {
 
     pub fn lock_waited(&self, seconds: f64) {
         self.rollout_lock_wait.observe(seconds);
+    }
+
+    pub fn slot_held(&self, seconds: f64) {
+        self.rollout_slot_held.observe(seconds);
+    }
+
+    pub fn quarantined(&self) {
+        self.rollout_quarantines.inc();
     }
 
     pub fn gate(&self, result: &str) {

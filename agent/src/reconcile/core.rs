@@ -11,8 +11,8 @@ use std::collections::BTreeMap;
 
 use crate::config::RollbackPolicy;
 use crate::state::{
-    AfterGate, Applied, AttemptKind, Failure, GateFailure, InFlight, Interrupted, Outcome, State,
-    Verifying,
+    AfterGate, Applied, AttemptKind, Built, Failure, GateFailure, InFlight, Interrupted, Outcome,
+    State, Verifying,
 };
 use crate::status::{ApplyState, WaitingFor};
 use crate::types::{Goal, Revision};
@@ -31,6 +31,8 @@ pub struct Desired {
 pub enum Decision {
     /// Nothing is wanted, it is applied already, given up, or rolled back.
     Idle,
+    /// Build this revision without activating it (`apply.prebuild`); no slot is needed.
+    Build(Desired),
     /// Apply this revision now.
     Start(Desired),
     /// The wanted revision failed; try again at this time.
@@ -98,6 +100,8 @@ pub struct Core {
     reapply: bool,
     /// The rollout holds the wanted revision back (fleet pause, halt, lock, quorum, API).
     pub waiting: Option<Waiting>,
+    /// `apply.prebuild`: a revision is built before its activation is asked for.
+    pub prebuild: bool,
 }
 
 impl Core {
@@ -107,7 +111,20 @@ impl Core {
             retry_now: None,
             reapply: false,
             waiting: None,
+            prebuild: false,
         }
+    }
+
+    /// Whether `desired` must be built before it is activated: with `apply.prebuild`, for a
+    /// goal that activates something, unless it was built already.
+    fn needs_build(&self, desired: &Desired) -> bool {
+        self.prebuild
+            && matches!(desired.goal, Goal::Switch | Goal::Boot | Goal::Test)
+            && self
+                .state
+                .built
+                .as_ref()
+                .is_none_or(|b| b.revision != desired.revision)
     }
 
     pub fn running(&self) -> Option<&InFlight> {
@@ -171,6 +188,7 @@ impl Core {
             Some(f) if !self.retry_requested(f) && now < f.next_retry_at => {
                 Decision::RetryAt(f.next_retry_at)
             }
+            _ if self.needs_build(desired) => Decision::Build(desired.clone()),
             _ => Decision::Start(desired.clone()),
         }
     }
@@ -257,6 +275,15 @@ impl Core {
             if ending.outcome == Outcome::Succeeded {
                 self.state.rolled_back = self.state.applied.as_ref().map(|a| a.revision.clone());
             }
+            return Ok(done);
+        }
+        if done.kind == AttemptKind::Build && ending.outcome == Outcome::Succeeded {
+            // Built, nothing activated: what is applied stays; the activation comes next.
+            self.state.built = Some(Built {
+                revision: done.revision.clone(),
+                at: now,
+            });
+            self.state.interrupted = None;
             return Ok(done);
         }
         let mut outcome = ending.outcome;
@@ -347,6 +374,7 @@ impl Core {
             .ok_or(TransitionError::NotVerifying)?;
         if !v.rollback {
             self.state.gate_failure = None;
+            self.state.passed = Some(v.revision.clone());
         }
         Ok(v)
     }
@@ -371,6 +399,7 @@ impl Core {
                 at: now,
                 next: AfterGate::RollbackUnhealthy,
                 halted: false,
+                quarantined: false,
                 baseline: v.baseline.clone(),
                 after_reboot: v.after_reboot,
             });
@@ -390,6 +419,7 @@ impl Core {
             at: now,
             next,
             halted: false,
+            quarantined: false,
             baseline: v.baseline,
             after_reboot: v.after_reboot,
         });
@@ -453,8 +483,12 @@ impl Core {
 
     /// The state shown for the apply, given what the source offers.
     pub fn apply_state(&self, desired: Option<&Desired>) -> ApplyState {
-        if self.state.in_flight.is_some() {
-            return ApplyState::Applying;
+        if let Some(r) = &self.state.in_flight {
+            return if r.kind == AttemptKind::Build {
+                ApplyState::Building
+            } else {
+                ApplyState::Applying
+            };
         }
         if self.state.verifying.is_some() {
             return ApplyState::Verifying;
@@ -1029,6 +1063,83 @@ mod tests {
             c.decide(Some(&want('a')), t(30)),
             Decision::Start(want('a'))
         );
+    }
+
+    #[test]
+    fn with_prebuild_a_revision_is_built_then_activated_and_never_built_twice() {
+        let mut c = core();
+        c.prebuild = true;
+        assert_eq!(c.decide(Some(&want('a')), t(0)), Decision::Build(want('a')));
+        let id = c
+            .begin(InFlight {
+                kind: AttemptKind::Build,
+                ..attempt('a', Goal::Switch, 0)
+            })
+            .unwrap();
+        assert_eq!(c.apply_state(Some(&want('a'))), ApplyState::Building);
+        c.complete(id, ended(Outcome::Succeeded), t(1), POLICY)
+            .unwrap();
+        assert!(c.state.applied.is_none(), "a build activates nothing");
+        assert_eq!(c.state.built.as_ref().unwrap().revision, rev('a'));
+        assert_eq!(c.apply_state(Some(&want('a'))), ApplyState::Pending);
+        assert_eq!(c.decide(Some(&want('a')), t(2)), Decision::Start(want('a')));
+        // The activation fails: retried without building again.
+        run(&mut c, 'a', 2, Outcome::Failed);
+        let at = c.state.failure.as_ref().unwrap().next_retry_at;
+        assert_eq!(c.decide(Some(&want('a')), at), Decision::Start(want('a')));
+        run(&mut c, 'a', 100_000, Outcome::Succeeded);
+        assert_eq!(c.decide(Some(&want('a')), t(100_002)), Decision::Idle);
+        // A new revision is built first; a goal that activates nothing is not prebuilt.
+        assert_eq!(
+            c.decide(Some(&want('b')), t(100_002)),
+            Decision::Build(want('b'))
+        );
+        let dry = Desired {
+            revision: rev('b'),
+            goal: Goal::DryActivate,
+        };
+        assert_eq!(c.decide(Some(&dry), t(100_002)), Decision::Start(dry));
+        c.prebuild = false;
+        assert_eq!(
+            c.decide(Some(&want('b')), t(100_002)),
+            Decision::Start(want('b'))
+        );
+    }
+
+    #[test]
+    fn a_failed_build_backs_off_and_is_built_again() {
+        let mut c = core();
+        c.prebuild = true;
+        let id = c
+            .begin(InFlight {
+                kind: AttemptKind::Build,
+                ..attempt('a', Goal::Switch, 0)
+            })
+            .unwrap();
+        c.complete(id, ended(Outcome::Failed), t(1), POLICY)
+            .unwrap();
+        let f = c.state.failure.clone().unwrap();
+        assert_eq!(f.attempts, 1);
+        assert!(c.state.built.is_none());
+        assert_eq!(
+            c.decide(Some(&want('a')), t(2)),
+            Decision::RetryAt(f.next_retry_at)
+        );
+        assert_eq!(c.apply_state(Some(&want('a'))), ApplyState::Failed);
+        assert_eq!(
+            c.decide(Some(&want('a')), f.next_retry_at),
+            Decision::Build(want('a'))
+        );
+    }
+
+    #[test]
+    fn a_passed_gate_records_the_revision_passed() {
+        let mut c = core();
+        run(&mut c, 'a', 0, Outcome::Succeeded);
+        c.begin_verifying(gate('a', false)).unwrap();
+        assert!(c.state.passed.is_none());
+        c.gate_passed().unwrap();
+        assert_eq!(c.state.passed, Some(rev('a')));
     }
 
     #[test]

@@ -49,7 +49,7 @@ impl Reconciler {
         });
         let (outcome, exit_code, error, give_up) = match &finished.exit {
             Exit::Code(0) => (Outcome::Succeeded, Some(0), None, false),
-            Exit::Code(COLMENA_CONFIG_ERROR) if kind == AttemptKind::Apply && !closure_mode => (
+            Exit::Code(COLMENA_CONFIG_ERROR) if kind != AttemptKind::Rollback && !closure_mode => (
                 Outcome::Failed,
                 Some(COLMENA_CONFIG_ERROR),
                 Some(format!(
@@ -144,8 +144,12 @@ impl Reconciler {
             }
         };
         let generation_after = system::generation(&cfg.system.profile);
-        if outcome == Outcome::Succeeded {
+        if outcome == Outcome::Succeeded && done.kind != AttemptKind::Build {
             self.after_activation(&cfg, done.goal, done.kind);
+        }
+        if done.kind == AttemptKind::Build && outcome != Outcome::Succeeded {
+            self.build_failed(&cfg, &done.revision, error.as_deref().unwrap_or(""))
+                .await;
         }
         match outcome {
             Outcome::Succeeded => tracing::info!(attempt = id, kind = ?done.kind,
@@ -214,6 +218,36 @@ impl Reconciler {
                     binary: now_image.binary,
                 }));
             }
+        }
+    }
+
+    /// A build that failed took no slot and halts nothing, unless
+    /// `rollout.halt_on_build_failure` says a revision that fails to build anywhere is halted
+    /// fleet-wide (best effort: a halt that cannot be written is logged).
+    async fn build_failed(&mut self, cfg: &Config, revision: &Revision, error: &str) {
+        if !cfg.rollout.halt_on_build_failure {
+            tracing::info!(revision = %revision.short(),
+                "the build failed before any slot was asked for; the rest of the fleet goes on (rollout.halt_on_build_failure = false)");
+            return;
+        }
+        if !self.gatekeeper.can_halt() {
+            return;
+        }
+        let node = cfg.node_name().to_owned();
+        let halt = crate::status::Halt {
+            revision: revision.clone(),
+            node,
+            probes: std::collections::BTreeMap::new(),
+            reason: format!("build-failed: {error}"),
+            at: util::now(),
+            cause: crate::status::HaltCause::BuildFailed,
+            group: None,
+        };
+        match self.gatekeeper.halt(halt).await {
+            Ok(()) => tracing::warn!(revision = %revision.short(),
+                "the build failed: revision halted cluster-wide (rollout.halt_on_build_failure)"),
+            Err(e) => tracing::warn!(revision = %revision.short(), error = %e,
+                "the build failed and the revision could not be halted cluster-wide"),
         }
     }
 

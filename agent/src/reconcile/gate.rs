@@ -207,12 +207,22 @@ impl Reconciler {
             cause: crate::status::HaltCause::GateFailed,
             group: None,
         };
-        match self.gatekeeper.halt(halt).await {
-            Ok(()) => {
-                tracing::warn!(revision = %g.revision.short(), "revision halted cluster-wide: no other node applies it");
+        match self.gatekeeper.fail(halt).await {
+            Ok(counted) => {
+                let budget = self.config.borrow().rollout.halt_after;
+                if counted.halted {
+                    tracing::warn!(revision = %g.revision.short(), failures = counted.failures, budget,
+                        "revision halted cluster-wide: no other node applies it");
+                } else {
+                    self.metrics.quarantined();
+                    tracing::warn!(revision = %g.revision.short(), failures = counted.failures, budget,
+                        "health gate failed here below the failure budget (rollout.halt_after): this node is quarantined on its rolled-back system; the rollout goes on");
+                }
+                let quarantined = !counted.halted;
                 let _ = self.change_persisted(|c| {
                     if let Some(g) = c.state.gate_failure.as_mut() {
                         g.halted = true;
+                        g.quarantined = quarantined;
                     }
                 });
             }

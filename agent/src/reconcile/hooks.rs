@@ -21,6 +21,7 @@ impl Reconciler {
         let goal = match a.kind {
             AttemptKind::Apply => a.goal.as_str().to_owned(),
             AttemptKind::Rollback => "rollback".to_owned(),
+            AttemptKind::Build => "build".to_owned(),
         };
         let spec = apply::Spec {
             argv,

@@ -37,7 +37,7 @@ use crate::apply::system::SelfImage;
 use crate::apply::{Exit, Finished};
 use crate::config::Config;
 use crate::source::{Pin, Workspace};
-use crate::state::{self, Attempt, History, State};
+use crate::state::{self, Attempt, AttemptKind, History, State};
 use crate::status::{Drift, Published, SourceStatus, StateWriteError};
 use crate::types::Revision;
 use crate::util;
@@ -339,6 +339,7 @@ impl Reconciler {
                 Decision::Idle
             } else {
                 let desired = self.desired();
+                self.core.prebuild = self.config.borrow().apply.prebuild;
                 let at = self.core.state.failure.as_ref().map(|f| f.next_retry_at);
                 let retry_now = self.retry_clock.now(at, now, std::time::Instant::now());
                 self.core
@@ -346,6 +347,8 @@ impl Reconciler {
             };
             let reboot_turn =
                 attempting.is_none() && self.unsaved.is_none() && self.reboot_turn(&decision);
+            // A build holds no slot: it goes on whatever the rollout says (a reboot's turn
+            // comes first).
             if attempting.is_none() {
                 self.settle_lock(&decision).await;
                 self.write_halt().await;
@@ -363,9 +366,23 @@ impl Reconciler {
                     {
                         if self.ask(desired).await {
                             let testing = self.desired().is_some_and(|(_, t)| t);
-                            attempting = self.start_apply(desired.clone(), testing).await;
+                            attempting = self
+                                .start_apply(desired.clone(), testing, AttemptKind::Apply)
+                                .await;
                             continue;
                         }
+                    }
+                    Decision::Build(desired)
+                        if self.blocked.as_ref() != Some(&desired.revision) =>
+                    {
+                        if self.core.set_waiting(None, now) {
+                            self.publish();
+                        }
+                        let testing = self.desired().is_some_and(|(_, t)| t);
+                        attempting = self
+                            .start_apply(desired.clone(), testing, AttemptKind::Build)
+                            .await;
+                        continue;
                     }
                     Decision::RollBack => {
                         attempting = self.roll_back_after_gate().await;

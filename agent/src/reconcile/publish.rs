@@ -115,18 +115,25 @@ impl Reconciler {
             (None, None, _) if rebooting == Some(RebootPhase::Rebooting) => Phase::Rebooting,
             (None, None, _) if rebooting == Some(RebootPhase::Finishing) => Phase::Verifying,
             (Some(r), _, _) if r.kind == AttemptKind::Rollback => Phase::RollingBack,
+            (Some(r), _, _) if r.kind == AttemptKind::Build => Phase::Building,
             (Some(_), _, _) => Phase::Applying,
             (None, Some(v), _) if v.rollback => Phase::VerifyingRollback,
             (None, Some(_), _) => Phase::Verifying,
             (None, None, Some(AfterGate::RollBack)) => Phase::RollingBack,
             (None, None, Some(AfterGate::RollbackUnhealthy)) => Phase::RollbackUnhealthy,
             (None, None, Some(AfterGate::Manual)) => Phase::Failed,
+            (None, None, Some(AfterGate::RolledBack))
+                if st.gate_failure.as_ref().is_some_and(|g| g.quarantined) =>
+            {
+                Phase::Quarantined
+            }
             _ => match state {
                 ApplyState::Waiting => Phase::Waiting,
                 ApplyState::Succeeded => Phase::Succeeded,
                 ApplyState::RolledBack => Phase::RolledBack,
                 ApplyState::Failed => Phase::Failed,
                 ApplyState::Applying => Phase::Applying,
+                ApplyState::Building => Phase::Building,
                 ApplyState::Verifying => Phase::Verifying,
                 ApplyState::Idle | ApplyState::Pending => Phase::Idle,
             },
@@ -172,19 +179,40 @@ impl Reconciler {
             halt: target
                 .and_then(|t| fleet.and_then(|f| f.halt_of(t)).cloned())
                 .or_else(|| {
-                    st.gate_failure.as_ref().filter(|g| g.halted).map(|g| Halt {
-                        revision: g.revision.clone(),
-                        node: cfg.node_name().to_owned(),
-                        probes: g.failing.clone(),
-                        reason: "health gate failed on this node".to_owned(),
-                        at: g.at,
-                        cause: crate::status::HaltCause::GateFailed,
-                        group: None,
-                    })
+                    st.gate_failure
+                        .as_ref()
+                        .filter(|g| g.halted && !g.quarantined)
+                        .map(|g| Halt {
+                            revision: g.revision.clone(),
+                            node: cfg.node_name().to_owned(),
+                            probes: g.failing.clone(),
+                            reason: "health gate failed on this node".to_owned(),
+                            at: g.at,
+                            cause: crate::status::HaltCause::GateFailed,
+                            group: None,
+                        })
                 }),
             paused: fleet.and_then(|f| f.paused.clone()),
             window: window_status(&cfg.rollout.windows),
             reboot: self.reboot_status(&cfg),
+            passed_revision: st.passed.clone(),
+            quarantined: st
+                .gate_failure
+                .as_ref()
+                .filter(|g| g.quarantined && g.next == AfterGate::RolledBack)
+                .map(|g| crate::status::Quarantine {
+                    revision: g.revision.clone(),
+                    failing: g.failing.clone(),
+                    at: g.at,
+                    reason: format!(
+                        "its health gate failed here below the failure budget \
+                         (rollout.halt_after = {}); rolled back and kept out of the rollout of \
+                         {}: `ginxctl retry` or a new revision ends it",
+                        cfg.rollout.halt_after,
+                        g.revision.short()
+                    ),
+                }),
+            after: cfg.rollout.after_for(cfg.node.role),
         }
     }
 

@@ -14,7 +14,7 @@ use crate::apply::system;
 use crate::apply::{self, Exit, Finished};
 use crate::source::Pin;
 use crate::state::{AttemptKind, InFlight};
-use crate::types::Revision;
+use crate::types::{Goal, Revision};
 use crate::util;
 
 impl Reconciler {
@@ -116,10 +116,13 @@ impl Reconciler {
         .unwrap_or(true)
     }
 
+    /// Starts an apply of `desired` (`AttemptKind::Apply`), or its build without an activation
+    /// (`AttemptKind::Build`, `apply.prebuild`: goal `build`, before any slot is asked for).
     pub(super) async fn start_apply(
         &mut self,
         desired: Desired,
         testing: bool,
+        kind: AttemptKind,
     ) -> Option<Attempting> {
         let cfg = Arc::clone(&self.config.borrow());
         let source = cfg.apply.source.clone();
@@ -132,11 +135,17 @@ impl Reconciler {
         }
         self.blocked = None;
         let node = cfg.node_name().to_owned();
-        let unit = format!("ginx-apply-{}", revision.short());
+        let building = kind == AttemptKind::Build;
+        let unit = format!(
+            "ginx-{}-{}",
+            if building { "build" } else { "apply" },
+            revision.short()
+        );
+        let step_goal = if building { Goal::Build } else { goal };
         let id = self
             .begin(InFlight {
                 id: 0,
-                kind: AttemptKind::Apply,
+                kind,
                 source: source.clone(),
                 revision: revision.clone(),
                 goal,
@@ -153,8 +162,13 @@ impl Reconciler {
                 closure: None,
             })
             .ok()?;
-        tracing::info!(source = %source, revision = %revision.short(), node = %node, attempt = id,
-            goal = %goal, isolation = self.isolation.name(), "applying");
+        if building {
+            tracing::info!(source = %source, revision = %revision.short(), node = %node, attempt = id,
+                isolation = self.isolation.name(), "building before the activation (apply.prebuild); no slot is held");
+        } else {
+            tracing::info!(source = %source, revision = %revision.short(), node = %node, attempt = id,
+                goal = %goal, isolation = self.isolation.name(), "applying");
+        }
 
         let tree = match self.pin_tree(&source, &revision).await {
             Ok(tree) => tree,
@@ -165,18 +179,23 @@ impl Reconciler {
             }
         };
         // Colmena or closure mode: the one apply step, started and followed alike.
-        let step =
-            match apply::step::prepare(&cfg, tree.path(), &revision, goal, &self.attempt_dir(id))
-                .await
-            {
-                Ok(s) => s,
-                Err(e) => {
-                    self.fail_to_start(id, e).await;
-                    return None;
-                }
-            };
+        let step = match apply::step::prepare(
+            &cfg,
+            tree.path(),
+            &revision,
+            step_goal,
+            &self.attempt_dir(id),
+        )
+        .await
+        {
+            Ok(s) => s,
+            Err(e) => {
+                self.fail_to_start(id, e).await;
+                return None;
+            }
+        };
         if let Some(c) = &step.closure {
-            tracing::info!(path = %c.path, from = %c.origin, "applying a prebuilt closure");
+            tracing::info!(path = %c.path, from = %c.origin, build = building, "applying a prebuilt closure");
             let _ = self.core.update_running(|r| r.closure = Some(c.clone()));
             let _ = self.save_state();
         }
@@ -190,11 +209,15 @@ impl Reconciler {
                 ("GINX_NODE".into(), node.clone()),
                 ("GINX_SOURCE".into(), source.clone()),
                 ("GINX_REVISION".into(), revision.to_string()),
-                ("GINX_GOAL".into(), goal.as_str().into()),
+                ("GINX_GOAL".into(), step_goal.as_str().into()),
             ],
             timeout: cfg.apply.timeout.get(),
             kill_grace: cfg.apply.kill_grace.get(),
-            description: format!("ginx: apply {source} {revision} ({goal})"),
+            description: if building {
+                format!("ginx: build {source} {revision}")
+            } else {
+                format!("ginx: apply {source} {revision} ({goal})")
+            },
             token: self.running_token(),
         };
         self.launch(id, &revision, &launch, Some(tree)).await

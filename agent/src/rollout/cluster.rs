@@ -24,7 +24,7 @@ use super::fleet::Fleet;
 use super::lease::GROUP_LABEL;
 use super::slots::Observed;
 use crate::config::Config;
-use crate::status::{ClusterNode, ClusterView, FleetState};
+use crate::status::{ClusterNode, ClusterView, FleetState, RevisionCounts};
 use crate::types::Role;
 use crate::types::api::{code, describe};
 
@@ -179,6 +179,9 @@ pub fn build(
             rollout_phase: annotation("rollout-phase"),
             heartbeat_age_secs: heartbeat.and_then(|l| age_secs(age(l))),
             slot: held.get(name).map(|s| s.join(",")),
+            waiting_for: annotation("waiting-for"),
+            quarantined: annotation("quarantined"),
+            group: annotation("rollout-group"),
         });
     }
     // A ginx whose kubelet has not registered the Node yet (a node being set up) still
@@ -202,11 +205,37 @@ pub fn build(
     }
     out.sort_by(|a, b| a.name.cmp(&b.name));
     ClusterView {
+        revisions: revision_counts(&out),
         nodes: out,
         slots,
         fleet,
         at: Some(now),
     }
+}
+
+/// Each target revision's nodes by where they are with it: from the rollout phase each node
+/// reports (`ginx.io/rollout-phase`) for its target.
+pub fn revision_counts(nodes: &[ClusterNode]) -> BTreeMap<String, RevisionCounts> {
+    let mut out: BTreeMap<String, RevisionCounts> = BTreeMap::new();
+    for n in nodes {
+        let Some(target) = n.target_revision.clone() else {
+            continue;
+        };
+        let c = out.entry(target.clone()).or_default();
+        let applied = n.applied_revision.as_deref() == Some(target.as_str());
+        match n.rollout_phase.as_deref().unwrap_or("") {
+            "building" => c.building += 1,
+            "applying" | "rolling-back" | "draining" | "rebooting" => c.activating += 1,
+            "verifying" | "verifying-rollback" => c.verifying += 1,
+            "quarantined" => c.quarantined += 1,
+            "failed" | "rollback-unhealthy" | "rolled-back" | "lost" => c.failed += 1,
+            "succeeded" => c.done += 1,
+            "idle" if applied => c.done += 1,
+            _ if n.apply_state.as_deref() == Some("failed") => c.failed += 1,
+            _ => c.waiting += 1,
+        }
+    }
+    out
 }
 
 /// `(group, slot)` of a slot Lease: the group from its label as the lock writes it (else from

@@ -9,7 +9,12 @@
 //! paused:                   {"by":"alice@lucy","at":"2026-12-01T11:46:29Z"}   (absent: not paused)
 //! halted.<full revision>:   {"revision":…,"node":…,"probes":{…},"reason":…,"at":…}
 //! events:                   [{"by":…,"at":…,"action":"pause"}, …]   (the newest 50)
+//! failed.<revision>.<node>: {"at":…,"reason":…,"cause":"gate-failed"}   (the failure budget)
 //! ```
+//!
+//! A revision's failures (`failed.<revision>.*`, one key per node, so that a node adds its own
+//! without touching another's) count against `rollout.halt_after`: below it the failing node is
+//! quarantined and the rollout goes on; the failure that reaches it halts the revision.
 //!
 //! Other keys are left as they are. Writes are read-modify-write with optimistic concurrency
 //! on `resourceVersion`: a 409 means someone else wrote in between, so the object is read again
@@ -24,7 +29,7 @@ use k8s_openapi::api::core::v1::ConfigMap;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kube::Api;
 
-use crate::status::{FleetEvent, FleetState, Halt, Pause};
+use crate::status::{FailureRecord, FleetEvent, FleetState, Halt, HaltCause, Pause};
 use crate::types::Revision;
 use crate::types::api::{code, describe};
 
@@ -34,6 +39,8 @@ pub const PAUSED_KEY: &str = "paused";
 pub const HALTED_PREFIX: &str = "halted.";
 /// The key of the change log.
 pub const EVENTS_KEY: &str = "events";
+/// The prefix of a failure's key; `<full revision>.<node>` follows.
+pub const FAILED_PREFIX: &str = "failed.";
 /// Events kept in the ConfigMap; older ones are dropped.
 pub const MAX_EVENTS: usize = 50;
 /// Writes tried per update when the ConfigMap keeps changing under us.
@@ -50,6 +57,11 @@ pub fn encode(state: &FleetState) -> BTreeMap<String, String> {
     }
     for (revision, halt) in &state.halted {
         data.insert(format!("{HALTED_PREFIX}{revision}"), json(halt));
+    }
+    for (revision, nodes) in &state.failures {
+        for (node, f) in nodes {
+            data.insert(format!("{FAILED_PREFIX}{revision}.{node}"), json(f));
+        }
     }
     let skip = state.events.len().saturating_sub(MAX_EVENTS);
     let events: Vec<&FleetEvent> = state.events.iter().skip(skip).collect();
@@ -103,6 +115,34 @@ pub fn decode_lenient(data: &BTreeMap<String, String>) -> (FleetState, Vec<Strin
                     "key {key}: not a JSON array of {{\"by\", \"at\", \"action\"}}: {e}"
                 )),
             }
+        } else if let Some(rest) = key.strip_prefix(FAILED_PREFIX) {
+            let Some((revision, node)) = rest.split_once('.') else {
+                problems.push(format!("key {key}: not {FAILED_PREFIX}<revision>.<node>"));
+                continue;
+            };
+            let revision: Revision = match revision.parse() {
+                Ok(r) => r,
+                Err(e) => {
+                    problems.push(format!("key {key}: {e} after \"{FAILED_PREFIX}\""));
+                    continue;
+                }
+            };
+            // An unreadable record still counts: the budget errs on the side of halting.
+            let record = serde_json::from_str::<FailureRecord>(value).unwrap_or_else(|e| {
+                problems.push(format!(
+                    "key {key}: not a failure {{\"at\", \"reason\", \"cause\"}}: {e}"
+                ));
+                FailureRecord {
+                    at: Timestamp::UNIX_EPOCH,
+                    reason: format!("the {key} key cannot be read; see the ConfigMap"),
+                    cause: crate::status::HaltCause::GateFailed,
+                }
+            });
+            state
+                .failures
+                .entry(revision.to_string())
+                .or_default()
+                .insert(node.to_owned(), record);
         } else if let Some(rest) = key.strip_prefix(HALTED_PREFIX) {
             let revision: Revision = match rest.parse() {
                 Ok(r) => r,
@@ -161,7 +201,10 @@ fn merge(
 }
 
 fn is_ours(key: &str) -> bool {
-    key == PAUSED_KEY || key == EVENTS_KEY || key.starts_with(HALTED_PREFIX)
+    key == PAUSED_KEY
+        || key == EVENTS_KEY
+        || key.starts_with(HALTED_PREFIX)
+        || key.starts_with(FAILED_PREFIX)
 }
 
 /// Why `ginxctl rollout clear REVISION` names no halt.
@@ -257,6 +300,8 @@ pub fn apply_clear(
             revision: revision.clone(),
             halted: Vec::new(),
         })?;
+    // The operator looked: the revision's budget starts again.
+    state.failures.remove(&revision);
     record(state, by, at, format!("clear {revision}"));
     Ok(halt)
 }
@@ -277,9 +322,72 @@ pub fn apply_halt(state: &mut FleetState, halt: Halt) -> bool {
     }
     let by = format!("ginx@{}", halt.node);
     let at = halt.at;
+    count_failure(state, &halt);
     state.halted.insert(key.clone(), halt);
     record(state, &by, at, format!("halt {key}"));
     true
+}
+
+/// Counts `halt`'s failure against its revision's budget (once per node; a vanished holder
+/// that came back and failed its gate is recorded as the failed gate).
+fn count_failure(state: &mut FleetState, halt: &Halt) {
+    let record = FailureRecord {
+        at: halt.at,
+        reason: halt.reason.clone(),
+        cause: halt.cause,
+    };
+    state
+        .failures
+        .entry(halt.revision.to_string())
+        .or_default()
+        .entry(halt.node.clone())
+        .and_modify(|r| {
+            if r.cause == HaltCause::HolderVanished && halt.cause == HaltCause::GateFailed {
+                *r = record.clone();
+            }
+        })
+        .or_insert_with(|| record.clone());
+}
+
+/// What came of counting a failure against a revision's budget.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Counted {
+    /// The failures counted against the revision now (this one included).
+    pub failures: usize,
+    /// The revision is halted (by this failure, or before it).
+    pub halted: bool,
+    /// Something was written.
+    pub changed: bool,
+}
+
+/// Counts `halt.node`'s failure of `halt.revision`; the failure that brings the count to
+/// `budget` halts the revision (with `halt`). A node counts once per revision.
+pub fn apply_failure(state: &mut FleetState, halt: Halt, budget: u32) -> Counted {
+    let key = halt.revision.to_string();
+    let known = state
+        .failures
+        .get(&key)
+        .is_some_and(|f| f.contains_key(&halt.node));
+    if !known {
+        count_failure(state, &halt);
+    }
+    let failures = state.failures_of(&halt.revision);
+    let mut changed = !known;
+    if failures >= budget as usize && !state.halted.contains_key(&key) {
+        changed |= apply_halt(state, halt.clone());
+    } else if !known {
+        record(
+            state,
+            &format!("ginx@{}", halt.node),
+            halt.at,
+            format!("failure {failures} of {budget} for {key} (quarantined)"),
+        );
+    }
+    Counted {
+        failures,
+        halted: state.halted.contains_key(&key),
+        changed,
+    }
 }
 
 /// Lifts the halt of `revision` if it is a `holder-vanished` halt naming `node`: that node came
@@ -300,6 +408,16 @@ pub fn apply_lift_vanished(
         return false;
     }
     state.halted.remove(&key);
+    if let Some(f) = state.failures.get_mut(&key) {
+        if f.get(node)
+            .is_some_and(|r| r.cause == HaltCause::HolderVanished)
+        {
+            f.remove(node);
+        }
+        if f.is_empty() {
+            state.failures.remove(&key);
+        }
+    }
     record(
         state,
         &format!("ginx@{node}"),
@@ -502,6 +620,25 @@ impl Fleet {
         self.changed(|s| apply_halt(s, halt.clone())).await
     }
 
+    /// Counts a failure against its revision's budget, halting it at `budget` (see
+    /// [`apply_failure`]).
+    pub async fn fail(&self, halt: Halt, budget: u32) -> Result<(FleetState, Counted), String> {
+        let mut counted = None;
+        let state = self
+            .update(|s| {
+                let c = apply_failure(s, halt.clone(), budget);
+                counted = Some(c);
+                c.changed
+            })
+            .await?;
+        let c = counted.unwrap_or(Counted {
+            failures: state.failures_of(&halt.revision),
+            halted: state.halt_of(&halt.revision).is_some(),
+            changed: false,
+        });
+        Ok((state, c))
+    }
+
     /// Lifts a `holder-vanished` halt of `revision` naming `node` (see [`apply_lift_vanished`]).
     pub async fn lift_vanished(&self, revision: &Revision, node: &str) -> Result<Updated, String> {
         let at = crate::util::now();
@@ -579,11 +716,80 @@ mod tests {
     }
 
     #[test]
+    fn failures_below_the_budget_quarantine_and_the_one_that_reaches_it_halts() {
+        let mut s = FleetState::default();
+        let r: Revision = A.parse().unwrap();
+        let c = apply_failure(&mut s, halt(A, "makise"), 2);
+        assert_eq!(
+            c,
+            Counted {
+                failures: 1,
+                halted: false,
+                changed: true
+            }
+        );
+        assert!(s.halt_of(&r).is_none(), "below the budget: not halted");
+        // The same node again: counted once.
+        let c = apply_failure(&mut s, halt(A, "makise"), 2);
+        assert_eq!((c.failures, c.halted, c.changed), (1, false, false));
+        // A second node reaches the budget: halted, by that node's failure.
+        let c = apply_failure(&mut s, halt(A, "quinn"), 2);
+        assert_eq!((c.failures, c.halted, c.changed), (2, true, true));
+        assert_eq!(s.halt_of(&r).unwrap().node, "quinn");
+        // Round trip, one key per node.
+        assert_eq!(decode(&encode(&s)).unwrap(), s);
+        // The default budget halts at the first failure, as before budgets existed.
+        let mut s = FleetState::default();
+        assert!(apply_failure(&mut s, halt(A, "makise"), 1).halted);
+        // Clearing the halt starts the budget again.
+        apply_clear(&mut s, A, "alice@lucy", t("2026-12-01T12:00:00Z")).unwrap();
+        assert_eq!(s.failures_of(&r), 0);
+        // A vanished holder that comes back and passes takes its failure back with its halt.
+        let mut s = FleetState::default();
+        let mut v = halt(A, "makise");
+        v.cause = crate::status::HaltCause::HolderVanished;
+        apply_halt(&mut s, v);
+        assert_eq!(s.failures_of(&r), 1);
+        assert!(apply_lift_vanished(
+            &mut s,
+            &r,
+            "makise",
+            t("2026-12-01T12:00:00Z")
+        ));
+        assert_eq!(s.failures_of(&r), 0);
+        // An unreadable failure still counts.
+        let mut data = encode(&FleetState::default());
+        data.insert(format!("failed.{A}.rei"), "garbage".into());
+        let (s, problems) = decode_lenient(&data);
+        assert_eq!(s.failures_of(&r), 1);
+        assert!(
+            problems[0].contains(&format!("failed.{A}.rei")),
+            "{problems:?}"
+        );
+    }
+
+    #[test]
     fn the_layout_is_one_key_per_fact_and_round_trips() {
         let s = state();
         let data = encode(&s);
         let keys: Vec<&str> = data.keys().map(String::as_str).collect();
-        assert_eq!(keys, ["events", &format!("halted.{A}"), "paused"]);
+        // A halt counts its node's failure against the revision's budget, a key of its own.
+        assert_eq!(
+            keys,
+            [
+                "events",
+                &format!("failed.{A}.makise"),
+                &format!("halted.{A}"),
+                "paused"
+            ]
+        );
+        let f: serde_json::Value =
+            serde_json::from_str(&data[&format!("failed.{A}.makise")]).unwrap();
+        assert_eq!(f["cause"], "gate-failed");
+        assert!(
+            data[&format!("failed.{A}.makise")].ends_with(r#","cause":"gate-failed"}"#),
+            "the cause comes last (packaging/kubernetes/vap.yaml anchors on it)"
+        );
         let paused: serde_json::Value = serde_json::from_str(&data["paused"]).unwrap();
         assert_eq!(
             paused,

@@ -25,7 +25,10 @@ use crate::state::Held;
 use crate::status::{
     FleetState, Halt, HaltCause, HealthMap, HealthStatus, STATE_HEALTH, WaitingFor,
 };
-use crate::types::api::{KubeClients, describe, readyz, refusal, unavailable};
+use crate::types::api::{
+    HEARTBEAT_GROUP_LABEL, HEARTBEAT_PASSED_ANNOTATION, KubeClients, describe, readyz, refusal,
+    unavailable,
+};
 use crate::types::{Revision, Role};
 use crate::util;
 
@@ -59,7 +62,14 @@ pub struct Wiring {
     /// When this process saw each slot Lease change: how it tells a dead holder from a live
     /// one without reading another machine's clock.
     pub observed: Arc<Mutex<Observed>>,
+    /// Whether a revision another group passed is later than this node's (`rollout.after`):
+    /// `later(theirs, ours)`, answered from the apply source's clone by the daemon.
+    pub later: Option<Later>,
 }
+
+/// `later(theirs, ours)`: whether `theirs` descends from `ours`.
+pub type Later =
+    Arc<dyn Fn(Revision, Revision) -> Pin<Box<dyn Future<Output = bool> + Send>> + Send + Sync>;
 
 /// The answer to "may I apply?".
 #[derive(Debug)]
@@ -124,6 +134,8 @@ struct Holding {
     renewed: Arc<Mutex<Instant>>,
     /// Set when a renewal found another holder, or the slot went unrenewed for its duration.
     lost: Arc<AtomicBool>,
+    /// When this process took (or took up again) the slot, for `rollout_slot_held_seconds`.
+    taken: Instant,
 }
 
 impl Holding {
@@ -134,6 +146,7 @@ impl Holding {
             lock: None,
             renewed: Arc::new(Mutex::new(Instant::now())),
             lost: Arc::new(AtomicBool::new(false)),
+            taken: Instant::now(),
         }
     }
 
@@ -155,6 +168,7 @@ impl Holding {
             lock: Some(lock),
             renewed,
             lost,
+            taken: Instant::now(),
         }
     }
 
@@ -189,6 +203,9 @@ pub struct Gatekeeper {
     changes_tx: watch::Sender<u64>,
     changes: watch::Receiver<u64>,
     watching: Option<(WatchKey, watch::Sender<bool>)>,
+    /// The watch of the group's slot Leases: only while waiting for a slot (a node that holds
+    /// one, or waits for nothing, hears of no other node's slot).
+    watching_slots: Option<(WatchKey, watch::Sender<bool>)>,
     /// Bumped whenever the API clients are rebuilt.
     clients_generation: usize,
     /// The clients changed while [`changed`](Self::changed) waited (which marks the watch
@@ -211,6 +228,12 @@ pub struct Gatekeeper {
     /// A `holder-vanished` halt this node owes the fleet: written before anything else, the
     /// slot kept until it is.
     owed_halt: Option<Halt>,
+    /// While soaking (`rollout.soak`): when the soak is over, on the monotonic clock.
+    soak_until: Option<Instant>,
+    /// The revision every group of `rollout.after` was seen to have passed (it stays passed).
+    after_passed: Option<Revision>,
+    /// The watch of the heartbeat Leases of the `rollout.after` groups, while waiting for them.
+    watching_after: Option<(Vec<String>, usize, watch::Sender<bool>)>,
 }
 
 type FleetLockKey = (crate::config::FleetLockConfig, String, Duration);
@@ -223,6 +246,7 @@ impl Gatekeeper {
             changes_tx,
             changes,
             watching: None,
+            watching_slots: None,
             clients_generation: 0,
             kube_pending: false,
             holding: None,
@@ -234,6 +258,9 @@ impl Gatekeeper {
             fleetlock: None,
             window_opens: None,
             owed_halt: None,
+            soak_until: None,
+            after_passed: None,
+            watching_after: None,
         }
     }
 
@@ -288,24 +315,44 @@ impl Gatekeeper {
         if self.watching.as_ref().is_some_and(|(k, _)| *k == key) {
             return;
         }
+        let (stop_tx, mut stop) = watch::channel(false);
+        let api = kube::Api::<ConfigMap>::namespaced(clients.watch.clone(), &key.namespace);
+        let fields = format!("metadata.name={}", key.configmap);
+        let changes = self.changes_tx.clone();
+        tokio::spawn(async move {
+            tokio::select! {
+                () = lease::watch_objects(api, String::new(), Some(fields), changes, None) => {}
+                _ = stop.changed() => {}
+            }
+        });
+        self.watching = Some((key, stop_tx));
+    }
+
+    /// Starts (`on`) or stops the watch of the group's slot Leases. It runs only while this
+    /// node waits for a slot: so a slot's hand-off reaches the nodes that wait, not the whole
+    /// group, and a node that is done with a rollout costs the API server nothing.
+    fn watch_slots(&mut self, cfg: &Config, clients: Option<&KubeClients>, on: bool) {
+        let Some(clients) = clients.filter(|_| on) else {
+            self.watching_slots = None;
+            return;
+        };
+        let key = WatchKey {
+            namespace: cfg.kubernetes.namespace.clone(),
+            group: cfg.rollout.group_for(cfg.node.role),
+            configmap: String::new(),
+            clients: self.clients_generation,
+        };
+        if self.watching_slots.as_ref().is_some_and(|(k, _)| *k == key) {
+            return;
+        }
         let (stop_tx, stop) = watch::channel(false);
         let watching = KubeClients {
             main: clients.watch.clone(),
             ..clients.clone()
         };
         let lock = self.lease_lock(cfg, &watching);
-        tokio::spawn(lock.watch(self.changes_tx.clone(), stop.clone()));
-        let api = kube::Api::<ConfigMap>::namespaced(clients.watch.clone(), &key.namespace);
-        let fields = format!("metadata.name={}", key.configmap);
-        let changes = self.changes_tx.clone();
-        let mut stop_cm = stop;
-        tokio::spawn(async move {
-            tokio::select! {
-                () = lease::watch_objects(api, String::new(), Some(fields), changes) => {}
-                _ = stop_cm.changed() => {}
-            }
-        });
-        self.watching = Some((key, stop_tx));
+        tokio::spawn(lock.watch(self.changes_tx.clone(), stop));
+        self.watching_slots = Some((key, stop_tx));
     }
 
     fn lease_lock(&self, cfg: &Config, clients: &KubeClients) -> LeaseLock {
@@ -331,10 +378,20 @@ impl Gatekeeper {
                 d.unsigned_abs()
             }
         });
+        let soak = self
+            .soak_until
+            .map(|t| t.saturating_duration_since(Instant::now()));
         tokio::select! {
             _ = self.changes.changed() => {}
             _ = self.w.kube.changed() => self.kube_pending = true,
             () = tokio::time::sleep(util::jitter(RECHECK, 0.1)) => {}
+            // The soak ending, to the moment.
+            () = async {
+                match soak {
+                    Some(d) => tokio::time::sleep(d).await,
+                    None => std::future::pending().await,
+                }
+            } => {}
             // The next window opening, to the moment.
             () = async {
                 match window {
@@ -571,6 +628,15 @@ impl Gatekeeper {
         {
             return Permit::Granted(Some(h.held.clone()));
         }
+        // Order across groups: nothing of this group starts a revision before every node of
+        // the groups it comes after passed its gate on it.
+        if purpose == Purpose::Apply
+            && held.is_none()
+            && let Some(clients) = &clients
+            && let Some(wait) = self.after_groups(&cfg, clients, revision).await
+        {
+            return wait;
+        }
         let started_waiting = *self.waiting_since.get_or_insert_with(Instant::now);
         let granted = match backend {
             Effective::Kubernetes => {
@@ -586,8 +652,27 @@ impl Gatekeeper {
                         Purpose::Reboot => SlotPhase::Rebooting,
                     },
                 };
-                match lock.acquire().await {
+                let soak = match purpose {
+                    Purpose::Apply => cfg.rollout.soak.get(),
+                    Purpose::Reboot => Duration::ZERO,
+                };
+                self.soak_until = None;
+                match lock.acquire(soak).await {
+                    Ok(Acquired::Soaking { left, after }) => {
+                        self.soak_until = Some(Instant::now() + left);
+                        return Permit::Wait(
+                            WaitingFor::Soak,
+                            format!(
+                                "{after} passed its gate on {} less than rollout.soak ({}) ago; \
+                                 {}s to go",
+                                revision.short(),
+                                cfg.rollout.soak,
+                                left.as_secs_f64().ceil()
+                            ),
+                        );
+                    }
                     Ok(Acquired::Full(holders)) => {
+                        self.watch_slots(&cfg, Some(&clients), true);
                         let list: Vec<String> = holders
                             .iter()
                             .map(|(i, h)| format!("slot {i} by {h}"))
@@ -691,6 +776,7 @@ impl Gatekeeper {
             return wait;
         }
         self.waiting_since = None;
+        self.watch_slots(&cfg, None, false);
         self.w
             .metrics
             .lock_waited(started_waiting.elapsed().as_secs_f64());
@@ -764,7 +850,11 @@ impl Gatekeeper {
             revision: Some(held.revision.to_string()),
             phase,
         };
-        match lock.acquire().await.map_err(|e| e.to_string())? {
+        match lock
+            .acquire(Duration::ZERO)
+            .await
+            .map_err(|e| e.to_string())?
+        {
             Acquired::Slot {
                 index,
                 resumed,
@@ -797,6 +887,7 @@ impl Gatekeeper {
                 }
                 Ok(self.holding.is_some())
             }
+            Acquired::Soaking { .. } => Ok(false),
             Acquired::Full(holders) => {
                 tracing::warn!(
                     ?holders,
@@ -954,7 +1045,9 @@ impl Gatekeeper {
             {
                 self.holders.remove(&i);
             }
-            self.holding = None;
+            if let Some(h) = self.holding.take() {
+                self.w.metrics.slot_held(h.taken.elapsed().as_secs_f64());
+            }
             self.w.metrics.lock_held(false);
             self.w.metrics.slot_lost(false);
         }
@@ -1129,6 +1222,159 @@ impl Gatekeeper {
         Ok(())
     }
 
+    /// Counts this node's failure of `halt.revision` against its budget
+    /// (`rollout.halt_after`): the revision is halted when the count reaches it, else this node
+    /// is quarantined and the rollout goes on.
+    pub async fn fail(&mut self, halt: Halt) -> Result<super::fleet::Counted, String> {
+        let cfg = self.cfg();
+        let Some(clients) = self.clients() else {
+            return Err("no connection to the Kubernetes API".into());
+        };
+        let fleet = fleet_of(&cfg, &clients);
+        let (state, counted) = fleet.fail(halt, cfg.rollout.halt_after).await?;
+        self.fleet = Some(state);
+        if counted.changed && counted.halted {
+            self.w.metrics.halted();
+        }
+        Ok(counted)
+    }
+
+    /// `rollout.after`: the wait while a node of a group this node's group comes after has not
+    /// passed its gate on `revision` (or on a later one); `None` once every one has. Every
+    /// heartbeat Lease labelled with the group counts (a node removed for good has its
+    /// heartbeat Lease deleted). While waiting, those Leases are watched.
+    async fn after_groups(
+        &mut self,
+        cfg: &Config,
+        clients: &KubeClients,
+        revision: &Revision,
+    ) -> Option<Permit> {
+        let groups = cfg.rollout.after_for(cfg.node.role);
+        if groups.is_empty() || self.after_passed.as_ref() == Some(revision) {
+            self.watching_after = None;
+            return None;
+        }
+        let api = kube::Api::<k8s_openapi::api::coordination::v1::Lease>::namespaced(
+            clients.main.clone(),
+            &cfg.kubernetes.namespace,
+        );
+        let selector = format!("{} in ({})", HEARTBEAT_GROUP_LABEL, groups.join(","));
+        let leases = match api
+            .list(&kube::api::ListParams::default().labels(&selector))
+            .await
+        {
+            Ok(l) => l.items,
+            Err(e) if unavailable(&e) => {
+                return Some(self.api_unavailable(
+                    cfg,
+                    format!(
+                        "cannot read the heartbeats of group(s) {} (rollout.after): {}",
+                        groups.join(", "),
+                        describe(&e)
+                    ),
+                ));
+            }
+            Err(e) => {
+                return Some(Self::refused(refusal(
+                    "list",
+                    &format!("leases in namespace {}", cfg.kubernetes.namespace),
+                    &e,
+                )));
+            }
+        };
+        let mut behind = Vec::new();
+        let mut seen = std::collections::BTreeSet::new();
+        for l in &leases {
+            let group = l
+                .metadata
+                .labels
+                .as_ref()
+                .and_then(|m| m.get(HEARTBEAT_GROUP_LABEL))
+                .cloned()
+                .unwrap_or_default();
+            seen.insert(group.clone());
+            let node = l
+                .spec
+                .as_ref()
+                .and_then(|s| s.holder_identity.clone())
+                .unwrap_or_else(|| l.metadata.name.clone().unwrap_or_default());
+            let passed: Option<Revision> = l
+                .metadata
+                .annotations
+                .as_ref()
+                .and_then(|a| a.get(HEARTBEAT_PASSED_ANNOTATION))
+                .and_then(|p| p.parse().ok());
+            let ok = match &passed {
+                Some(p) if p == revision => true,
+                Some(p) => self.later(p, revision).await,
+                None => false,
+            };
+            if !ok {
+                behind.push(format!(
+                    "{node} ({group}, passed {})",
+                    passed.as_ref().map_or("nothing yet", |p| p.short())
+                ));
+            }
+        }
+        for g in &groups {
+            if !seen.contains(g) {
+                behind.push(format!(
+                    "group {g} has no node (no heartbeat Lease labelled {}={g}; check \
+                     rollout.after)",
+                    HEARTBEAT_GROUP_LABEL
+                ));
+            }
+        }
+        if behind.is_empty() {
+            self.after_passed = Some(revision.clone());
+            self.watching_after = None;
+            return None;
+        }
+        self.watch_after(&groups, clients, &cfg.kubernetes.namespace, &selector);
+        Some(Permit::Wait(
+            WaitingFor::After,
+            format!(
+                "after {}: not every node passed its gate on {} yet: {}",
+                groups.join(", "),
+                revision.short(),
+                behind.join(", ")
+            ),
+        ))
+    }
+
+    /// Whether `theirs` descends from `ours` in the apply source's clone (a later revision).
+    async fn later(&self, theirs: &Revision, ours: &Revision) -> bool {
+        match &self.w.later {
+            Some(later) => later(theirs.clone(), ours.clone()).await,
+            None => false,
+        }
+    }
+
+    /// Watches the heartbeat Leases of the `rollout.after` groups (while waiting for them).
+    fn watch_after(&mut self, groups: &[String], clients: &KubeClients, ns: &str, selector: &str) {
+        if self
+            .watching_after
+            .as_ref()
+            .is_some_and(|(g, c, _)| g == groups && *c == self.clients_generation)
+        {
+            return;
+        }
+        let (stop_tx, mut stop) = watch::channel(false);
+        let api = kube::Api::<k8s_openapi::api::coordination::v1::Lease>::namespaced(
+            clients.watch.clone(),
+            ns,
+        );
+        let changes = self.changes_tx.clone();
+        let selector = selector.to_owned();
+        tokio::spawn(async move {
+            tokio::select! {
+                () = lease::watch_objects(api, selector, None, changes, Some(passed_of)) => {}
+                _ = stop.changed() => {}
+            }
+        });
+        self.watching_after = Some((groups.to_vec(), self.clients_generation, stop_tx));
+    }
+
     /// Whether halts can be written at all (a cluster to write them to).
     pub fn can_halt(&self) -> bool {
         let cfg = self.cfg();
@@ -1269,6 +1515,23 @@ impl Gatekeeper {
     }
 }
 
+/// What of a heartbeat Lease wakes a node waiting for its group (`rollout.after`): the group
+/// and the revision passed, not the renewals.
+fn passed_of(lease: &k8s_openapi::api::coordination::v1::Lease) -> String {
+    let m = &lease.metadata;
+    format!(
+        "{} {}",
+        m.labels
+            .as_ref()
+            .and_then(|l| l.get(HEARTBEAT_GROUP_LABEL))
+            .map_or("", String::as_str),
+        m.annotations
+            .as_ref()
+            .and_then(|a| a.get(HEARTBEAT_PASSED_ANNOTATION))
+            .map_or("", String::as_str)
+    )
+}
+
 /// What in the fleet state holds this node back from taking (or keeping) a slot for
 /// `revision`: a pause, a halt of the revision (for an apply), or a holder of its group that
 /// vanished mid-rollout (unless this node resumes its own slot).
@@ -1297,6 +1560,7 @@ fn held_back(
             HaltCause::HolderVanished => {
                 format!("{} vanished holding a rollout slot for it", h.node)
             }
+            HaltCause::BuildFailed => format!("it failed to build on {}", h.node),
         };
         return Some(Permit::Wait(
             WaitingFor::Halted,
@@ -1484,6 +1748,7 @@ mod tests {
             health,
             fast_probes,
             reach_source: None,
+            later: None,
             metrics: Metrics::new(),
             observed: Arc::default(),
         });

@@ -34,6 +34,9 @@ pub const GROUP_LABEL: &str = "ginx.io/rollout-group";
 pub const REVISION_ANNOTATION: &str = "ginx.io/revision";
 /// What the holder of a slot is doing: `applying`, `verifying`, `rebooting` or `done`.
 pub const PHASE_ANNOTATION: &str = "ginx.io/phase";
+/// The last gate pass under the slot, `<full revision> <node>`: kept after the release, so that
+/// the next node of the group soaks (`rollout.soak`) from when it saw it.
+pub const PASSED_ANNOTATION: &str = "ginx.io/passed";
 
 /// Attempts at a slot when other nodes keep winning the race.
 const MAX_RACES: u32 = 5;
@@ -114,6 +117,9 @@ pub enum Acquired {
     },
     /// All slots held; slot → holder.
     Full(BTreeMap<u32, String>),
+    /// A slot is free, but `node` passed the revision's gate less than `rollout.soak` ago (as
+    /// this node saw it): nothing taken; `left` to go.
+    Soaking { left: Duration, after: String },
 }
 
 /// A request about the slots that failed.
@@ -241,6 +247,14 @@ impl LeaseLock {
             .map(|(i, l)| {
                 let spec = l.spec.as_ref();
                 let rv = l.metadata.resource_version.as_deref().unwrap_or("");
+                if let Some(p) = l
+                    .metadata
+                    .annotations
+                    .as_ref()
+                    .and_then(|a| a.get(PASSED_ANNOTATION))
+                {
+                    seen.saw_pass(&self.name(*i), p, now);
+                }
                 Slot {
                     index: *i,
                     holder: spec.and_then(|s| s.holder_identity.clone()),
@@ -255,12 +269,49 @@ impl LeaseLock {
             .collect()
     }
 
-    /// Takes a free slot, or resumes the one this node holds.
-    pub async fn acquire(&self) -> Result<Acquired, LockError> {
+    /// How long `revision` still soaks after its latest gate pass in this group, as this node
+    /// saw it, and where it passed.
+    pub fn soak_left(
+        &self,
+        revision: &str,
+        soak: Duration,
+        now: Instant,
+    ) -> Option<(Duration, String)> {
+        if soak.is_zero() {
+            return None;
+        }
+        let seen = self.seen.lock().unwrap_or_else(|e| e.into_inner());
+        let (at, node) = seen.last_pass(&self.prefix(), revision)?;
+        let left = (at + soak).saturating_duration_since(now);
+        (!left.is_zero()).then_some((left, node))
+    }
+
+    /// Takes a free slot, or resumes the one this node holds. With `soak`, a new slot is not
+    /// taken for the revision this node is to apply (see [`Doing`]) until `soak` has passed
+    /// since this node saw the latest gate pass of it in the group.
+    pub async fn acquire(&self, soak: Duration) -> Result<Acquired, LockError> {
+        let revision = self
+            .doing
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .revision
+            .clone();
+        let mut seen_held = BTreeMap::new();
         for _ in 0..MAX_RACES {
             let leases = self.read().await.map_err(|e| self.error("list", &e))?;
-            let view = self.view(&leases, Instant::now());
-            let index = match slots::choose(&view, &self.node, self.max) {
+            let now = Instant::now();
+            let view = self.view(&leases, now);
+            seen_held = view
+                .iter()
+                .filter_map(|s| s.live_holder().map(|h| (s.index, h.to_owned())))
+                .collect();
+            let choice = slots::choose(&view, &self.node, self.max, fastrand::u32(..));
+            if let (Choice::Take(_), Some(r)) = (&choice, &revision)
+                && let Some((left, after)) = self.soak_left(r, soak, now)
+            {
+                return Ok(Acquired::Soaking { left, after });
+            }
+            let index = match choice {
                 Choice::Full(holders) => return Ok(Acquired::Full(holders)),
                 Choice::Held(i) => {
                     // Ours already: renew it at once, so that it cannot expire under us now.
@@ -299,21 +350,24 @@ impl LeaseLock {
                 Err(Some(e)) => return Err(e),
             }
         }
-        Err(LockError::Unavailable(format!(
-            "the slots of group {} kept changing under ginx ({MAX_RACES} races lost in a row)",
-            self.group
-        )))
+        // Other nodes won every race: the slots are busy, not the API away. Wait for the next
+        // release like any node that found them full.
+        tracing::debug!(group = %self.group, "lost {MAX_RACES} races for a slot in a row; waiting for the next release");
+        Ok(Acquired::Full(seen_held))
     }
 
     /// The Lease's annotations with what this node is doing.
     fn annotate(&self, meta: &mut ObjectMeta) {
         let doing = self.doing.lock().unwrap_or_else(|e| e.into_inner()).clone();
         let a = meta.annotations.get_or_insert_with(BTreeMap::new);
-        match doing.revision {
+        match doing.revision.clone() {
             Some(r) => a.insert(REVISION_ANNOTATION.to_owned(), r),
             None => a.remove(REVISION_ANNOTATION),
         };
         a.insert(PHASE_ANNOTATION.to_owned(), doing.phase.as_str().to_owned());
+        if let (SlotPhase::Done, Some(r)) = (doing.phase, &doing.revision) {
+            a.insert(PASSED_ANNOTATION.to_owned(), format!("{r} {}", self.node));
+        }
     }
 
     /// Creates slot `index`, or PUTs it on the `resourceVersion` read. `Err(None)`: a 409.
@@ -444,16 +498,28 @@ impl LeaseLock {
         }
     }
 
-    /// Watches the group's slots until `stop` fires; bumps `changes` on every change (and
-    /// after every (re)list). Backs off while the API is away.
+    /// Watches the group's slots until `stop` fires; bumps `changes` when a slot's holder
+    /// changes (taken, released, taken over, created, deleted) and after every (re)list. A
+    /// holder's renewals and phase writes wake nobody: a waiting node can do nothing about
+    /// them, and whether a holder stopped renewing is judged from acquire's own fresh reads.
+    /// Backs off while the API is away.
     pub async fn watch(self, changes: watch::Sender<u64>, mut stop: watch::Receiver<bool>) {
         let selector = self.selector();
         let api = self.api.clone();
         tokio::select! {
-            () = watch_objects(api, selector, None, changes) => {}
+            () = watch_objects(api, selector, None, changes, Some(holder_of)) => {}
             _ = stop.changed() => {}
         }
     }
+}
+
+/// What of a slot Lease wakes a waiting node when it changes: its holder.
+pub fn holder_of(lease: &Lease) -> String {
+    lease
+        .spec
+        .as_ref()
+        .and_then(|s| s.holder_identity.clone())
+        .unwrap_or_default()
 }
 
 /// How long one watch request lasts (`timeoutSeconds`); the server ends it then, and it is
@@ -461,20 +527,25 @@ impl LeaseLock {
 pub const WATCH_SECONDS: u32 = 290;
 
 /// List, then watch from the list's `resourceVersion`, forever: every event (and every
-/// relist) bumps `changes`. A watch the server ends is made again from the last
-/// `resourceVersion` seen (bookmarks, on by default, keep it current); an expired one (410) or a broken
-/// stream relists.
+/// relist) bumps `changes` — or, with `wake`, only an event that adds or deletes an object or
+/// changes what `wake` says of it. A watch the server ends is made again from the last
+/// `resourceVersion` seen (bookmarks, on by default, keep it current); an expired one (410) or
+/// a broken stream relists.
 pub async fn watch_objects<K>(
     api: Api<K>,
     labels: String,
     fields: Option<String>,
     changes: watch::Sender<u64>,
+    wake: Option<fn(&K) -> String>,
 ) where
     K: kube::Resource + Clone + std::fmt::Debug + serde::de::DeserializeOwned + Send + 'static,
 {
     let bump = || changes.send_modify(|n| *n = n.wrapping_add(1));
     let mut failures = 0u32;
     let mut from: Option<String> = None;
+    // With `wake`: each object's name and what `wake` said of it last.
+    let mut keys: std::collections::HashMap<String, String> = Default::default();
+    let name = |o: &K| o.meta().name.clone().unwrap_or_default();
     loop {
         let rv = match from.take() {
             Some(rv) => rv,
@@ -483,11 +554,22 @@ pub async fn watch_objects<K>(
                 if let Some(f) = &fields {
                     lp = lp.fields(f);
                 }
-                match api.list_metadata(&lp).await {
-                    Ok(list) => {
+                let listed = match wake {
+                    // What wakes may be in the spec: the objects themselves.
+                    Some(key) => api.list(&lp).await.map(|list| {
+                        keys = list.items.iter().map(|o| (name(o), key(o))).collect();
+                        list.metadata.resource_version
+                    }),
+                    None => api
+                        .list_metadata(&lp)
+                        .await
+                        .map(|list| list.metadata.resource_version),
+                };
+                match listed {
+                    Ok(rv) => {
                         failures = 0;
                         bump();
-                        list.metadata.resource_version.unwrap_or_default()
+                        rv.unwrap_or_default()
                     }
                     Err(e) => {
                         failures = failures.saturating_add(1);
@@ -523,10 +605,25 @@ pub async fn watch_objects<K>(
         let mut clean = true;
         while let Some(event) = stream.next().await {
             match event {
-                Ok(WatchEvent::Added(o) | WatchEvent::Modified(o) | WatchEvent::Deleted(o)) => {
+                Ok(WatchEvent::Added(o) | WatchEvent::Modified(o)) => {
                     if let Some(v) = o.meta().resource_version.clone() {
                         last = v;
                     }
+                    match wake {
+                        Some(key) => {
+                            let k = key(&o);
+                            if keys.insert(name(&o), k.clone()).as_ref() != Some(&k) {
+                                bump();
+                            }
+                        }
+                        None => bump(),
+                    }
+                }
+                Ok(WatchEvent::Deleted(o)) => {
+                    if let Some(v) = o.meta().resource_version.clone() {
+                        last = v;
+                    }
+                    keys.remove(&name(&o));
                     bump();
                 }
                 Ok(WatchEvent::Bookmark(b)) => last = b.metadata.resource_version,

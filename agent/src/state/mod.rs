@@ -100,6 +100,19 @@ pub struct State {
     /// When the last reboot ginx carried out was done: a sentinel file older than that is the
     /// one it rebooted for, not a new request.
     pub rebooted_at: Option<Timestamp>,
+    /// The revision last built without activating it (`apply.prebuild`): its activation runs
+    /// no build.
+    pub built: Option<Built>,
+    /// The last revision whose health gate passed on this node (or that was applied without
+    /// one): what `rollout.after` of other groups waits for.
+    pub passed: Option<Revision>,
+}
+
+/// A revision built ahead of its activation.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Built {
+    pub revision: Revision,
+    pub at: Timestamp,
 }
 
 /// Where a reboot carried out by ginx stands.
@@ -206,9 +219,14 @@ pub struct GateFailure {
     pub failing: BTreeMap<String, String>,
     pub at: Timestamp,
     pub next: AfterGate,
-    /// The halt is written to the cluster (retried until it is).
+    /// The failure is written to the cluster's rollout state (retried until it is): the
+    /// revision halted, or (`quarantined`) counted below the failure budget.
     #[serde(default)]
     pub halted: bool,
+    /// Written below `rollout.halt_after`: the revision is not halted, this node is
+    /// quarantined on its rolled-back system and the rollout goes on.
+    #[serde(default)]
+    pub quarantined: bool,
     /// The failed gate's baseline: the rolled-back system is held to the same.
     #[serde(default)]
     pub baseline: BTreeMap<String, HealthStatus>,
@@ -275,6 +293,8 @@ pub enum AttemptKind {
     Apply,
     /// Switch to the previous system generation (`ginxctl rollback`).
     Rollback,
+    /// Build a revision without activating it (`apply.prebuild`), before a slot is asked for.
+    Build,
 }
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]

@@ -19,6 +19,8 @@ pub enum ApplyState {
     Pending,
     /// A revision is wanted but a gate holds it back (suspended).
     Waiting,
+    /// The revision is being built ahead of its activation (`apply.prebuild`), no slot held.
+    Building,
     Applying,
     /// After activation, while health is being verified (later).
     Verifying,
@@ -37,6 +39,7 @@ impl ApplyState {
             ApplyState::Idle => "idle",
             ApplyState::Pending => "pending",
             ApplyState::Waiting => "waiting",
+            ApplyState::Building => "building",
             ApplyState::Applying => "applying",
             ApplyState::Verifying => "verifying",
             ApplyState::Succeeded => "succeeded",

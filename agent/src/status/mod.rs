@@ -29,8 +29,9 @@ pub use health::{HealthMap, HealthStatus, Overall, ProbeStatus, overall};
 pub use kubeadm::KubeadmStatus;
 pub use kubernetes::{KubeState, KubeStatus};
 pub use rollout::{
-    ClusterNode, ClusterView, FleetEvent, FleetState, GateProgress, Halt, HaltCause, Pause, Phase,
-    RebootStatus, RolloutStatus, WaitingFor, WindowStatus,
+    ClusterNode, ClusterView, FailureRecord, FleetEvent, FleetState, GateProgress, Halt, HaltCause,
+    Pause, Phase, Quarantine, RebootStatus, RevisionCounts, RolloutStatus, WaitingFor,
+    WindowStatus,
 };
 pub use source::{Refused, RemoteStatus, Signed, SourceStatus};
 

@@ -35,6 +35,10 @@ pub enum WaitingFor {
     /// The API refused a request (401, 403, 404, 422): an error of configuration, which
     /// `on_api_unavailable = "proceed"` never applies past.
     Refused,
+    /// A group of `rollout.after` has not passed its gate on the revision everywhere.
+    After,
+    /// A node of the group passed its gate on the revision less than `rollout.soak` ago.
+    Soak,
 }
 
 impl WaitingFor {
@@ -50,6 +54,8 @@ impl WaitingFor {
             WaitingFor::Pods => "pods",
             WaitingFor::Reboot => "reboot",
             WaitingFor::Refused => "refused",
+            WaitingFor::After => "after",
+            WaitingFor::Soak => "soak",
         }
     }
 }
@@ -62,6 +68,8 @@ pub enum Phase {
     #[default]
     Idle,
     Waiting,
+    /// Building the revision ahead of its activation (`apply.prebuild`); no slot held.
+    Building,
     Applying,
     /// The health gate after the activation.
     Verifying,
@@ -82,6 +90,9 @@ pub enum Phase {
     /// The slot this node held was lost (taken by another node, or not renewed for its
     /// duration): nothing new starts until a slot is taken again.
     Lost,
+    /// The revision's gate failed here below the failure budget (`rollout.halt_after`): the
+    /// node keeps its rolled-back system and the rollout goes on without it.
+    Quarantined,
 }
 
 impl Phase {
@@ -89,6 +100,7 @@ impl Phase {
         match self {
             Phase::Idle => "idle",
             Phase::Waiting => "waiting",
+            Phase::Building => "building",
             Phase::Applying => "applying",
             Phase::Verifying => "verifying",
             Phase::RollingBack => "rolling-back",
@@ -100,6 +112,7 @@ impl Phase {
             Phase::Draining => "draining",
             Phase::Rebooting => "rebooting",
             Phase::Lost => "lost",
+            Phase::Quarantined => "quarantined",
         }
     }
 }
@@ -150,6 +163,8 @@ pub enum HaltCause {
     /// its network, or was cut off); the node that took the slot over halted it. Lifted by
     /// itself when `node` comes back and its gate passes.
     HolderVanished,
+    /// The revision failed to build on `node` (`rollout.halt_on_build_failure`).
+    BuildFailed,
 }
 
 impl HaltCause {
@@ -161,6 +176,7 @@ impl HaltCause {
         match self {
             HaltCause::GateFailed => "gate-failed",
             HaltCause::HolderVanished => "holder-vanished",
+            HaltCause::BuildFailed => "build-failed",
         }
     }
 }
@@ -190,11 +206,31 @@ pub struct FleetState {
     pub halted: BTreeMap<String, Halt>,
     /// The latest changes, newest last (a bounded list).
     pub events: Vec<FleetEvent>,
+    /// The failures counted against each revision's budget (`rollout.halt_after`): full
+    /// revision → node → what failed there.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub failures: BTreeMap<String, BTreeMap<String, FailureRecord>>,
+}
+
+/// One node's failure of a revision, counted against its budget.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct FailureRecord {
+    pub at: Timestamp,
+    pub reason: String,
+    /// Last, so that the admission policy can anchor on it (see packaging/kubernetes/vap.yaml).
+    pub cause: HaltCause,
 }
 
 impl FleetState {
     pub fn halt_of(&self, revision: &Revision) -> Option<&Halt> {
         self.halted.get(revision.as_str())
+    }
+
+    /// How many failures count against `revision`'s budget.
+    pub fn failures_of(&self, revision: &Revision) -> usize {
+        self.failures
+            .get(revision.as_str())
+            .map_or(0, BTreeMap::len)
     }
 
     /// A `holder-vanished` halt in `group`: a holder of the group's slots stopped renewing
@@ -237,6 +273,29 @@ pub struct RolloutStatus {
     /// The reboot (`[reboot]`): required or not, and how far ginx is with it.
     #[serde(default)]
     pub reboot: RebootStatus,
+    /// The last revision whose health gate passed on this node (what `rollout.after` of other
+    /// groups waits for).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub passed_revision: Option<Revision>,
+    /// This node failed the gate of a revision below the failure budget (`rollout.halt_after`):
+    /// it keeps its rolled-back system; the rollout went on without it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub quarantined: Option<Quarantine>,
+    /// `rollout.after`: the groups whose every node passes a revision before this group starts
+    /// it.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub after: Vec<String>,
+}
+
+/// `rollout.quarantined` in `ginxctl status --json`.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Quarantine {
+    pub revision: Revision,
+    /// The checks that failed, with their messages.
+    pub failing: BTreeMap<String, String>,
+    pub at: Timestamp,
+    /// `ginxctl retry` or a new revision ends it.
+    pub reason: String,
 }
 
 /// `rollout.reboot` in `ginxctl status --json`.
@@ -291,6 +350,28 @@ pub struct ClusterNode {
     pub heartbeat_age_secs: Option<i64>,
     /// `group/slot` held.
     pub slot: Option<String>,
+    /// What holds the node's target back (`ginx.io/waiting-for`), e.g. `after control-plane`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub waiting_for: Option<String>,
+    /// The revision it is quarantined on (`ginx.io/quarantined`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub quarantined: Option<String>,
+    /// The rollout group (`ginx.io/rollout-group`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub group: Option<String>,
+}
+
+/// How far one revision has come through the fleet, in `ginxctl cluster`: nodes by where they
+/// are with it.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RevisionCounts {
+    pub building: u32,
+    pub waiting: u32,
+    pub activating: u32,
+    pub verifying: u32,
+    pub done: u32,
+    pub failed: u32,
+    pub quarantined: u32,
 }
 
 /// `ginxctl cluster --json`: the fleet as the API has it.
@@ -301,4 +382,7 @@ pub struct ClusterView {
     pub slots: BTreeMap<String, String>,
     pub fleet: FleetState,
     pub at: Option<Timestamp>,
+    /// Each target revision (full) → its nodes by phase.
+    #[serde(default)]
+    pub revisions: BTreeMap<String, RevisionCounts>,
 }

@@ -139,6 +139,13 @@ pub fn describe(e: &kube::Error) -> String {
     }
 }
 
+/// The label naming a node's rollout group on its heartbeat Lease `ginx-<node>`: how
+/// `rollout.after` of another group finds every node of this one.
+pub const HEARTBEAT_GROUP_LABEL: &str = "ginx.io/group";
+/// On the heartbeat Lease: the last revision whose health gate passed on the node (full
+/// commit id).
+pub const HEARTBEAT_PASSED_ANNOTATION: &str = "ginx.io/passed-revision";
+
 /// The HTTP status of an API error.
 pub fn code(e: &kube::Error) -> Option<u16> {
     match e {
