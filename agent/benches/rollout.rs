@@ -12,6 +12,12 @@
 //!    applying or in their gate at once (journal, the gate command writes `verify`), the total time against the ideal
 //!    ⌈nodes/3⌉ × (2 s + 1 s), and the lock hand-off — from a holder's last write of a slot
 //!    Lease (its release) to the next holder's first write of it — p50, p99 and max.
+//! 3. Build before the lock (issue 33): the same fleet, each stand-in build taking
+//!    `BENCH_BUILD_SECONDS` (default 20 s; once per node and revision, as Nix builds), one commit
+//!    rolled through with `apply.prebuild` off and then on, side by side: the total against the
+//!    ideal 20 s + ⌈nodes/3⌉ × (2 s + 1 s), and how long each slot was held (from the audit log:
+//!    a holder's first write of a slot Lease to its release) p50 and p99.
+//!    `BENCH_ONLY=prebuild` runs this part alone.
 
 #[path = "../../tests/support/mod.rs"]
 mod support;
@@ -145,6 +151,103 @@ fn percentile(sorted: &[f64], p: f64) -> f64 {
     sorted[i]
 }
 
+/// Slot Lease writes in `events`, in order: per slot, runs of one writer. Returns each run's
+/// length (first write to last: how long a node held the slot, in ms) and each hand-off (a
+/// run's last write, the release, to the next run's first, in ms).
+fn slot_runs(events: &[AuditEvent]) -> (Vec<f64>, Vec<f64>) {
+    let mut held: Vec<f64> = Vec::new();
+    let mut handoffs: Vec<f64> = Vec::new();
+    // slot → (writer, first write, last write)
+    let mut runs: BTreeMap<String, (String, i64, i64)> = BTreeMap::new();
+    for e in events.iter().filter(|e| {
+        e.resource == "leases"
+            && e.name.starts_with(&format!("ginx-rollout-{GROUP}-"))
+            && matches!(e.verb.as_str(), "create" | "update")
+            && e.code < 300
+    }) {
+        let t = micros(&e.time);
+        match runs.get_mut(&e.name) {
+            Some((user, _, last)) if *user == e.user => *last = t,
+            Some((_, first, last)) => {
+                held.push((*last - *first) as f64 / 1000.0);
+                handoffs.push((t - *last) as f64 / 1000.0);
+                runs.insert(e.name.clone(), (e.user.clone(), t, t));
+            }
+            None => {
+                runs.insert(e.name.clone(), (e.user.clone(), t, t));
+            }
+        }
+    }
+    held.extend(runs.values().map(|(_, a, b)| (b - a) as f64 / 1000.0));
+    held.sort_by(f64::total_cmp);
+    handoffs.sort_by(f64::total_cmp);
+    (held, handoffs)
+}
+
+/// Part 3: one commit through `envs` with prebuild off, then on; returns nothing, prints the
+/// table.
+fn prebuild(cp: &ControlPlane, origin: &Env, envs: &[Env], names: &[String], journal: &Path) {
+    let nodes = envs.len();
+    let build = env_number("BENCH_BUILD_SECONDS", 20) as f64;
+    for (e, n) in envs.iter().zip(names) {
+        set_lock(e, n, journal, "auto");
+    }
+    let rounds = nodes.div_ceil(SLOTS) as f64;
+    let ideal = build + rounds * (APPLY_SECONDS + SETTLE_SECONDS);
+    let mut rows = Vec::new();
+    for on in [false, true] {
+        for e in envs {
+            e.dropin("90-prebuild.toml", &format!("[apply]\nprebuild = {on}\n"));
+        }
+        let daemons = start_all(envs);
+        wait_all_applied(&daemons, &origin.repo.head());
+        // Builds take their time from the measured commit on (the one before is built).
+        for e in envs {
+            e.stub("build_sleep", &build.to_string());
+        }
+        let revision = origin.repo.commit(
+            "hive.nix",
+            &format!("{{ prebuild = {on}; }}"),
+            "bench prebuild",
+        );
+        let mark = cp.audit_mark();
+        let t0 = Instant::now();
+        for d in &daemons {
+            d.ctl_ok(&["sync"]);
+        }
+        wait_all_applied(&daemons, &revision);
+        let total = t0.elapsed().as_secs_f64();
+        // The last release is written right after the last gate passed.
+        std::thread::sleep(Duration::from_secs(2));
+        let (held, handoffs) = slot_runs(&cp.audit_since(mark));
+        rows.push((on, total, held, handoffs));
+        drop(daemons);
+        for e in envs {
+            e.unstub("build_sleep");
+        }
+    }
+    println!(
+        "Build before the lock: {nodes} nodes, max_concurrent = {SLOTS}, a {build} s stand-in build, {APPLY_SECONDS} s activation, {SETTLE_SECONDS} s settle (ideal with prebuild: {build} s + ⌈{nodes}/{SLOTS}⌉ × {} s = {ideal:.0} s):",
+        APPLY_SECONDS + SETTLE_SECONDS
+    );
+    println!();
+    println!(
+        "| apply.prebuild | total | against the ideal {ideal:.0} s | slot held p50 / p99 | hand-off p50 / p99 |"
+    );
+    println!("| --- | --- | --- | --- | --- |");
+    for (on, total, held, handoffs) in &rows {
+        println!(
+            "| {on} | {total:.1} s | {:+.0} % | {:.1} / {:.1} s | {:.0} / {:.0} ms |",
+            100.0 * (total - ideal) / ideal,
+            percentile(held, 0.5) / 1000.0,
+            percentile(held, 0.99) / 1000.0,
+            percentile(handoffs, 0.5),
+            percentile(handoffs, 0.99),
+        );
+    }
+    println!();
+}
+
 fn main() {
     let Some(bin) = control_plane::require() else {
         println!("rollout benchmark skipped: no control-plane binary");
@@ -164,6 +267,10 @@ fn main() {
         .iter()
         .map(|n| node(&cp, &origin.repo.path, &journal, n, "none"))
         .collect();
+    if std::env::var("BENCH_ONLY").as_deref() == Ok("prebuild") {
+        prebuild(&cp, &origin, &envs, &names, &journal);
+        return;
+    }
 
     // 1a. Idle without the lock.
     let daemons = start_all(&envs);
@@ -226,23 +333,7 @@ fn main() {
 
     // Slot writes, in order: per slot, runs of one writer; a hand-off is from the last write
     // of one run (the release) to the first write of the next.
-    let mut handoffs: Vec<f64> = Vec::new();
-    let mut holding: BTreeMap<String, (String, i64)> = BTreeMap::new();
-    for e in events.iter().filter(|e| {
-        e.resource == "leases"
-            && e.name.starts_with(&format!("ginx-rollout-{GROUP}-"))
-            && matches!(e.verb.as_str(), "create" | "update")
-            && e.code < 300
-    }) {
-        let t = micros(&e.time);
-        if let Some((user, last)) = holding.get(&e.name)
-            && *user != e.user
-        {
-            handoffs.push((t - last) as f64 / 1000.0);
-        }
-        holding.insert(e.name.clone(), (e.user.clone(), t));
-    }
-    handoffs.sort_by(f64::total_cmp);
+    let (_, handoffs) = slot_runs(&events);
     let rounds = nodes.div_ceil(SLOTS) as f64;
     let ideal = rounds * (APPLY_SECONDS + SETTLE_SECONDS);
 
@@ -295,6 +386,7 @@ fn main() {
         2.0 * 3600.0 / 290.0
     );
     drop(daemons);
+    prebuild(&cp, &origin, &envs, &names, &journal);
     assert!(
         most_applying <= SLOTS,
         "more than {SLOTS} nodes applied at once"
