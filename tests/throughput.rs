@@ -435,6 +435,11 @@ fn a_failure_below_the_budget_quarantines_and_the_one_at_it_halts() {
     // The quarantined node: status, annotation, condition, cluster view.
     let s = &ended[q];
     assert_eq!(s["rollout"]["quarantined"]["revision"], x.as_str(), "{s:#}");
+    let text = daemons[q].ctl_ok(&["status"]);
+    assert!(
+        text.contains(&format!("quarantine {}: its gate failed here", &x[..12])),
+        "{text}"
+    );
     wait_for("the quarantine on the Node", || {
         let n = cp.node(&names[q])?;
         let a = &n["metadata"]["annotations"];

@@ -65,6 +65,15 @@ pub fn status(s: &Status) -> String {
             "no"
         }
     );
+    if let Some(q) = &s.rollout.quarantined {
+        let _ = writeln!(
+            o,
+            "quarantine {}: its gate failed here ({}) below rollout.halt_after; rolled back, the \
+             rollout went on (`ginxctl retry` or a new revision ends it)",
+            q.revision.short(),
+            printable(&q.failing.keys().cloned().collect::<Vec<_>>().join(", "))
+        );
+    }
     if let Some(w) = &s.rollout.window {
         let line = match (w.open, w.closes_at, w.opens_at) {
             (true, Some(c), _) => format!("open, closes at {c}"),

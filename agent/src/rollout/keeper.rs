@@ -328,29 +328,30 @@ impl Gatekeeper {
         self.watching = Some((key, stop_tx));
     }
 
-    /// Starts (`on`) or stops the watch of the group's slot Leases. It runs only while this
-    /// node waits for a slot: so a slot's hand-off reaches the nodes that wait, not the whole
-    /// group, and a node that is done with a rollout costs the API server nothing.
+    /// Starts (`on`) or stops the watch of the group's slot Leases (this node's home slot, see
+    /// [`LeaseLock::watch`]). It runs only while this node waits for a slot: so a slot's
+    /// hand-off reaches the nodes that wait, not the whole group, and a node that is done with
+    /// a rollout costs the API server nothing.
     fn watch_slots(&mut self, cfg: &Config, clients: Option<&KubeClients>, on: bool) {
         let Some(clients) = clients.filter(|_| on) else {
             self.watching_slots = None;
             return;
         };
+        let watching = KubeClients {
+            main: clients.watch.clone(),
+            ..clients.clone()
+        };
+        let lock = self.lease_lock(cfg, &watching);
         let key = WatchKey {
             namespace: cfg.kubernetes.namespace.clone(),
             group: cfg.rollout.group_for(cfg.node.role),
-            configmap: String::new(),
+            configmap: lock.name(lock.home()),
             clients: self.clients_generation,
         };
         if self.watching_slots.as_ref().is_some_and(|(k, _)| *k == key) {
             return;
         }
         let (stop_tx, stop) = watch::channel(false);
-        let watching = KubeClients {
-            main: clients.watch.clone(),
-            ..clients.clone()
-        };
-        let lock = self.lease_lock(cfg, &watching);
         tokio::spawn(lock.watch(self.changes_tx.clone(), stop));
         self.watching_slots = Some((key, stop_tx));
     }

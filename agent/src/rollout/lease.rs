@@ -498,16 +498,26 @@ impl LeaseLock {
         }
     }
 
-    /// Watches the group's slots until `stop` fires; bumps `changes` when a slot's holder
+    /// This node's home slot: the one whose releases wake it while it waits (see
+    /// [`watch`](Self::watch)). Spread over the slots by the node's name.
+    pub fn home(&self) -> u32 {
+        slots::home(&self.node, self.max)
+    }
+
+    /// Watches this node's home slot until `stop` fires; bumps `changes` when its holder
     /// changes (taken, released, taken over, created, deleted) and after every (re)list. A
     /// holder's renewals and phase writes wake nobody: a waiting node can do nothing about
     /// them, and whether a holder stopped renewing is judged from acquire's own fresh reads.
+    /// Only the home slot: a release then wakes the waiters homed on it (about waiters ÷
+    /// max_concurrent), not every waiter of the group, and when woken a node takes any free
+    /// slot; a free slot no woken node took is found at the next [`RECHECK`](super::RECHECK).
     /// Backs off while the API is away.
     pub async fn watch(self, changes: watch::Sender<u64>, mut stop: watch::Receiver<bool>) {
         let selector = self.selector();
+        let fields = format!("metadata.name={}", self.name(self.home()));
         let api = self.api.clone();
         tokio::select! {
-            () = watch_objects(api, selector, None, changes, Some(holder_of)) => {}
+            () = watch_objects(api, selector, Some(fields), changes, Some(holder_of)) => {}
             _ = stop.changed() => {}
         }
     }

@@ -112,6 +112,15 @@ impl Observed {
     }
 }
 
+/// The home slot of `node` among `max`: spread by the name (FNV-1a, stable across processes
+/// and versions, unlike std's hasher).
+pub fn home(node: &str, max: u32) -> u32 {
+    let h = node.bytes().fold(0xcbf2_9ce4_8422_2325_u64, |h, b| {
+        (h ^ u64::from(b)).wrapping_mul(0x0000_0100_0000_01b3)
+    });
+    (h % u64::from(max.max(1))) as u32
+}
+
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Choice {
     /// This node holds this slot already.
@@ -223,6 +232,18 @@ mod tests {
             Choice::Take(0),
             "modulo the free ones"
         );
+    }
+
+    #[test]
+    fn home_slots_are_stable_and_spread_over_the_slots() {
+        assert_eq!(home("lucy", 1), 0);
+        assert_eq!(home("lucy", 50), home("lucy", 50));
+        let mut per = [0u32; 50];
+        for i in 0..1000 {
+            per[home(&format!("worker-{i:04}"), 50) as usize] += 1;
+        }
+        // 20 each on average; none empty, none with more than twice its share.
+        assert!(per.iter().all(|&n| (1..=40).contains(&n)), "{per:?}");
     }
 
     #[test]
