@@ -215,7 +215,18 @@ fn prebuild(cp: &ControlPlane, origin: &Env, envs: &[Env], names: &[String], jou
         for d in &daemons {
             d.ctl_ok(&["sync"]);
         }
-        wait_all_applied(&daemons, &revision);
+        // Without prebuild the rollout takes minutes: longer than a test's patience.
+        let deadline = t0 + Duration::from_secs(30 * 60);
+        while !daemons.iter().all(|d| {
+            let s = d.status();
+            s["apply"]["state"] == "succeeded" && s["apply"]["applied_revision"] == revision
+        }) {
+            assert!(
+                Instant::now() < deadline,
+                "the rollout took over 30 minutes"
+            );
+            std::thread::sleep(Duration::from_millis(100));
+        }
         let total = t0.elapsed().as_secs_f64();
         // The last release is written right after the last gate passed.
         std::thread::sleep(Duration::from_secs(2));

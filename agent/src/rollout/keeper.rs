@@ -678,15 +678,23 @@ impl Gatekeeper {
                             .iter()
                             .map(|(i, h)| format!("slot {i} by {h}"))
                             .collect();
+                        let held = holders.len();
                         self.holders = holders;
+                        let what = if held < cfg.rollout.max_concurrent as usize {
+                            format!(
+                                "other nodes won every race for the free slots of group {} \
+                                 ({} of {} held as last read)",
+                                lock.group, held, cfg.rollout.max_concurrent
+                            )
+                        } else {
+                            format!(
+                                "all {} slot(s) of group {} are held",
+                                cfg.rollout.max_concurrent, lock.group
+                            )
+                        };
                         return Permit::Wait(
                             WaitingFor::Lock,
-                            format!(
-                                "all {} slot(s) of group {} are held: {}",
-                                cfg.rollout.max_concurrent,
-                                lock.group,
-                                list.join(", ")
-                            ),
+                            format!("{what}: {}", list.join(", ")),
                         );
                     }
                     Ok(Acquired::Slot {
