@@ -119,7 +119,18 @@ fn stop_messages(m: &Machine) -> Vec<String> {
         let stopping = said
             .iter()
             .rposition(|l| l.starts_with("Stopping ginx.service"))?;
-        let after = said[stopping..].to_vec();
+        // ginx may log its own first words on SIGTERM before systemd's "Stopping" line is
+        // stamped (two senders, one journal): they belong to this stop if they follow the
+        // last start.
+        let started = said
+            .iter()
+            .rposition(|l| l.starts_with("Started ginx.service"))
+            .unwrap_or(0);
+        let own = said
+            .iter()
+            .rposition(|l| l.starts_with("stopping: "))
+            .filter(|&i| i > started && i < stopping);
+        let after = said[own.unwrap_or(stopping)..].to_vec();
         after.iter().any(|l| l == "stopped").then_some(after)
     })
 }
