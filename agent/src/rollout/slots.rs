@@ -147,6 +147,14 @@ pub fn choose(slots: &[Slot], node: &str, max: u32, pick: u32) -> Choice {
     if holders.len() >= max as usize {
         return Choice::Full(holders);
     }
+    // A slot whose holder stopped renewing is taken over first: the taker finds out what the
+    // vanished holder was doing (and halts its revision), however many other slots are free.
+    if let Some(s) = slots
+        .iter()
+        .find(|s| s.index < max && s.expired_holder().is_some())
+    {
+        return Choice::Take(s.index);
+    }
     let free: Vec<u32> = (0..max).filter(|i| !holders.contains_key(i)).collect();
     match free.len() {
         0 => Choice::Full(holders),
@@ -244,6 +252,14 @@ mod tests {
         }
         // 20 each on average; none empty, none with more than twice its share.
         assert!(per.iter().all(|&n| (1..=40).contains(&n)), "{per:?}");
+    }
+
+    #[test]
+    fn an_expired_slot_is_taken_over_before_a_free_one() {
+        let s = [slot(1, Some("makise"), 61)];
+        for pick in 0..4 {
+            assert_eq!(choose(&s, "lucy", 3, pick), Choice::Take(1));
+        }
     }
 
     #[test]
