@@ -431,6 +431,56 @@ fn a_stolen_node_credential_reaches_one_node_not_the_fleet() {
     );
     assert_eq!(snapshot(&cp), before, "an attack changed something");
 
+    // Node Events (issue 34): ginx's identity writes Events only about its own Node, as itself
+    // (the kubelet's identity may write any node's Events: that is the Node authorizer's, not
+    // ginx's, so only ginx:lucy is tried).
+    let event = |name: &str, regarding: &str, instance: &str, api: &str| {
+        let mut e = json!({"apiVersion": api, "kind": "Event",
+            "metadata": {"name": name, "namespace": "default"},
+            "eventTime": "2026-12-01T10:00:00.000000Z", "action": "Rollout",
+            "reason": "RevisionHalted", "note": "forged by lucy", "type": "Warning",
+            "regarding": {"apiVersion": "v1", "kind": "Node", "name": regarding, "uid": regarding},
+            "reportingController": "ginx.io/ginx", "reportingInstance": instance});
+        if api == "v1" {
+            let o = e.as_object_mut().unwrap();
+            let regarding = o.remove("regarding").unwrap();
+            o.insert("involvedObject".into(), regarding);
+            o.insert("message".into(), o["note"].clone());
+            o.remove("note");
+        }
+        e.to_string()
+    };
+    for (what, body) in [
+        (
+            "write an Event about makise",
+            event("makise.forged1", "makise", "lucy", "events.k8s.io/v1"),
+        ),
+        (
+            "write an Event about itself reported as makise",
+            event("lucy.forged2", "lucy", "makise", "events.k8s.io/v1"),
+        ),
+        (
+            "write a core/v1 Event about makise",
+            event("makise.forged3", "makise", "lucy", "v1"),
+        ),
+    ] {
+        let e = as_(&cp, &kc("lucy"), &create, &body)
+            .map(|out| panic!("ginx:lucy could {what}: {out}"))
+            .unwrap_err();
+        assert!(e.contains("orbidden"), "{what}: {e}");
+        println!(
+            "| {what} | ginx:lucy | {} |",
+            e.lines().last().unwrap_or("").replace('|', "/")
+        );
+    }
+    ok(
+        &cp,
+        &kc("lucy"),
+        "Event",
+        &create,
+        &event("lucy.own", "lucy", "lucy", "events.k8s.io/v1"),
+    );
+
     // Lucy's own things, with the identity meant for each: allowed.
     for (what, status, body) in [
         (

@@ -77,7 +77,13 @@ fn pods(cp: &ControlPlane, ns: &str, app: &str) -> Vec<(String, String, String, 
 
 /// A ReplicaSet `app` of `replicas` pods in `ns`, its pods bound one to each of `on`, all
 /// Ready (the stand-in kubelets mark them so).
-fn replicaset(cp: &ControlPlane, ns: &str, app: &str, on: &[&str], extra_annotations: &Value) {
+pub(crate) fn replicaset(
+    cp: &ControlPlane,
+    ns: &str,
+    app: &str,
+    on: &[&str],
+    extra_annotations: &Value,
+) {
     cp.apply(
         &json!({"apiVersion": "apps/v1", "kind": "ReplicaSet",
             "metadata": {"name": app, "namespace": ns},

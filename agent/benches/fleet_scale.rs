@@ -444,6 +444,7 @@ fn start_fleet(
         let (health_tx, health) = watch::channel(HealthMap::new());
         let (fast_probes, _) = watch::channel(None);
         let gatekeeper = Gatekeeper::new(Wiring {
+            notices: ginx::types::Notices::disabled(),
             config,
             kube,
             health,

@@ -98,6 +98,22 @@ pub async fn run(config_path: PathBuf) -> anyhow::Result<Ending> {
     let (commands_tx, commands_rx) = mpsc::channel(32);
 
     let metrics = Metrics::new();
+    // What happens on this node, for the Events and the webhooks (subscribed before anything
+    // can emit, so that nothing is missed).
+    let notices = crate::types::Notices::new();
+    if let Some(mut rx) = notices.subscribe() {
+        let metrics = Arc::clone(&metrics);
+        tokio::spawn(async move {
+            loop {
+                match rx.recv().await {
+                    Ok(n) => metrics.noticed(n.reason.as_str()),
+                    Err(tokio::sync::broadcast::error::RecvError::Lagged(_)) => {}
+                    Err(tokio::sync::broadcast::error::RecvError::Closed) => return,
+                }
+            }
+        });
+    }
+    let events_rx = notices.subscribe();
     let metrics_listener = match cfg.metrics.listen {
         Some(addr) => Some(control::metrics::bind(addr).await?),
         None => None,
@@ -119,8 +135,10 @@ pub async fn run(config_path: PathBuf) -> anyhow::Result<Ending> {
             observed: Arc::clone(&observed),
             metrics: Arc::clone(&metrics),
             later: Some(later_in(config_rx.clone(), Arc::clone(&workspace))),
+            notices: notices.clone(),
         },
         metrics: Arc::clone(&metrics),
+        notices: notices.clone(),
         config: config_rx.clone(),
         sources: statuses.subscribe(),
         workspace: Arc::clone(&workspace),
@@ -167,6 +185,7 @@ pub async fn run(config_path: PathBuf) -> anyhow::Result<Ending> {
         bootstrap: bootstrap_tx,
         bootstrap_file,
         observed: Arc::clone(&observed),
+        notices: notices.clone(),
     });
     let workspace = Arc::clone(&sources.workspace);
     let read_file: crate::kubeadm::watch::ReadFile = Arc::new(move |name, revision, path| {
@@ -185,6 +204,24 @@ pub async fn run(config_path: PathBuf) -> anyhow::Result<Ending> {
         }
         .run(),
     );
+    if let Some(rx) = events_rx {
+        tokio::spawn(
+            crate::kube::events::Recorder {
+                config: config_rx.clone(),
+                clients: kube_clients_rx.clone(),
+                notices: rx,
+                metrics: Arc::clone(&metrics),
+                shutdown: shutdown_rx.clone(),
+            }
+            .run(),
+        );
+    }
+    tokio::spawn(crate::notify::run(
+        config_rx.clone(),
+        notices.clone(),
+        Arc::clone(&metrics),
+        shutdown_rx.clone(),
+    ));
     crate::health::spawn(
         crate::health::Context {
             config: config_rx.clone(),

@@ -23,6 +23,7 @@ const LAYERS: &[(&str, u8)] = &[
     ("rollout", 5),
     ("kubeadm", 5),
     ("bootstrap", 5),
+    ("notify", 5),
     ("reconcile", 6),
     ("control", 7),
     ("daemon", 8),

@@ -17,6 +17,7 @@ pub mod kube;
 pub mod kubeadm;
 pub mod logging;
 pub mod metrics;
+pub mod notify;
 pub mod reconcile;
 pub mod rollout;
 pub mod source;

@@ -150,6 +150,34 @@ pub fn interface_with(ip: std::net::IpAddr) -> Result<Option<String>, String> {
         .next())
 }
 
+/// An error and its causes, one line. reqwest's own message names the URL, credentials and
+/// all, so it is left out; the causes below it (connect, TLS, I/O) do not.
+pub fn http_error(e: &reqwest::Error) -> String {
+    let mut out = String::new();
+    let mut cause: Option<&dyn std::error::Error> = std::error::Error::source(e);
+    if cause.is_none() {
+        out.push_str(if e.is_builder() {
+            "invalid request"
+        } else if e.is_body() || e.is_decode() {
+            "the answer could not be read"
+        } else {
+            "request failed"
+        });
+    }
+    while let Some(c) = cause {
+        let text = c.to_string();
+        // Nested errors often repeat their source's message in their own.
+        if !out.contains(&text) {
+            if !out.is_empty() {
+                out.push_str(": ");
+            }
+            out.push_str(&text);
+        }
+        cause = c.source();
+    }
+    out
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

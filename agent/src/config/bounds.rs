@@ -97,6 +97,10 @@ impl CountBound {
         Ok(())
     }
 
+    pub(super) fn check_at(&self, ctx: &Ctx<'_>, key: &str, n: u32) -> Result<(), ConfigError> {
+        self.check_value(n).map_err(|m| ctx.error(key, m))
+    }
+
     pub(super) fn check(&self, ctx: &Ctx<'_>, n: u32) -> Result<(), ConfigError> {
         self.check_value(n).map_err(|m| ctx.error(self.key, m))
     }
@@ -311,6 +315,18 @@ pub const REBOOT_WINDOW_LENGTH: DurationBound = bound(
     ROLLOUT_WINDOW_LENGTH.why,
 );
 
+pub const NOTIFY_TIMEOUT: DurationBound = bound(
+    "notify[].timeout",
+    secs(1),
+    secs(MINUTE),
+    "one webhook request; sends run beside the apply loop, one notice at a time per webhook",
+);
+pub const NOTIFY_RETRIES: CountBound = CountBound {
+    key: "notify[].retries",
+    floor: 0,
+    ceiling: 10,
+    why: "sends after a failed one, 1 s apart doubling up to 30 s",
+};
 pub const STAGE_TIMEOUT: DurationBound =
     bound("bootstrap.stages[].timeout", secs(1), secs(DAY), TIMEOUT);
 pub const FLUX_TIMEOUT: DurationBound =
@@ -348,6 +364,7 @@ pub const DURATIONS: &[&DurationBound] = &[
     &DRAIN_TIMEOUT,
     &GRACE_PERIOD,
     &REBOOT_WINDOW_LENGTH,
+    &NOTIFY_TIMEOUT,
     &STAGE_TIMEOUT,
     &FLUX_TIMEOUT,
 ];
@@ -393,6 +410,7 @@ pub const KUBE_VIP_RETRY_PERIOD: CountBound = CountBound {
 /// Every count bound, in README's order.
 pub const COUNTS: &[&CountBound] = &[
     &MAX_ATTEMPTS,
+    &NOTIFY_RETRIES,
     &MAX_CONCURRENT,
     &HALT_AFTER,
     &KUBE_VIP_LEASE_DURATION,
@@ -514,6 +532,9 @@ pub fn durations(c: &super::Config) -> Vec<(String, std::time::Duration)> {
     if let Some(f) = &c.bootstrap.flux {
         v.push(("bootstrap.flux.timeout".into(), f.timeout));
     }
+    for (i, n) in c.notify.iter().enumerate() {
+        v.push((format!("notify[{i}].timeout"), n.timeout));
+    }
     v.into_iter().map(|(k, d)| (k, d.get())).collect()
 }
 
@@ -560,6 +581,7 @@ mod tests {
                 "[bootstrap.stages]".to_owned(),
                 Some("bootstrap.stages[0]".into()),
             ),
+            "notify[]" => ("[notify]".to_owned(), Some("notify[0]".into())),
             t => (t.replace("<probe>", "kubelet"), None),
         };
         let error_key = format!("{}.{leaf}", error_table.as_deref().unwrap_or(&table));
@@ -568,6 +590,7 @@ mod tests {
                 add(&table, "days = [\"sat\"]".into());
                 add(&table, "start = \"02:00\"".into());
             }
+            "[notify]" => add(&table, "url = \"http://127.0.0.1:9/hook\"".into()),
             "[bootstrap.stages]" => {
                 add(&table, "name = \"a\"".into());
                 add(&table, "path = \"/a.yaml\"".into());
@@ -699,7 +722,10 @@ mod tests {
                     load(&text).err()
                 );
             }
-            for n in [b.floor - 1, b.ceiling + 1] {
+            for n in [b.floor.checked_sub(1), Some(b.ceiling + 1)]
+                .into_iter()
+                .flatten()
+            {
                 let (text, key, at) = config_setting(b.key, &n.to_string(), &[]);
                 let e = load(&text).unwrap_err().to_string();
                 assert!(

@@ -37,6 +37,10 @@ pub struct KubernetesConfig {
     pub annotation_prefix: String,
     /// One API request (connect, read or write) taking longer fails.
     pub request_timeout: Duration,
+    /// Write Kubernetes Events about the Node (`events.k8s.io/v1`, namespace `default`, what
+    /// `kubectl describe node` shows): applies, gates, rollbacks, halts, drains, reboots,
+    /// drift, bootstrap stages. Rate-limited; repeats are counted in a series.
+    pub events: bool,
 }
 
 impl Default for KubernetesConfig {
@@ -53,6 +57,7 @@ impl Default for KubernetesConfig {
             condition_type: "GinxHealthy".to_owned(),
             annotation_prefix: "ginx.io/".to_owned(),
             request_timeout: Duration::from_secs(10),
+            events: true,
         }
     }
 }

@@ -24,6 +24,7 @@ mod kubernetes;
 mod load;
 mod metrics;
 mod node;
+mod notify;
 mod program;
 mod reboot;
 mod rollout;
@@ -53,6 +54,9 @@ pub use load::{Location, config_files};
 use load::{Origins, join_index, join_key};
 pub use metrics::MetricsConfig;
 pub use node::NodeConfig;
+pub use notify::{
+    DEFAULT_EVENTS as NOTIFY_DEFAULT_EVENTS, NotifyConfig, shown as notify_url_shown,
+};
 pub use reboot::{RebootConfig, RebootMode};
 pub use rollout::{
     FleetLockConfig, GateConfig, GateRequire, LockBackend, OnApiUnavailable, OnHolderLost,
@@ -90,6 +94,10 @@ pub struct Config {
     pub rollout: RolloutConfig,
     pub reboot: RebootConfig,
     pub bootstrap: BootstrapConfig,
+    /// Webhooks told of halts, rollbacks, lost slots, blocked drains, reboots and failing
+    /// applies (`[[notify]]`).
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub notify: Vec<NotifyConfig>,
 }
 
 impl Default for Config {
@@ -109,6 +117,7 @@ impl Default for Config {
             rollout: RolloutConfig::default(),
             reboot: RebootConfig::default(),
             bootstrap: BootstrapConfig::default(),
+            notify: Vec::new(),
         }
     }
 }
@@ -399,6 +408,7 @@ impl Config {
                  cluster); set it, or use \"auto\" to take no lock until the cluster exists",
             ));
         }
+        NotifyConfig::validate(&self.notify, ctx)?;
         self.control.validate(ctx)
     }
 }

@@ -11,17 +11,33 @@ use hyper::body::Bytes;
 use tokio::sync::watch;
 
 use crate::metrics::{Gauges, Metrics, RevisionLabels};
-use crate::status::{ApplyState, HealthStatus, Parts, Status};
+use crate::status::{ApplyState, HealthStatus, Parts, Status, WaitingFor};
 
-const APPLY_STATES: [ApplyState; 8] = [
+const APPLY_STATES: [ApplyState; 9] = [
     ApplyState::Idle,
     ApplyState::Pending,
     ApplyState::Waiting,
+    ApplyState::Building,
     ApplyState::Applying,
     ApplyState::Verifying,
     ApplyState::Succeeded,
     ApplyState::Failed,
     ApplyState::RolledBack,
+];
+
+const WAITING: [WaitingFor; 12] = [
+    WaitingFor::Suspended,
+    WaitingFor::Paused,
+    WaitingFor::Halted,
+    WaitingFor::Lock,
+    WaitingFor::Quorum,
+    WaitingFor::Api,
+    WaitingFor::Window,
+    WaitingFor::Pods,
+    WaitingFor::Reboot,
+    WaitingFor::Refused,
+    WaitingFor::After,
+    WaitingFor::Soak,
 ];
 
 const HEALTH: [HealthStatus; 4] = [
@@ -50,7 +66,17 @@ pub fn render(metrics: &Metrics, status: &Status) -> String {
         .collect();
     let apply_states = APPLY_STATES.map(ApplyState::as_str);
     let health_statuses = HEALTH.map(HealthStatus::as_str);
+    let waiting = WAITING.map(WaitingFor::as_str);
+    let role = status.role.to_string();
     metrics.render(&Gauges {
+        node: &status.node,
+        role: &role,
+        group: &status.rollout.group,
+        waiting: &waiting,
+        waiting_for: status.rollout.waiting_for.map(WaitingFor::as_str),
+        halted: status.rollout.halt.is_some(),
+        applied: status.apply.applied_revision.as_ref().map(|r| r.as_str()),
+        drift: status.system.drift.is_some(),
         revisions,
         apply_states: &apply_states,
         apply_state: status.apply.state.as_str(),

@@ -58,6 +58,8 @@ pub struct Backend {
     /// When this daemon saw each Lease change (shared with the rollout lock): the ages
     /// `cluster` shows.
     pub observed: Arc<std::sync::Mutex<crate::rollout::slots::Observed>>,
+    /// Where a bootstrap's stages are told (`BootstrapStage` Events).
+    pub notices: crate::types::Notices,
 }
 
 /// The last bootstrap report kept in `path`; a missing or unreadable file is no report (it is
@@ -349,6 +351,10 @@ impl Backend {
         {
             tracing::warn!(file = %self.bootstrap_file.display(), error = %e, "cannot keep the bootstrap report; status has it until ginx restarts");
         }
+        for message in bootstrap_notices(self.bootstrap.borrow().as_ref(), &report) {
+            self.notices
+                .emit(crate::types::Reason::BootstrapStage, None, message);
+        }
         self.bootstrap.send_replace(Some(report));
         Ok(Response::ok(serde_json::json!({"kept": true})))
     }
@@ -409,6 +415,42 @@ impl Backend {
         };
         result.unwrap_or_else(|(kind, message)| Response::error(kind, message))
     }
+}
+
+/// What a bootstrap report tells that the previous one did not: a stage begun, a stage that
+/// holds, the run failed or done. A wait is not told (status has it), only its stage.
+fn bootstrap_notices(prev: Option<&BootstrapStatus>, new: &BootstrapStatus) -> Vec<String> {
+    use crate::status::BootstrapPhase;
+    // A new run starts from nothing.
+    let prev = prev.filter(|p| p.started_at == new.started_at);
+    let mut out = Vec::new();
+    let before = prev.map_or(&[][..], |p| p.done.as_slice());
+    for s in new.done.iter().filter(|s| !before.contains(s)) {
+        out.push(format!("bootstrap stage {s} holds"));
+    }
+    if let Some(stage) = &new.stage
+        && new.phase.running()
+        && !new.done.contains(stage)
+        && prev.and_then(|p| p.stage.as_ref()) != Some(stage)
+    {
+        out.push(format!("bootstrap stage {stage}: applying"));
+    }
+    let was = prev.map(|p| p.phase);
+    match new.phase {
+        BootstrapPhase::Failed if was != Some(BootstrapPhase::Failed) => out.push(format!(
+            "bootstrap failed{}: {}; run `ginxctl bootstrap` again to go on",
+            new.stage
+                .as_ref()
+                .map_or(String::new(), |s| format!(" at stage {s}")),
+            new.error.as_deref().unwrap_or("(no reason given)")
+        )),
+        BootstrapPhase::Done if was != Some(BootstrapPhase::Done) => out.push(format!(
+            "bootstrap done: every stage holds ({})",
+            new.done.join(", ")
+        )),
+        _ => {}
+    }
+    out
 }
 
 /// The answer of a command whose effect must be persisted: a failure to persist is an error
@@ -735,6 +777,46 @@ async fn respond(line: &[u8], peer: Option<&Peer>, backend: &Backend) -> Respons
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_bootstrap_run_is_told_stage_by_stage_then_its_end() {
+        use crate::status::BootstrapPhase;
+        let t = crate::util::now();
+        let mut r = BootstrapStatus {
+            phase: BootstrapPhase::Applying,
+            started_at: Some(t),
+            stage: Some("cilium".into()),
+            ..BootstrapStatus::pending()
+        };
+        assert_eq!(
+            bootstrap_notices(None, &r),
+            ["bootstrap stage cilium: applying"]
+        );
+        let prev = r.clone();
+        r.phase = BootstrapPhase::Waiting;
+        r.waiting_for = Some("daemonset/kube-system/cilium: 0 of 3 ready".into());
+        assert!(bootstrap_notices(Some(&prev), &r).is_empty());
+        let prev = r.clone();
+        r.done.push("cilium".into());
+        r.phase = BootstrapPhase::Applying;
+        r.stage = Some("flux".into());
+        assert_eq!(
+            bootstrap_notices(Some(&prev), &r),
+            [
+                "bootstrap stage cilium holds",
+                "bootstrap stage flux: applying"
+            ]
+        );
+        let prev = r.clone();
+        r.phase = BootstrapPhase::Failed;
+        r.error = Some("timed out".into());
+        assert_eq!(
+            bootstrap_notices(Some(&prev), &r),
+            ["bootstrap failed at stage flux: timed out; run `ginxctl bootstrap` again to go on"]
+        );
+        let prev = r.clone();
+        assert!(bootstrap_notices(Some(&prev), &r).is_empty());
+    }
 
     fn fill(slots: &Arc<Mutex<Slots>>, uid: u32, privileged: bool) -> (Vec<Slot>, String) {
         let mut held = Vec::new();

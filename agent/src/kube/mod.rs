@@ -8,6 +8,7 @@
 //! worker. The reporter reads the status it writes to the cluster from `status::Parts`, handed
 //! in by the daemon; the clients it builds go out through a watch as `types::api::KubeClients`.
 
+pub mod events;
 pub mod heartbeat;
 pub mod report;
 pub mod reporter;

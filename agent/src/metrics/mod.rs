@@ -61,8 +61,47 @@ pub struct RequestLabels {
     pub code: String,
 }
 
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct NodeLabels {
+    pub node: String,
+    pub role: String,
+    pub group: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct AppliedLabels {
+    pub revision: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct WaitingLabels {
+    /// What the node waits for (`ginxctl status`'s `waiting_for`).
+    pub waiting_for: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ReasonLabels {
+    pub reason: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct NotifyLabels {
+    /// The webhook's `name`.
+    pub notify: String,
+    /// sent | failed (retries used up) | dropped (fell behind)
+    pub result: String,
+}
+
 pub struct Metrics {
     registry: Registry,
+    notices: Family<ReasonLabels, Counter>,
+    node_info: Family<NodeLabels, Gauge>,
+    waiting: Family<WaitingLabels, Gauge>,
+    halted: Gauge,
+    drift: Gauge,
+    applied: Family<AppliedLabels, Gauge>,
+    events: Family<ResultLabels, Counter>,
+    notifications: Family<NotifyLabels, Counter>,
     fetches: Family<FetchLabels, Counter>,
     fetch_last_success: Family<SourceLabels, Gauge<f64, AtomicU64>>,
     revision: Family<RevisionLabels, Gauge>,
@@ -94,6 +133,19 @@ pub struct Metrics {
 
 /// The state gauges' values at one scrape.
 pub struct Gauges<'a> {
+    /// `ginx_node_info`: the node's name, role and rollout group.
+    pub node: &'a str,
+    pub role: &'a str,
+    pub group: &'a str,
+    /// Every `waiting_for` name (each gets a series), and the current one.
+    pub waiting: &'a [&'static str],
+    pub waiting_for: Option<&'static str>,
+    /// The revision this node targets is halted fleet-wide.
+    pub halted: bool,
+    /// The revision last applied (full commit id), if any.
+    pub applied: Option<&'a str>,
+    /// The running system is not the one ginx produced.
+    pub drift: bool,
     /// Each source that offers a revision: source, revision, branch.
     pub revisions: Vec<RevisionLabels>,
     /// Every apply state's name (each gets a series), and the current one.
@@ -115,6 +167,14 @@ impl Metrics {
     pub fn new() -> Arc<Self> {
         let mut registry = Registry::with_prefix("ginx");
         let m = Self {
+            notices: Family::default(),
+            node_info: Family::default(),
+            waiting: Family::default(),
+            halted: Gauge::default(),
+            drift: Gauge::default(),
+            applied: Family::default(),
+            events: Family::default(),
+            notifications: Family::default(),
             fetches: Family::default(),
             fetch_last_success: Family::default(),
             revision: Family::default(),
@@ -259,7 +319,73 @@ impl Metrics {
             "Reboots into the previous generation after a health gate failed after a reboot (counted in the new boot)",
             m.reboots_rolled_back.clone(),
         );
+        registry.register(
+            "node_info",
+            "The node's name, role and rollout group (value 1): join on it to name the node",
+            m.node_info.clone(),
+        );
+        registry.register(
+            "rollout_waiting",
+            "What the next apply waits for (1 for the current one, none while nothing waits)",
+            m.waiting.clone(),
+        );
+        registry.register(
+            "applied_revision",
+            "The revision this node applied last (value 1; none before the first): count by revision for the fleet's",
+            m.applied.clone(),
+        );
+        registry.register(
+            "rollout_halted",
+            "1 while the revision this node would apply is halted fleet-wide",
+            m.halted.clone(),
+        );
+        registry.register(
+            "drift",
+            "1 while the running system is not the one ginx produced",
+            m.drift.clone(),
+        );
+        registry.register(
+            "notices",
+            "What happened on this node, by reason (each one an Event on the Node and a webhook notification, when configured)",
+            m.notices.clone(),
+        );
+        registry.register(
+            "events",
+            "Kubernetes Events by what became of them: created, patched (a repeat counted in its series), dropped (rate limit or backlog), failed (refused by the API)",
+            m.events.clone(),
+        );
+        registry.register(
+            "notifications",
+            "Webhook notifications by webhook and result: sent, failed (retries used up), dropped (fell behind)",
+            m.notifications.clone(),
+        );
         Arc::new(Self { registry, ..m })
+    }
+
+    pub fn noticed(&self, reason: &str) {
+        self.notices
+            .get_or_create(&ReasonLabels {
+                reason: reason.to_owned(),
+            })
+            .inc();
+    }
+
+    /// `result`: created, patched, dropped or failed; `n` of them.
+    pub fn events(&self, result: &str, n: u64) {
+        self.events
+            .get_or_create(&ResultLabels {
+                result: result.to_owned(),
+            })
+            .inc_by(n);
+    }
+
+    pub fn notified(&self, notify: &str, result: &str, n: u64) {
+        self.notifications
+            .get_or_create(&NotifyLabels {
+                notify: notify.to_owned(),
+                result: result.to_owned(),
+            })
+            .inc_by(n);
     }
 
     pub fn lock_held(&self, held: bool) {
@@ -374,6 +500,31 @@ impl Metrics {
                 .set(i64::from(*st == gauges.apply_state));
         }
         self.suspended.set(i64::from(gauges.suspended));
+        self.node_info.clear();
+        self.node_info
+            .get_or_create(&NodeLabels {
+                node: gauges.node.to_owned(),
+                role: gauges.role.to_owned(),
+                group: gauges.group.to_owned(),
+            })
+            .set(1);
+        for w in gauges.waiting {
+            self.waiting
+                .get_or_create(&WaitingLabels {
+                    waiting_for: (*w).to_owned(),
+                })
+                .set(i64::from(gauges.waiting_for == Some(*w)));
+        }
+        self.halted.set(i64::from(gauges.halted));
+        self.applied.clear();
+        if let Some(r) = gauges.applied {
+            self.applied
+                .get_or_create(&AppliedLabels {
+                    revision: r.to_owned(),
+                })
+                .set(1);
+        }
+        self.drift.set(i64::from(gauges.drift));
         self.reboot_required.set(i64::from(gauges.reboot_required));
         self.probes.clear();
         for (probe, current) in &gauges.probes {

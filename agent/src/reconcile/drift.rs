@@ -22,6 +22,19 @@ impl Reconciler {
                 }
                 tracing::warn!(expected = %expected.display(), current = %current.display(), policy = ?policy,
                     "the running system is not the one ginx produced (changed by hand?)");
+                self.notices.emit(
+                    crate::types::Reason::DriftDetected,
+                    None,
+                    format!(
+                        "the running system {} is not the one ginx produced ({}); changed by hand? apply.on_drift = {}",
+                        current.display(),
+                        expected.display(),
+                        match policy {
+                            DriftPolicy::Report => "report",
+                            DriftPolicy::Reapply => "reapply",
+                        }
+                    ),
+                );
                 self.drift = Some(Drift {
                     expected,
                     current,

@@ -158,6 +158,13 @@ impl Reconciler {
             _ => tracing::warn!(attempt = id, kind = ?done.kind, revision = %done.revision.short(),
                 outcome = outcome.as_str(), error = error.as_deref().unwrap_or(""), "attempt failed"),
         }
+        self.tell_outcome(
+            done.kind,
+            &done.revision,
+            outcome,
+            error.as_deref(),
+            generation_after.as_ref().and_then(|g| g.number),
+        );
         if let Some(dir) = &done.dir {
             let _ = std::fs::remove_dir_all(dir);
         }
@@ -221,6 +228,46 @@ impl Reconciler {
         }
     }
 
+    /// The notice of an attempt's end.
+    fn tell_outcome(
+        &self,
+        kind: AttemptKind,
+        revision: &Revision,
+        outcome: Outcome,
+        error: Option<&str>,
+        generation: Option<u64>,
+    ) {
+        use crate::types::Reason;
+        let short = revision.short();
+        let gen_ = generation.map_or(String::new(), |g| format!(" (generation {g})"));
+        let error = error.unwrap_or(outcome.as_str());
+        let (reason, message) = match (kind, outcome == Outcome::Succeeded) {
+            (AttemptKind::Build, true) => return,
+            (AttemptKind::Apply, true) => {
+                (Reason::Applied, format!("applied revision {short}{gen_}"))
+            }
+            (AttemptKind::Rollback, true) => (
+                Reason::RolledBack,
+                format!("rolled back from revision {short} to the previous system{gen_}"),
+            ),
+            (AttemptKind::Build, false) => (
+                Reason::ApplyFailed,
+                format!("build of revision {short} failed (no slot taken): {error}"),
+            ),
+            (AttemptKind::Apply, false) => (
+                Reason::ApplyFailed,
+                format!("apply of revision {short} failed: {error}"),
+            ),
+            (AttemptKind::Rollback, false) => (
+                Reason::RollbackUnhealthy,
+                format!(
+                    "the rollback from revision {short} failed: {error}; the node needs a person"
+                ),
+            ),
+        };
+        self.notices.emit(reason, Some(revision.as_str()), message);
+    }
+
     /// A build that failed took no slot and halts nothing, unless
     /// `rollout.halt_on_build_failure` says a revision that fails to build anywhere is halted
     /// fleet-wide (best effort: a halt that cannot be written is logged).
@@ -244,8 +291,20 @@ impl Reconciler {
             group: None,
         };
         match self.gatekeeper.halt(halt).await {
-            Ok(()) => tracing::warn!(revision = %revision.short(),
-                "the build failed: revision halted cluster-wide (rollout.halt_on_build_failure)"),
+            Ok(()) => {
+                tracing::warn!(revision = %revision.short(),
+                    "the build failed: revision halted cluster-wide (rollout.halt_on_build_failure)");
+                self.notices.emit(
+                    crate::types::Reason::RevisionHalted,
+                    Some(revision.as_str()),
+                    format!(
+                        "revision {} halted fleet-wide by {}: its build failed here (rollout.halt_on_build_failure); `ginxctl rollout clear {}` lifts it",
+                        revision.short(),
+                        cfg.node_name(),
+                        revision.short()
+                    ),
+                );
+            }
             Err(e) => tracing::warn!(revision = %revision.short(), error = %e,
                 "the build failed and the revision could not be halted cluster-wide"),
         }

@@ -12,7 +12,7 @@ use crate::rollout::lease::SlotPhase;
 use crate::rollout::{CONTROL_PLANE_REQUIRED, Permit};
 use crate::state::{AfterGate, AttemptKind, Verifying};
 use crate::status::{Halt, WaitingFor};
-use crate::types::{Goal, Role};
+use crate::types::{Goal, Reason, Role};
 use crate::util;
 
 impl Reconciler {
@@ -213,6 +213,17 @@ impl Reconciler {
                 if counted.halted {
                     tracing::warn!(revision = %g.revision.short(), failures = counted.failures, budget,
                         "revision halted cluster-wide: no other node applies it");
+                    let me = self.config.borrow().node_name().to_owned();
+                    self.notices.emit(
+                        Reason::RevisionHalted,
+                        Some(g.revision.as_str()),
+                        format!(
+                            "revision {} halted fleet-wide by {me}: its health gate failed here ({} failure(s), rollout.halt_after = {budget}); `ginxctl rollout clear {}` lifts it",
+                            g.revision.short(),
+                            counted.failures,
+                            g.revision.short()
+                        ),
+                    );
                 } else {
                     self.metrics.quarantined();
                     tracing::warn!(revision = %g.revision.short(), failures = counted.failures, budget,
@@ -374,8 +385,18 @@ impl Reconciler {
                 }
                 if rollback {
                     tracing::warn!(revision = %revision.short(), "the rolled-back system passed its health gate; the revision stays rolled back");
+                    self.notices.emit(
+                        Reason::GatePassed,
+                        Some(revision.as_str()),
+                        format!("the rolled-back system passed its health gate; revision {} stays rolled back", revision.short()),
+                    );
                 } else {
                     tracing::info!(revision = %revision.short(), "health gate passed");
+                    self.notices.emit(
+                        Reason::GatePassed,
+                        Some(revision.as_str()),
+                        format!("revision {} passed its health gate", revision.short()),
+                    );
                     self.gatekeeper.set_phase(SlotPhase::Done).await;
                     self.gatekeeper.lift_vanished(&revision).await;
                 }
@@ -398,6 +419,29 @@ impl Reconciler {
                 if after_reboot {
                     self.after_reboot_gate(false);
                 }
+                let (reason, what) = match next {
+                    AfterGate::RollbackUnhealthy => (
+                        Reason::RollbackUnhealthy,
+                        "the rolled-back system failed its health gate too: the node keeps its rollout slot so that no other node proceeds; fix the node, then `ginxctl retry` or push a fix",
+                    ),
+                    AfterGate::Manual => (
+                        Reason::GateFailed,
+                        "halting it and keeping the slot (rollout.rollback = \"manual\")",
+                    ),
+                    _ if rollback => (Reason::GateFailed, "on the rolled-back system"),
+                    _ => (
+                        Reason::GateFailed,
+                        "rolling back to the previous generation",
+                    ),
+                };
+                self.notices.emit(
+                    reason,
+                    Some(revision.as_str()),
+                    format!(
+                        "health gate of revision {} failed: {list}; {what}",
+                        revision.short()
+                    ),
+                );
                 match next {
                     AfterGate::RollBack => {
                         tracing::error!(revision = %revision.short(), failing = %list,

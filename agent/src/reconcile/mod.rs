@@ -90,6 +90,9 @@ pub struct Reconciler {
     restart: watch::Sender<Option<SelfRestart>>,
     isolation: Isolation,
     metrics: Arc<crate::metrics::Metrics>,
+    notices: crate::types::Notices,
+    /// Whether the loss of the slot held was told (once per loss).
+    told_lost: bool,
     /// ginx's binary and unit as they were when it started.
     self_image: SelfImage,
     /// The latest attempt, for `started_at`/`finished_at` in status.
@@ -129,6 +132,8 @@ const PERSIST_RETRY: std::time::Duration = std::time::Duration::from_secs(2);
 /// Everything the loop is wired to.
 pub struct Wiring {
     pub metrics: Arc<crate::metrics::Metrics>,
+    /// Where what happens is told (Events, webhooks).
+    pub notices: crate::types::Notices,
     pub config: watch::Receiver<Arc<Config>>,
     pub sources: watch::Receiver<BTreeMap<String, SourceStatus>>,
     pub workspace: Arc<Workspace>,
@@ -210,6 +215,8 @@ impl Reconciler {
             restart: w.restart,
             isolation,
             metrics: w.metrics,
+            notices: w.notices,
+            told_lost: false,
             last,
             drift: None,
             blocked: None,
@@ -321,6 +328,32 @@ impl Reconciler {
         let _ = self.save_state();
     }
 
+    /// A slot lost while held is told once per loss (the metric and a `SlotLost` notice).
+    fn tell_lost(&mut self) {
+        let lost = self.gatekeeper.lost();
+        if lost == self.told_lost {
+            return;
+        }
+        self.told_lost = lost;
+        if !lost {
+            return;
+        }
+        self.metrics.slot_lost(true);
+        let held = self.gatekeeper.held().cloned();
+        let revision = held.as_ref().map(|h| h.revision.clone());
+        self.notices.emit(
+            crate::types::Reason::SlotLost,
+            revision.as_ref().map(|r| r.as_str()),
+            format!(
+                "the rollout slot{} held for revision {} was lost (taken by another node, or not renewed within its duration): nothing new starts until a slot is taken again",
+                held.as_ref()
+                    .and_then(|h| h.slot)
+                    .map_or(String::new(), |s| format!(" {s}")),
+                revision.as_ref().map_or("-", |r| r.short())
+            ),
+        );
+    }
+
     pub async fn run(mut self) {
         self.refresh_reboot_after_boot();
         self.seed_anchor().await;
@@ -329,6 +362,7 @@ impl Reconciler {
             tokio::time::interval(self.config.borrow().system.drift_check_interval.get());
         drift_tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
+            self.tell_lost();
             self.publish();
             let now = util::now();
             self.look_at_clocks(now);

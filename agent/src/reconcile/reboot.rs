@@ -33,7 +33,7 @@ use crate::rollout::window::{self, WindowState};
 use crate::rollout::{Permit, Purpose};
 use crate::state::{AfterGate, RebootDeferred, RebootPhase, Rebooting, Verifying};
 use crate::status::WaitingFor;
-use crate::types::Revision;
+use crate::types::{Reason, Revision};
 use crate::util;
 
 /// How often `reboot.sentinel` is looked for.
@@ -318,6 +318,15 @@ impl Reconciler {
             match drain::cordon(&client, &node).await {
                 Ok(ours) => {
                     self.reboot_view.cordon_checked = true;
+                    let reasons = self.reboot_reasons().join("; ");
+                    self.notices.emit(
+                        Reason::Draining,
+                        None,
+                        format!(
+                            "cordoned{}; draining before the reboot ({reasons})",
+                            if ours { "" } else { " already (not by ginx)" }
+                        ),
+                    );
                     if ours {
                         tracing::info!(node = %node, "cordoned");
                     } else {
@@ -452,6 +461,9 @@ impl Reconciler {
                     }
                     if let Some(b) = self.reboot_view.budgets.get(&p.uid) {
                         self.reboot_view.refused.insert(p.to_string(), b.clone());
+                        // Each refusal: repeats are counted in the Event's series.
+                        self.notices
+                            .emit(Reason::DrainBlocked, None, format!("pod {p}: {b}"));
                     }
                 }
             }
@@ -502,6 +514,12 @@ impl Reconciler {
         self.metrics
             .drained(util::now().duration_since(started).as_secs_f64().max(0.0));
         tracing::error!(node = %node, reason = %reason, next_try = %until, "reboot put off");
+        // Without the time it is tried again: a drain given up again counts in the series.
+        self.notices.emit(
+            Reason::DrainBlocked,
+            None,
+            format!("reboot put off: {reason}"),
+        );
         let _ = self.change_persisted(|c| {
             c.state.rebooting = None;
             c.state.reboot_deferred = Some(RebootDeferred {
@@ -553,6 +571,11 @@ impl Reconciler {
     async fn run_reboot_command(&mut self, cfg: &Config) -> Step {
         let argv = &cfg.reboot.reboot_command;
         tracing::warn!(command = ?argv, "rebooting the node");
+        self.notices.emit(
+            Reason::Rebooting,
+            None,
+            format!("rebooting ({})", self.reboot_reasons().join("; ")),
+        );
         self.publish();
         let mut cmd = tokio::process::Command::new(&argv[0]);
         cmd.args(&argv[1..])
@@ -648,6 +671,15 @@ impl Reconciler {
             previous_boot = r.boot_id.as_deref().unwrap_or("-"),
             rollback = r.rollback,
             "up in a new boot after the reboot"
+        );
+        self.notices.emit(
+            Reason::Rebooted,
+            None,
+            if r.rollback {
+                "up in a new boot, into the previous generation (rolled back)"
+            } else {
+                "up in a new boot after the reboot"
+            },
         );
         let now = util::now();
         let revision = if r.rollback {

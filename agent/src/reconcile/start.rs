@@ -168,6 +168,14 @@ impl Reconciler {
         } else {
             tracing::info!(source = %source, revision = %revision.short(), node = %node, attempt = id,
                 goal = %goal, isolation = self.isolation.name(), "applying");
+            self.notices.emit(
+                crate::types::Reason::Applying,
+                Some(revision.as_str()),
+                format!(
+                    "applying revision {} of {source} ({goal}), attempt {id}",
+                    revision.short()
+                ),
+            );
         }
 
         let tree = match self.pin_tree(&source, &revision).await {

@@ -209,7 +209,12 @@ impl FleetLock {
             .redirect(reqwest::redirect::Policy::none())
             .user_agent(concat!("ginx/", env!("CARGO_PKG_VERSION")))
             .build()
-            .map_err(|e| format!("cannot set up the FleetLock client: {}", chain(&e)))?;
+            .map_err(|e| {
+                format!(
+                    "cannot set up the FleetLock client: {}",
+                    crate::util::http_error(&e)
+                )
+            })?;
         let body = serde_json::json!({ "client_params": { "id": id, "group": group } }).to_string();
         Ok(Self {
             http,
@@ -250,7 +255,7 @@ impl FleetLock {
             let cause = if e.is_timeout() {
                 format!("no answer within {:?}", self.timeout)
             } else {
-                chain(&e)
+                crate::util::http_error(&e)
             };
             FleetLockError::Unreachable(format!(
                 "FleetLock server {}: no answer to {} for group {:?}: {cause}; check that the \
@@ -374,34 +379,6 @@ pub fn app_machine_id(machine_id: &str) -> Result<String, String> {
     id[6] = (id[6] & 0x0f) | 0x40;
     id[8] = (id[8] & 0x3f) | 0x80;
     Ok(id.iter().map(|b| format!("{b:02x}")).collect())
-}
-
-/// An error and its causes, one line. reqwest's own message names the URL, credentials and
-/// all, so it is left out; the causes below it (connect, TLS, I/O) do not.
-fn chain(e: &reqwest::Error) -> String {
-    let mut out = String::new();
-    let mut cause: Option<&dyn std::error::Error> = std::error::Error::source(e);
-    if cause.is_none() {
-        out.push_str(if e.is_builder() {
-            "invalid request"
-        } else if e.is_body() || e.is_decode() {
-            "the answer could not be read"
-        } else {
-            "request failed"
-        });
-    }
-    while let Some(c) = cause {
-        let text = c.to_string();
-        // Nested errors often repeat their source's message in their own.
-        if !out.contains(&text) {
-            if !out.is_empty() {
-                out.push_str(": ");
-            }
-            out.push_str(&text);
-        }
-        cause = c.source();
-    }
-    out
 }
 
 /// At most [`MAX_SHOWN`] characters, on one line.

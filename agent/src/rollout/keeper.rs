@@ -29,7 +29,7 @@ use crate::types::api::{
     HEARTBEAT_GROUP_LABEL, HEARTBEAT_PASSED_ANNOTATION, KubeClients, describe, readyz, refusal,
     unavailable,
 };
-use crate::types::{Revision, Role};
+use crate::types::{Reason, Revision, Role};
 use crate::util;
 
 /// Checks that the node can still fetch its apply source (a fetch of it), handed in by the
@@ -65,6 +65,8 @@ pub struct Wiring {
     /// Whether a revision another group passed is later than this node's (`rollout.after`):
     /// `later(theirs, ours)`, answered from the apply source's clone by the daemon.
     pub later: Option<Later>,
+    /// Where what happens is told (Events, webhooks).
+    pub notices: crate::types::Notices,
 }
 
 /// `later(theirs, ours)`: whether `theirs` descends from `ours`.
@@ -931,6 +933,18 @@ impl Gatekeeper {
         tracing::warn!(holder = %v.node, lease = %lease, phase = doing.phase.as_str(),
             revision = their.as_ref().map_or("-", |r| r.short()),
             "took over a rollout slot whose holder stopped renewing it");
+        self.w.notices.emit(
+            Reason::HolderVanished,
+            their.as_ref().map(Revision::as_str),
+            format!(
+                "took over rollout slot {lease}: its holder {} stopped renewing it while {}{}",
+                v.node,
+                doing.phase.as_str(),
+                their
+                    .as_ref()
+                    .map_or(String::new(), |r| format!(" revision {}", r.short()))
+            ),
+        );
         let their = their.filter(|_| v.doing.as_ref().is_some_and(|d| d.phase.activating()))?;
         if cfg.rollout.on_holder_lost == OnHolderLost::Proceed {
             tracing::warn!(holder = %v.node, revision = %their.short(),
@@ -990,6 +1004,16 @@ impl Gatekeeper {
         self.owed_halt = None;
         tracing::error!(revision = %revision.short(), holder = %node, reason = "holder-vanished",
             "revision halted cluster-wide: its holder vanished while rolling it out");
+        let me = self.w.config.borrow().node_name().to_owned();
+        self.w.notices.emit(
+            Reason::RevisionHalted,
+            Some(revision.as_str()),
+            format!(
+                "revision {} halted fleet-wide by {me}: its holder {node} vanished while rolling it out; `ginxctl rollout clear {}` lifts it",
+                revision.short(),
+                revision.short()
+            ),
+        );
         if let Some(h) = self.holding.as_ref().map(|h| h.held.clone())
             && let Err(e) = self.release(&h).await
         {
@@ -1752,6 +1776,7 @@ mod tests {
         let (_health_tx, health) = watch::channel(HealthMap::new());
         let (fast_probes, _) = watch::channel(None);
         let g = Gatekeeper::new(Wiring {
+            notices: crate::types::Notices::disabled(),
             config,
             kube,
             health,

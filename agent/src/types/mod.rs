@@ -9,6 +9,7 @@
 pub mod api;
 mod closure;
 mod endpoint;
+pub mod notice;
 mod remote;
 
 use std::fmt;
@@ -18,6 +19,7 @@ use serde::{Deserialize, Serialize};
 
 pub use closure::{ClosureInfo, ClosureOrigin, STORE_DIR, check_store_path};
 pub use endpoint::EndpointUrl;
+pub use notice::{Notice, Notices, Reason};
 pub use remote::{RemoteUrl, Revision, Transport};
 
 /// The node's role in the cluster (`node.role`).
