@@ -504,23 +504,38 @@ impl LeaseLock {
         slots::home(&self.node, self.max)
     }
 
-    /// Watches this node's home slot until `stop` fires; bumps `changes` when its holder
-    /// changes (taken, released, taken over, created, deleted) and after every (re)list. A
-    /// holder's renewals and phase writes wake nobody: a waiting node can do nothing about
-    /// them, and whether a holder stopped renewing is judged from acquire's own fresh reads.
-    /// Only the home slot: a release then wakes the waiters homed on it (about waiters ÷
-    /// max_concurrent), not every waiter of the group, and when woken a node takes any free
-    /// slot; a free slot no woken node took is found at the next [`RECHECK`](super::RECHECK).
-    /// Backs off while the API is away.
+    /// Watches the slots this node waits on until `stop` fires; bumps `changes` when a holder
+    /// there changes (taken, released, taken over, created, deleted) and after every
+    /// (re)list. A holder's renewals and phase writes wake nobody: a waiting node can do
+    /// nothing about them, and whether a holder stopped renewing is judged from acquire's own
+    /// fresh reads. In a group of up to [`SMALL_GROUP`] slots, every slot: a release wakes
+    /// every waiter of the group, which costs a few events and keeps the hand-off to the next
+    /// node immediate until the rollout's last node. Beyond, only the home slot: a release
+    /// then wakes the waiters homed on it (about waiters ÷ max_concurrent), not every waiter
+    /// of a large group, and when woken a node takes any free slot; a free slot no woken node
+    /// took is found at the next [`RECHECK`](super::RECHECK). Backs off while the API is away.
     pub async fn watch(self, changes: watch::Sender<u64>, mut stop: watch::Receiver<bool>) {
         let selector = self.selector();
-        let fields = format!("metadata.name={}", self.name(self.home()));
+        let fields =
+            watched_slots(self.max).then(|| format!("metadata.name={}", self.name(self.home())));
         let api = self.api.clone();
         tokio::select! {
-            () = watch_objects(api, selector, Some(fields), changes, Some(holder_of)) => {}
+            () = watch_objects(api, selector, fields, changes, Some(holder_of)) => {}
             _ = stop.changed() => {}
         }
     }
+}
+
+/// Groups of up to this many slots are watched whole by a waiting node; larger ones by their
+/// home slot only (see [`LeaseLock::watch`]). Measured (README, issue 33): with 3 slots and 30
+/// nodes, home-only watches left the rollout's last releases unheard until the 5 s re-look
+/// (hand-off p99 3.1 s); with 50 slots, a window of 4 slots per waiter raised the 300-node
+/// hand-off p99 from 1.07 to 1.26 s and the lost races by a tenth.
+pub const SMALL_GROUP: u32 = 4;
+
+/// Whether a waiter watches its home slot only (`true`) or the whole group.
+pub fn watched_slots(max: u32) -> bool {
+    max > SMALL_GROUP
 }
 
 /// What of a slot Lease wakes a waiting node when it changes: its holder.
@@ -652,5 +667,19 @@ pub async fn watch_objects<K>(
         if clean {
             from = Some(last);
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn small_groups_are_watched_whole_and_large_ones_by_the_home_slot() {
+        for max in 1..=SMALL_GROUP {
+            assert!(!watched_slots(max), "{max}");
+        }
+        assert!(watched_slots(SMALL_GROUP + 1));
+        assert!(watched_slots(50));
     }
 }
