@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # What the activation under the slot costs beyond the activation itself, with apply.prebuild
-# (README, "Build before the lock"), measured with the real Nix (Debian's nix-bin), side by
+# (docs/src/figures.md, "Build before the lock"), measured with the real Nix (Debian's nix-bin), side by
 # side in one run:
 #   - a second build of what is already built: `nix-build` of the same expression again (an
 #     evaluation, and a realise that finds every output valid) — what a second

@@ -2,7 +2,7 @@
 # ginx in a cluster, in five minutes: a real Kubernetes control plane (etcd, kube-apiserver,
 # kube-controller-manager built from Kubernetes' own Go modules, tests/control-plane/) on
 # 127.0.0.1, three nodes lucy, makise and quinn, and three ginx daemons against one local
-# Hephaestus repository, each with its own identity made through the CSR API as README says.
+# Hephaestus repository, each with its own identity made through the CSR API as docs/src/install.md says.
 # A commit then rolls through the three one at a time, through the rollout lock's slot Lease.
 # Everything lives in a temporary directory and is stopped and removed at the end.
 #
@@ -148,7 +148,7 @@ renew_nodes > "$work/renew-nodes.log" 2>&1 &
 pids+=($!)
 
 issued() { [ -n "$(kubectl get csr "$1" -o jsonpath='{.status.certificate}')" ]; }
-echo "==> rbac.yaml and vap.yaml, then each node's two identities through the CSR API (README, Security model)"
+echo "==> rbac.yaml and vap.yaml, then each node's two identities through the CSR API (docs/src/security.md)"
 kubectl apply -f "$here/packaging/kubernetes/rbac.yaml" -f "$here/packaging/kubernetes/vap.yaml" | sed 's/^/    /'
 identity() { # name subject file-prefix
   openssl_ req -new -newkey ec -pkeyopt ec_paramgen_curve:P-256 -nodes \

@@ -1,5 +1,5 @@
 # `[bootstrap]` of ginx's configuration from the options of services.ginx.bootstrap (camelCase
-# there, the TOML keys of README.md, "Cluster bootstrap", here). Plain Nix, no nixpkgs:
+# there, the TOML keys of docs/src/bootstrap.md here). Plain Nix, no nixpkgs:
 # tests/packaging.rs evaluates it with nix-instantiate and runs `ginx check-config` on the
 # result. An option left at null is left out, so ginx's default applies.
 {

@@ -3,7 +3,7 @@
 # The configuration is `settings`, written as TOML to /etc/ginx/config.toml (ginxctl and the
 # daemon read the same file). Only what differs from ginx's own defaults is set here: every
 # typed option below defaults to null (left out of the file) unless NixOS knows better, like the
-# node name or the colmena to run. See README.md, "Configuration", for every key.
+# node name or the colmena to run. See docs/src/reference.md for every key.
 {
   config,
   lib,
@@ -194,7 +194,7 @@ let
   ginxctl = getExe' cfg.package "ginxctl";
 
   initKubeadm = pkgs.writeShellScriptBin "initKubeadm" ''
-    # Initialise the first control-plane node: ginxctl kubeadm init (see README.md).
+    # Initialise the first control-plane node: ginxctl kubeadm init (see docs/src/bootstrap.md).
     # With services.ginx.bootstrap.afterInit, the bootstrap ([bootstrap]) runs once the control
     # plane answers; --no-bootstrap skips it.
     exec ${ginxctl} kubeadm init ${optionalString cfg.bootstrap.afterInit "--bootstrap "}"$@"
@@ -236,7 +236,7 @@ in
     settings = mkOption {
       default = { };
       description = ''
-        The ginx configuration, written to /etc/ginx/config.toml. Any key of README.md,
+        The ginx configuration, written to /etc/ginx/config.toml. Any key of docs/src/reference.md,
         "Configuration", may be set; drop-ins in /etc/ginx/config.d/ (cloud-init) override it
         key by key.
       '';

@@ -660,13 +660,27 @@ fn killed_mid_apply_resolves_the_attempt_on_the_next_start() {
     assert_eq!(outcomes, ["succeeded", "interrupted"]);
 }
 
-/// The configuration reference in README.md is a real, valid configuration.
+/// The complete configuration in the manual (docs/src/configuration.md) is a real, valid
+/// configuration; so is README's minimal one.
 #[test]
-fn readme_configuration_example_is_valid() {
-    let readme = std::fs::read_to_string(
-        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../README.md"),
-    )
-    .unwrap();
+fn the_manuals_configuration_example_is_valid() {
+    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+    let minimal = std::fs::read_to_string(root.join("README.md")).unwrap();
+    let start = minimal
+        .find("```toml")
+        .expect("README's minimal configuration")
+        + "```toml".len();
+    let end = minimal[start..].find("```").unwrap() + start;
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("minimal.toml");
+    std::fs::write(&path, &minimal[start..end]).unwrap();
+    let out = support::check_config(&path);
+    assert!(
+        out.status.success(),
+        "README's minimal configuration: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let readme = std::fs::read_to_string(root.join("docs/src/configuration.md")).unwrap();
     let at = readme
         .find("A complete configuration")
         .expect("the reference section");

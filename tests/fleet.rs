@@ -522,3 +522,173 @@ fn a_fleet_command_refused_by_rbac_names_rbac_yaml() {
     );
     assert!(configmap(cp, ns).is_none(), "nothing was written");
 }
+
+/// `ginxctl cluster` for an operator at a workstation (issue 34.5): with `--kubeconfig` it reads
+/// the API itself, as nobody, with no daemon and no socket, and prints the view a node's ginx
+/// gives (heartbeat ages aside: a fresh ginxctl has not watched the Leases yet); `kubectl ginx`
+/// (the real kubectl, its plugin `kubectl-ginx` a link to ginxctl) gives it too, with kubectl's
+/// credentials; `--watch` redraws it as a revision rolls out.
+#[test]
+fn the_fleet_from_a_workstation_is_the_nodes_view_without_daemon_or_root() {
+    let Some(cp) = control_plane::shared() else {
+        return;
+    };
+    let (ns, a_name, b_name) = ("fleet-ws", "fleet-ws-a", "fleet-ws-b");
+    namespace_like_ginx_system(cp, ns, &[]);
+    let mut rbac = RbacGuard::new(cp);
+    rbac.watch(a_name);
+    rbac.watch(b_name);
+    let _k1 = Kubelet::start(cp, a_name, "worker");
+    let _k2 = Kubelet::start(cp, b_name, "worker");
+    let (env_a, a) = start_node(cp, a_name, "worker", ns);
+    let (_env_b, b) = start_node(cp, b_name, "worker", ns);
+    for (env, d) in [(&env_a, &a), (&_env_b, &b)] {
+        let head = env.repo.head();
+        d.ctl_ok(&["sync"]);
+        d.wait_applied(&head);
+    }
+
+    // The operator: user ann with the read-only ClusterRole of rbac.yaml, her kubeconfig and a
+    // configuration naming the namespace, in a directory anyone may read (ginxctl runs as
+    // nobody).
+    let ws = tempfile::tempdir().unwrap();
+    std::fs::set_permissions(ws.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
+    let kc = ws.path().join("ann.kubeconfig");
+    cp.kubeconfig_for(&kc, "ann-fleet-ws", &[]);
+    let _ = cp.kubectl_output(&[
+        "create",
+        "clusterrolebinding",
+        "ann-fleet-ws",
+        "--clusterrole=ginx-fleet-viewer",
+        "--user=ann-fleet-ws",
+    ]);
+    let config = ws.path().join("config.toml");
+    std::fs::write(&config, format!("[kubernetes]\nnamespace = \"{ns}\"\n")).unwrap();
+    for f in [&kc, &config] {
+        std::fs::set_permissions(f, std::fs::Permissions::from_mode(0o644)).unwrap();
+    }
+    let ws_ctl = |args: &[&str]| -> Output {
+        let mut c = if can_run_as_nobody() {
+            let mut c = Command::new("setpriv");
+            c.args(["--reuid=nobody", "--regid=nogroup", "--clear-groups"])
+                .arg(support::ginxctl_bin());
+            c
+        } else {
+            Command::new(support::ginxctl_bin())
+        };
+        c.args(["--socket", "/nonexistent/ginx.sock", "--config"])
+            .arg(&config)
+            .args(args)
+            .env_remove("GINX_SOCKET")
+            .env_remove("KUBECONFIG")
+            .output()
+            .unwrap()
+    };
+    let kc_arg = kc.display().to_string();
+    // Heartbeat ages: known to the node's ginx, not yet to a fresh ginxctl.
+    let comparable = |mut v: Value| {
+        v.as_object_mut().unwrap().remove("at");
+        for n in v["nodes"].as_array_mut().unwrap() {
+            n.as_object_mut().unwrap().remove("heartbeat_age_secs");
+        }
+        v
+    };
+    let (on_node, from_ws) = wait_for("the same view from the node and the workstation", || {
+        let node = comparable(cluster_json(&a));
+        let out = ws_ctl(&["cluster", "--json", "--kubeconfig", &kc_arg]);
+        assert!(
+            out.status.success(),
+            "ginxctl cluster --kubeconfig: {}",
+            text(&out.stderr)
+        );
+        let ws: Value = serde_json::from_slice(&out.stdout).unwrap();
+        let ws = comparable(ws);
+        (node == ws).then_some((node, ws))
+    });
+    assert!(node_in(&from_ws, a_name).is_some() && node_in(&from_ws, b_name).is_some());
+    assert_eq!(on_node, from_ws);
+    let out = ws_ctl(&["cluster", "--kubeconfig", &kc_arg]);
+    let table = text(&out.stdout);
+    assert!(table.starts_with("NODE "), "{table}{}", text(&out.stderr));
+    assert!(
+        table
+            .lines()
+            .any(|l| l.starts_with("revision ") && l.contains(" done; ")),
+        "progress per revision: {table}"
+    );
+
+    // kubectl ginx: the real kubectl runs its plugin kubectl-ginx from PATH, with KUBECONFIG.
+    let plugins = tempfile::tempdir().unwrap();
+    std::os::unix::fs::symlink(support::ginxctl_bin(), plugins.path().join("kubectl-ginx"))
+        .unwrap();
+    let path = format!(
+        "{}:{}",
+        plugins.path().display(),
+        std::env::var("PATH").unwrap_or_default()
+    );
+    let out = Command::new(cp.binary())
+        .args(["kubectl", "ginx", "cluster", "--json"])
+        .env("PATH", &path)
+        .env("KUBECONFIG", &kc)
+        .env("GINX_CONFIG", &config)
+        .env("GINX_SOCKET", "/nonexistent/ginx.sock")
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "kubectl ginx: {}", text(&out.stderr));
+    let via_kubectl: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(comparable(via_kubectl), from_ws);
+
+    // --watch, not on a terminal: each changed view, until SIGINT; a rollout on a shows up.
+    let mut watch = Command::new(support::ginxctl_bin())
+        .args(["--socket", "/nonexistent/ginx.sock", "--config"])
+        .arg(&config)
+        .args([
+            "cluster",
+            "--kubeconfig",
+            &kc_arg,
+            "--watch",
+            "--interval",
+            "500ms",
+        ])
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    env_a.stub("sleep", "3");
+    let x = env_a.repo.commit("hive.nix", "{ x = 1; }", "x");
+    a.ctl_ok(&["sync"]);
+    a.wait_applied(&x);
+    let short = &x[..12];
+    wait_for("a's done revision in the view", || {
+        let v = cluster_json(&a);
+        (node_in(&v, a_name)?["applied_revision"] == x.as_str()).then_some(())
+    });
+    std::thread::sleep(std::time::Duration::from_secs(2));
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(watch.id() as i32),
+        nix::sys::signal::Signal::SIGINT,
+    )
+    .unwrap();
+    let status = watch.wait().unwrap();
+    let mut out = String::new();
+    std::io::Read::read_to_string(watch.stdout.as_mut().unwrap(), &mut out).unwrap();
+    assert!(
+        status.success(),
+        "--watch ends on SIGINT with 0: {status}\n{out}"
+    );
+    let views: Vec<&str> = out.split("--- ").filter(|v| !v.is_empty()).collect();
+    assert!(views.len() >= 2, "{out}");
+    // x was seen on its way, then done.
+    let moving = views.iter().position(|v| {
+        v.lines()
+            .any(|l| l.starts_with(&format!("revision {short}: 0/1 done;")))
+    });
+    let done = views.iter().rposition(|v| {
+        v.lines()
+            .any(|l| l.starts_with(&format!("revision {short}: 1/1 done;")))
+    });
+    assert!(
+        matches!((moving, done), (Some(m), Some(d)) if m < d),
+        "x under way, then done, in the watch:\n{out}"
+    );
+}

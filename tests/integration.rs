@@ -9,6 +9,7 @@ mod closure;
 mod cluster_api;
 mod control_socket;
 mod core_loop;
+mod docs;
 mod events;
 mod faults;
 mod fleet;

@@ -1,5 +1,5 @@
 # Two nodes of a k3s cluster (a server and an agent), each running ginx with its own client
-# certificate in the group ginx:nodes, issued through the CSR API as README.md describes, and the
+# certificate in the group ginx:nodes, issued through the CSR API as docs/src/install.md describes, and the
 # rights of packaging/kubernetes/rbac.yaml. Each node's heartbeat Lease, annotations and
 # GinxHealthy condition must be visible with kubectl. No pod has to run (no images in the VMs):
 # Nodes, Leases and CSRs are all API objects.
@@ -95,7 +95,7 @@ in
       server.succeed("kubectl apply -f ${rbac}")
 
       def credentials(node):
-          # README.md, "Kubernetes credentials": a key, a CSR in ginx:nodes, approved, a kubeconfig.
+          # docs/src/install.md, "Kubernetes credentials": a key, a CSR in ginx:nodes, approved, a kubeconfig.
           server.succeed(
               f"openssl req -new -newkey ec -pkeyopt ec_paramgen_curve:P-256 -nodes"
               f" -keyout /tmp/{node}.key -subj /O=ginx:nodes/CN=ginx:{node} -out /tmp/{node}.csr",

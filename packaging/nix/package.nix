@@ -48,7 +48,11 @@ rustPlatform.buildRustPackage {
   # (`bash .ci/run`) and the VM tests (`nix flake check`), not in the sandbox.
   doCheck = false;
 
-  postInstall = lib.optionalString (stdenv.buildPlatform.canExecute stdenv.hostPlatform) ''
+  # `kubectl ginx cluster`: kubectl runs its plugins by name from PATH.
+  postInstall = ''
+    ln -s ginxctl $out/bin/kubectl-ginx
+  ''
+  + lib.optionalString (stdenv.buildPlatform.canExecute stdenv.hostPlatform) ''
     $out/bin/ginx generate-assets --out assets
     installShellCompletion --cmd ginx \
       --bash assets/completions/ginx.bash \

@@ -361,6 +361,11 @@ impl ControlPlane {
         String::from_utf8(out.stdout).unwrap()
     }
 
+    /// The control-plane binary (`BINARY kubectl …` is the real kubectl).
+    pub fn binary(&self) -> &Path {
+        &self.bin
+    }
+
     pub fn kubectl_output(&self, args: &[&str]) -> std::process::Output {
         Command::new(&self.bin)
             .arg("kubectl")

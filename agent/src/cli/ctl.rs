@@ -12,7 +12,7 @@ use crate::control::client::{Client, ClientError};
 use crate::control::protocol::{
     AcceptReport, Command, FleetReport, HistoryReport, RollbackReport, SuspendReport, SyncReport,
 };
-use crate::status::{ClusterView, Status};
+use crate::status::Status;
 
 /// Talk to the ginx daemon on this node.
 #[derive(Debug, Parser)]
@@ -70,11 +70,27 @@ pub enum CtlCommand {
     #[command(subcommand)]
     Rollout(RolloutCommand),
     /// Show the fleet from the API: each node's role, readiness, health, revisions, apply state
-    /// and rollout phase, heartbeat and slot; halted revisions, the pause, who waits.
+    /// and rollout phase, heartbeat and slot; each revision's progress, halted revisions, the
+    /// pause, who waits. Asks this node's daemon, or with --kubeconfig reads the API itself
+    /// (no daemon, no root: from a workstation).
     Cluster {
         /// Print the view as JSON.
         #[arg(long)]
         json: bool,
+        /// Read the API with these credentials instead of asking the daemon (as `kubectl-ginx`:
+        /// KUBECONFIG, else ~/.kube/config). Needs list on nodes, list on Leases and get on the
+        /// ConfigMap ginx-rollout in ginx-system (ClusterRole ginx-fleet-viewer).
+        #[arg(long)]
+        kubeconfig: Option<PathBuf>,
+        /// The kubeconfig's context [default: its current one].
+        #[arg(long, requires = "kubeconfig")]
+        context: Option<String>,
+        /// Redraw as the rollout moves, until Ctrl-C (not on a terminal: each changed view).
+        #[arg(long, short = 'w')]
+        watch: bool,
+        /// How often --watch looks.
+        #[arg(long, default_value = "2s", requires = "watch")]
+        interval: Duration,
     },
     /// Apply the `[bootstrap]` stages to the cluster in order (CNI, Flux, …), each waited for.
     Bootstrap {
@@ -157,6 +173,32 @@ pub fn main(args: CtlArgs) -> ExitCode {
     let client = Client::new(&socket, args.timeout.get());
     if let CtlCommand::Kubeadm(cmd) = args.command {
         return super::kubeadm::main(&args.config, &client, cmd);
+    }
+    if let CtlCommand::Cluster {
+        json,
+        kubeconfig,
+        context,
+        watch,
+        interval,
+    } = args.command
+    {
+        if interval.get() < std::time::Duration::from_millis(200)
+            || interval.get() > std::time::Duration::from_secs(3600)
+        {
+            eprintln!("ginxctl: --interval must be between 200ms and 1h, not {interval}");
+            return ExitCode::from(2);
+        }
+        return super::fleet::main(
+            &args.config,
+            &client,
+            args.timeout.get(),
+            super::fleet::Options {
+                json,
+                kubeconfig,
+                context,
+                watch: watch.then(|| interval.get()),
+            },
+        );
     }
     if let CtlCommand::Bootstrap { dry_run, stage } = args.command {
         return super::bootstrap::main(&args.config, &client, dry_run, stage);
@@ -244,15 +286,7 @@ fn run(client: &Client, command: CtlCommand) -> Result<ExitCode, ClientError> {
         CtlCommand::Rollout(RolloutCommand::Resume { .. } | RolloutCommand::Clear { .. }) => {
             unreachable!("handled before")
         }
-        CtlCommand::Cluster { json } => {
-            if json {
-                let v = client.call_raw(Command::Cluster)?;
-                print(pretty(&v));
-            } else {
-                let v: ClusterView = client.call(Command::Cluster)?;
-                print(render::cluster(&v));
-            }
-        }
+        CtlCommand::Cluster { .. } => unreachable!("handled before"),
         CtlCommand::Retry => {
             client.call_raw(Command::Retry)?;
             print("retrying the wanted revision now\n".into());
@@ -329,6 +363,32 @@ mod tests {
         ));
         assert!(CtlArgs::try_parse_from(["ginxctl", "rollout", "clear"]).is_err());
         let a = CtlArgs::try_parse_from(["ginxctl", "cluster", "--json"]).unwrap();
-        assert!(matches!(a.command, CtlCommand::Cluster { json: true }));
+        assert!(matches!(
+            a.command,
+            CtlCommand::Cluster {
+                json: true,
+                watch: false,
+                ..
+            }
+        ));
+        let a = CtlArgs::try_parse_from([
+            "ginxctl",
+            "cluster",
+            "--kubeconfig",
+            "/home/ann/.kube/config",
+            "--watch",
+            "--interval",
+            "5s",
+        ])
+        .unwrap();
+        assert!(matches!(
+            a.command,
+            CtlCommand::Cluster {
+                watch: true,
+                kubeconfig: Some(_),
+                ..
+            }
+        ));
+        assert!(CtlArgs::try_parse_from(["ginxctl", "cluster", "--interval", "5s"]).is_err());
     }
 }

@@ -5,6 +5,7 @@
 
 mod bootstrap;
 mod ctl;
+mod fleet;
 mod kubeadm;
 mod operator;
 pub mod render;
@@ -257,5 +258,37 @@ fn restart(binary: Option<std::path::PathBuf>) -> ExitCode {
 }
 
 pub fn ginxctl_main() -> ExitCode {
-    ctl::main(CtlArgs::parse())
+    // Installed (or linked) as `kubectl-ginx`, it is a kubectl plugin: `kubectl ginx cluster`
+    // reads the API with kubectl's credentials.
+    let plugin = std::env::args_os()
+        .next()
+        .and_then(|a| {
+            std::path::Path::new(&a)
+                .file_name()
+                .map(|n| n == "kubectl-ginx")
+        })
+        .unwrap_or(false);
+    if !plugin {
+        return ctl::main(CtlArgs::parse());
+    }
+    use clap::{CommandFactory, FromArgMatches};
+    let matches = CtlArgs::command()
+        .name("kubectl-ginx")
+        .bin_name("kubectl ginx")
+        .get_matches();
+    let mut args = match CtlArgs::from_arg_matches(&matches) {
+        Ok(a) => a,
+        Err(e) => e.exit(),
+    };
+    if let ctl::CtlCommand::Cluster { kubeconfig, .. } = &mut args.command
+        && kubeconfig.is_none()
+    {
+        *kubeconfig = fleet::kubectl_kubeconfig(
+            std::env::var("KUBECONFIG").ok().as_deref(),
+            std::env::var_os("HOME")
+                .map(std::path::PathBuf::from)
+                .as_deref(),
+        );
+    }
+    ctl::main(args)
 }

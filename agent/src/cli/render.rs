@@ -497,10 +497,13 @@ pub fn cluster(v: &ClusterView) -> String {
         None => o.push_str("not paused\n"),
     }
     for (revision, c) in &v.revisions {
+        let total =
+            c.building + c.waiting + c.activating + c.verifying + c.done + c.failed + c.quarantined;
         let _ = writeln!(
             o,
-            "revision {}: {} building, {} waiting, {} activating, {} verifying, {} done, {} failed, {} quarantined",
+            "revision {}: {}/{total} done; {} building, {} waiting, {} activating, {} verifying, {} done, {} failed, {} quarantined",
             printable(&revision.chars().take(12).collect::<String>()),
+            c.done,
             c.building,
             c.waiting,
             c.activating,
@@ -694,7 +697,7 @@ newcomer   -              -      -                 -             -             -
 halted: 0123456789ab on makise at 2026-12-01T10:00:00Z: health gate failed
   kubelet: healthz answered 500
 paused by alice@lucy since 2026-12-01T11:57:00Z (2m ago)
-revision 0123456789ab: 0 building, 0 waiting, 1 activating, 0 verifying, 0 done, 0 failed, 1 quarantined
+revision 0123456789ab: 0/2 done; 0 building, 0 waiting, 1 activating, 0 verifying, 0 done, 0 failed, 1 quarantined
 quarantined: rei on 0123456789ab (rolled back; `ginxctl retry` there, or a new revision, ends it)
 waiting: quinn\u{fffd}[2J (after control-plane)
 ";

@@ -14,6 +14,7 @@ pub struct ApplyConfig {
     pub source: String,
     /// argv; `{node}` is replaced by the node name and the goal is appended.
     pub command: Vec<String>,
+    /// The goal appended to `command`: `switch`, `boot`, `test`, `dry-activate` or `build`.
     pub goal: Goal,
     /// An attempt running longer is killed, with its whole process group.
     pub timeout: Duration,
@@ -33,11 +34,13 @@ pub struct ApplyConfig {
     pub isolation: IsolationMode,
     /// Programs used for `systemd-run` isolation.
     pub systemd_run: PathBuf,
+    /// The `systemctl` program (isolation `systemd-run`: stopping an attempt's unit).
     pub systemctl: PathBuf,
     /// Run after a successful / failed attempt (argv), with GINX_NODE, GINX_SOURCE,
     /// GINX_REVISION, GINX_GOAL, GINX_STATUS and GINX_ERROR in the environment.
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub on_success: Vec<String>,
+    /// A hook (argv) run after each failed attempt, with the attempt in its environment.
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub on_failure: Vec<String>,
     /// A hook running longer is killed; a failing hook is logged, never fatal.
@@ -94,6 +97,7 @@ pub struct ClosureConfig {
     /// Sent as HTTP basic auth with `username`, as for sources.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub token_file: Option<PathBuf>,
+    /// With `url`: the user name of HTTP basic auth (the password is `token_file`'s content).
     #[serde(default = "default_username")]
     pub username: String,
     /// Nix's `substituters` for the fetch (the only ones used).
@@ -112,8 +116,10 @@ pub struct ClosureConfig {
     /// The Nix programs.
     #[serde(default = "default_nix_store")]
     pub nix_store: PathBuf,
+    /// The `nix-env` program (the system profile's new generation).
     #[serde(default = "default_nix_env")]
     pub nix_env: PathBuf,
+    /// The `nix` program (the closure's signatures and size).
     #[serde(default = "default_nix")]
     pub nix: PathBuf,
 }

@@ -36,13 +36,16 @@ pub struct FluxConfig {
     /// `spec.distribution.registry`.
     #[serde(default = "default_flux_registry")]
     pub registry: String,
+    /// The Flux controllers installed.
     #[serde(default = "default_flux_components")]
     pub components: Vec<String>,
     /// `spec.cluster.type`.
     #[serde(default = "default_cluster_type")]
     pub cluster_type: String,
+    /// Whether Flux's NetworkPolicies are installed.
     #[serde(default = "default_true")]
     pub network_policy: bool,
+    /// The cluster's DNS domain, as Flux needs it.
     #[serde(default = "default_domain")]
     pub domain: String,
     /// `spec.sync.url`; default: the source's URL.
@@ -96,6 +99,7 @@ fn default_pull_secret() -> String {
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct Stage {
+    /// The stage's name (in status, `--only`, the Events).
     pub name: String,
     /// A source whose checkout holds `path`; without it, `path` is absolute.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -106,6 +110,7 @@ pub struct Stage {
     /// `deployment/<ns>/<name>`, `crd/<name>`, `nodes`, `<group>/<kind>/<ns>/<name>`.
     #[serde(default)]
     pub wait: Vec<String>,
+    /// How long the stage's objects may take to be ready.
     #[serde(default = "default_timeout")]
     pub timeout: Duration,
 }

@@ -1,5 +1,5 @@
 //! The floor and ceiling of every duration and count in the configuration (issue 30.5), in one
-//! table. Each section checks its values against its entries here; README's table of bounds is
+//! table. Each section checks its values against its entries here; the manual's table of bounds (docs/src/configuration.md) is
 //! compared with it by a test; and every value the loader accepts survives the arithmetic ginx
 //! does with it ([`arithmetic`]), which the property test and the fuzz target check.
 //!
@@ -26,7 +26,7 @@ const DAY: u64 = 24 * HOUR;
 /// The bounds of one duration key.
 #[derive(Debug)]
 pub struct DurationBound {
-    /// The key as README names it: `<name>` any source, `<probe>` any probe, `[]` any entry.
+    /// The key as the manual names it: `<name>` any source, `<probe>` any probe, `[]` any entry.
     pub key: &'static str,
     pub floor: Duration,
     pub ceiling: Duration,
@@ -332,7 +332,7 @@ pub const STAGE_TIMEOUT: DurationBound =
 pub const FLUX_TIMEOUT: DurationBound =
     bound("bootstrap.flux.timeout", secs(1), secs(DAY), TIMEOUT);
 
-/// Every duration bound, in README's order.
+/// Every duration bound, in the manual's order.
 pub const DURATIONS: &[&DurationBound] = &[
     &SOURCE_INTERVAL,
     &SOURCE_FETCH_TIMEOUT,
@@ -407,7 +407,7 @@ pub const KUBE_VIP_RETRY_PERIOD: CountBound = CountBound {
     why: KUBE_VIP_WHY,
 };
 
-/// Every count bound, in README's order.
+/// Every count bound, in the manual's order.
 pub const COUNTS: &[&CountBound] = &[
     &MAX_ATTEMPTS,
     &NOTIFY_RETRIES,
@@ -857,18 +857,24 @@ mod tests {
         assert!(arithmetic(std::time::Duration::from_secs(7 * DAY), now, wall).is_ok());
     }
 
-    /// README's table of bounds is this table.
+    /// The manual's table of bounds (docs/src/configuration.md) is this table.
     #[test]
-    fn readme_lists_every_bound() {
-        let readme = include_str!("../../../README.md");
+    fn the_manual_lists_every_bound() {
+        let readme = include_str!("../../../docs/src/configuration.md");
         for b in DURATIONS {
             let note = if b.whole_seconds { "whole seconds" } else { "" };
             let row = format!("| `{}` | {} | {} | {note} |", b.key, b.floor, b.ceiling);
-            assert!(readme.contains(&row), "README lacks the row\n{row}");
+            assert!(
+                readme.contains(&row),
+                "docs/src/configuration.md lacks the row\n{row}"
+            );
         }
         for b in COUNTS {
             let row = format!("| `{}` | {} | {} | |", b.key, b.floor, b.ceiling);
-            assert!(readme.contains(&row), "README lacks the row\n{row}");
+            assert!(
+                readme.contains(&row),
+                "docs/src/configuration.md lacks the row\n{row}"
+            );
         }
     }
 }

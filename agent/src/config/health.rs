@@ -11,7 +11,9 @@ use crate::types::EndpointUrl;
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct HealthConfig {
+    /// How often each probe runs, unless it sets its own.
     pub interval: Duration,
+    /// How long one probe may take, unless it sets its own.
     pub timeout: Duration,
     /// A file that exists once this machine is a Kubernetes node (kubeadm writes it at init
     /// and join). Before it, an unreachable kubelet or Cilium is `unknown` (no cluster yet),
@@ -48,12 +50,16 @@ fn yes() -> bool {
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct KubeletProbe {
+    /// Whether the kubelet's health endpoint is probed.
     #[serde(default = "yes")]
     pub enabled: bool,
+    /// This probe's interval [default: `health.interval`].
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub interval: Option<Duration>,
+    /// This probe's timeout [default: `health.timeout`].
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub timeout: Option<Duration>,
+    /// The kubelet's healthz endpoint.
     #[serde(default = "default_kubelet_url")]
     pub url: EndpointUrl,
 }
@@ -83,12 +89,16 @@ impl Default for KubeletProbe {
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct ApiserverProbe {
+    /// Whether the API server is probed (`/readyz`, on this node and through the VIP).
     #[serde(default = "yes")]
     pub enabled: bool,
+    /// This probe's interval [default: `health.interval`].
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub interval: Option<Duration>,
+    /// This probe's timeout [default: `health.timeout`].
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub timeout: Option<Duration>,
+    /// This node's own API server (probed on control-plane nodes).
     #[serde(default = "default_local_apiserver")]
     pub local_url: EndpointUrl,
     /// Default: the server of the kubeconfig (the control-plane endpoint).
@@ -133,16 +143,23 @@ impl Default for ApiserverProbe {
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct KubeVipProbe {
+    /// Whether kube-vip is probed (the VIP answers, its Lease is held); runs when `address` is
+    /// set.
     #[serde(default = "yes")]
     pub enabled: bool,
+    /// This probe's interval [default: `health.interval`].
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub interval: Option<Duration>,
+    /// This probe's timeout [default: `health.timeout`].
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub timeout: Option<Duration>,
+    /// The VIP kube-vip holds.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub address: Option<std::net::IpAddr>,
+    /// The namespace of kube-vip's leader-election Lease.
     #[serde(default = "default_kube_system")]
     pub lease_namespace: String,
+    /// The name of kube-vip's leader-election Lease.
     #[serde(default = "default_kube_vip_lease")]
     pub lease_name: String,
 }
@@ -172,14 +189,19 @@ impl Default for KubeVipProbe {
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct CiliumProbe {
+    /// Whether the Cilium agent is probed (its API over the unix socket).
     #[serde(default = "yes")]
     pub enabled: bool,
+    /// This probe's interval [default: `health.interval`].
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub interval: Option<Duration>,
+    /// This probe's timeout [default: `health.timeout`].
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub timeout: Option<Duration>,
+    /// The Cilium agent's API socket.
     #[serde(default = "default_cilium_socket")]
     pub socket: PathBuf,
+    /// The agent's health endpoint, asked when the socket cannot be.
     #[serde(default = "default_cilium_fallback")]
     pub fallback_url: EndpointUrl,
 }
@@ -208,12 +230,16 @@ impl Default for CiliumProbe {
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct SystemdProbe {
+    /// Whether failed systemd units are probed for.
     #[serde(default = "yes")]
     pub enabled: bool,
+    /// This probe's interval [default: `health.interval`].
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub interval: Option<Duration>,
+    /// This probe's timeout [default: `health.timeout`].
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub timeout: Option<Duration>,
+    /// The `systemctl` program.
     #[serde(default = "default_systemctl")]
     pub systemctl: PathBuf,
 }
@@ -237,10 +263,13 @@ impl Default for SystemdProbe {
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct NodeReadyProbe {
+    /// Whether the Node's `Ready` condition is probed (through the API).
     #[serde(default = "yes")]
     pub enabled: bool,
+    /// This probe's interval [default: `health.interval`].
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub interval: Option<Duration>,
+    /// This probe's timeout [default: `health.timeout`].
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub timeout: Option<Duration>,
 }

@@ -45,18 +45,22 @@ pub struct ClusterFacts {
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct KubeVipFacts {
+    /// kube-vip's image in the static pod.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub image: Option<String>,
     /// The interface the VIP is announced on (ARP).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub interface: Option<String>,
+    /// Where the kube-vip static pod manifest is written.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub manifest_path: Option<PathBuf>,
     /// Seconds.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub lease_duration: Option<u32>,
+    /// kube-vip's leader-election renew deadline, in seconds (< `lease_duration`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub renew_deadline: Option<u32>,
+    /// kube-vip's leader-election retry period, in seconds (< `renew_deadline`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub retry_period: Option<u32>,
 }
@@ -101,8 +105,11 @@ pub struct KubeadmConfig {
     /// A source (Argus) holding `cluster_file` with cluster facts.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub source: Option<String>,
+    /// A TOML file of these keys (without `kubeadm.`) in `source`'s checkout; keys set here
+    /// win.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub cluster_file: Option<PathBuf>,
+    /// The `kubeadm` program.
     #[serde(default = "default_kubeadm_path")]
     pub kubeadm_path: PathBuf,
     /// Rendered files; those with a token or key are written with mode 0600.
@@ -115,22 +122,31 @@ pub struct KubeadmConfig {
     /// leave super-admin.conf.
     #[serde(default = "default_admin_kubeconfig")]
     pub admin_kubeconfig: PathBuf,
+    /// `clusterName` of the ClusterConfiguration.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub cluster_name: Option<String>,
+    /// `kubernetesVersion` (vX.Y.Z); required to render.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub kubernetes_version: Option<String>,
+    /// `controlPlaneEndpoint`: the VIP and port; required to render.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub control_plane_endpoint: Option<String>,
+    /// `networking.podSubnet`; `"v4,v6"` for dual stack; required to render.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub pod_subnet: Option<String>,
+    /// `networking.serviceSubnet`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub service_subnet: Option<String>,
+    /// `networking.dnsDomain`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub dns_domain: Option<String>,
+    /// Extra `apiServer.certSANs` (the endpoint's host is always included).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub cert_sans: Option<Vec<String>>,
+    /// Cilium replaces kube-proxy: its addon phase is skipped.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub kube_proxy_replacement: Option<bool>,
+    /// `nodeRegistration.criSocket`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub cri_socket: Option<String>,
     #[serde(default, skip_serializing_if = "KubeVipFacts::is_empty")]

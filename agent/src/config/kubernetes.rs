@@ -15,6 +15,7 @@ pub struct KubernetesConfig {
     /// ginx's own credentials (client certificate or token); see packaging/kubernetes.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub kubeconfig: Option<PathBuf>,
+    /// The kubeconfig's context [default: its current one].
     #[serde(skip_serializing_if = "Option::is_none")]
     pub context: Option<String>,
     /// The node's own identity, the kubelet's (`system:node:<name>`): what ginx does to its
@@ -27,11 +28,14 @@ pub struct KubernetesConfig {
     pub namespace: String,
     /// `{node}` is replaced by the node name.
     pub lease_name: String,
+    /// The heartbeat Lease's duration: other nodes count a heartbeat older than this as gone.
     pub lease_duration: Duration,
+    /// How often the heartbeat Lease is renewed (±5 %); within `lease_duration`.
     pub renew_interval: Duration,
     /// Annotations are compared with the node's and the condition's heartbeat refreshed this
     /// often, even when nothing changed.
     pub resync_interval: Duration,
+    /// The type of the node condition ginx writes (`GinxHealthy`).
     pub condition_type: String,
     /// Prefix of the node annotations ginx owns.
     pub annotation_prefix: String,

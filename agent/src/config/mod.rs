@@ -4,7 +4,7 @@
 //! `program`): [`load`] returns a validated [`Config`] or a [`ConfigError`] naming
 //! `file:line:column` and the key. Defaults live here and only here, in the `Default` impls
 //! and `default_*` functions; `ginx --print-default-config` prints them (the
-//! README's reference lists the same values and a test checks that its example is valid).
+//! the manual (docs/src/configuration.md) lists the same values and a test checks that its example is valid).
 //!
 //! One file per section; each section validates itself, and [`Config`]'s validation calls them
 //! in order and checks only what crosses sections (`apply.source` and `kubeadm.source` name a
@@ -27,6 +27,7 @@ mod node;
 mod notify;
 mod program;
 mod reboot;
+pub mod reference;
 mod rollout;
 mod selector;
 mod sources;

@@ -1,5 +1,5 @@
 //! `[[notify]]`: webhooks that are told what happens on this node (a halt, a rollback, a lost
-//! slot, a blocked drain, a reboot, a failing apply), with a JSON body documented in README.
+//! slot, a blocked drain, a reboot, a failing apply), with a JSON body documented in docs/src/monitoring.md.
 
 use std::path::PathBuf;
 

@@ -30,6 +30,8 @@ impl RebootMode {
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct RebootConfig {
+    /// `never`, or `when-required`: reboot (drained, in a window, one slot at a time) when the
+    /// booted and current systems differ or the sentinel exists.
     pub mode: RebootMode,
     /// Run (argv, no shell) once the node is drained.
     pub reboot_command: Vec<String>,

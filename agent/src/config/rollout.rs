@@ -89,6 +89,8 @@ pub struct GateConfig {
     pub settle: Duration,
     /// The gate fails when it has not settled by then.
     pub timeout: Duration,
+    /// What the gate asks of the probes: `no-regression` (none that was ok or degraded before
+    /// the activation is failed now) or `all-ok` (every probe ok).
     pub require: GateRequire,
     /// How often the probes run while the gate is open.
     pub interval: Duration,
@@ -133,6 +135,8 @@ fn default_machine_id() -> std::path::PathBuf {
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct RolloutConfig {
+    /// The rollout lock: `auto` (slot Leases once the cluster answers, none before),
+    /// `kubernetes`, `fleetlock` or `none`.
     pub lock: LockBackend,
     /// The lock group; default: the node's role (`control-plane` or `worker`).
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -141,8 +145,13 @@ pub struct RolloutConfig {
     pub max_concurrent: u32,
     /// A slot Lease not renewed for this long is free; renewed at a third of it.
     pub lease_duration: Duration,
+    /// When the API cannot be reached for the lock: `wait` (apply nothing) or `proceed` (apply
+    /// without it).
     pub on_api_unavailable: OnApiUnavailable,
+    /// When a slot's holder vanished mid-rollout: `halt` its revision fleet-wide, or `proceed`.
     pub on_holder_lost: OnHolderLost,
+    /// After a failed gate: `auto` (roll back to the previous generation and halt the
+    /// revision) or `manual` (halt it and keep the slot; an operator decides).
     pub rollback: RollbackPolicy,
     /// Control-plane nodes wait until every other control-plane node is Ready and healthy.
     pub quorum_guard: bool,

@@ -18,6 +18,7 @@ pub struct SourceConfig {
     /// Several remotes, tried in order on every fetch; the first that answers serves.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub urls: Vec<RemoteUrl>,
+    /// The branch whose head is applied (or, for other sources, reported).
     #[serde(default = "default_branch")]
     pub branch: String,
     /// How often to fetch; each wait is jittered by ±10% so a fleet does not fetch in step.

@@ -13,7 +13,11 @@ use super::{ConfigError, Ctx, Duration, bounds};
 pub struct SystemConfig {
     /// The system profile; `<profile>-N-link` are its generations.
     pub profile: PathBuf,
+    /// The running system (`/run/current-system`): what an activation changed, drift is
+    /// measured on.
     pub current_system: PathBuf,
+    /// The booted system (`/run/booted-system`): a kernel or initrd differing from the current
+    /// system's means a reboot is required.
     pub booted_system: PathBuf,
     /// `ginxctl rollback`: first this (`{profile}` replaced)...
     pub rollback_command: Vec<String>,
@@ -25,6 +29,8 @@ pub struct SystemConfig {
     /// When, after an activation, either resolves to a different file than when ginx started,
     /// ginx restarts itself into the new version.
     pub ginx_binary: PathBuf,
+    /// ginx's systemd unit file: a new one after an activation makes ginx restart into the new
+    /// version.
     pub ginx_unit: PathBuf,
     /// How often the running system is compared with the one ginx last produced.
     pub drift_check_interval: Duration,

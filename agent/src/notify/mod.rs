@@ -1,5 +1,5 @@
 //! Webhook notifications (`[[notify]]`): each notice whose reason a webhook asked for is POSTed
-//! to it as one JSON object ([`Body`], documented in README, "Notifications").
+//! to it as one JSON object ([`Body`], documented in docs/src/monitoring.md, "Notifications").
 //!
 //! Each webhook has a task of its own reading the notices at its own pace: a slow or dead
 //! receiver never holds up the apply loop, the Events, or another webhook. A send that fails

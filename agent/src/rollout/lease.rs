@@ -527,7 +527,7 @@ impl LeaseLock {
 }
 
 /// Groups of up to this many slots are watched whole by a waiting node; larger ones by their
-/// home slot only (see [`LeaseLock::watch`]). Measured (README, issue 33): with 3 slots and 30
+/// home slot only (see [`LeaseLock::watch`]). Measured (docs/src/figures.md, issue 33): with 3 slots and 30
 /// nodes, home-only watches left the rollout's last releases unheard until the 5 s re-look
 /// (hand-off p99 3.1 s); with 50 slots, a window of 4 slots per waiter raised the 300-node
 /// hand-off p99 from 1.07 to 1.26 s and the lost races by a tenth.
