@@ -3,17 +3,10 @@
 //! builds it (in CI, where mdbook is installed by .ci/run). The configuration reference's
 //! freshness is checked where it is generated (`config::reference`).
 
-use std::path::{Path, PathBuf};
 use std::process::Command;
 
+use crate::packaging::repo;
 use crate::support;
-
-fn repo() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("..")
-        .canonicalize()
-        .unwrap()
-}
 
 /// Relative links `](x.md…)` of a Markdown text, outside code blocks.
 fn links(text: &str) -> Vec<String> {

@@ -5,23 +5,13 @@
 //! metrics a live ginx serves (its real `/metrics`).
 
 use std::collections::BTreeSet;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::Command;
 
 use serde_json::Value;
 
+use crate::packaging::{read, repo};
 use crate::support::{self, Env};
-
-fn repo() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("..")
-        .canonicalize()
-        .unwrap()
-}
-
-fn read(rel: &str) -> String {
-    std::fs::read_to_string(repo().join(rel)).unwrap_or_else(|e| panic!("{rel}: {e}"))
-}
 
 fn promtool(dir: &Path, args: &[&str]) -> String {
     let out = Command::new("promtool")

@@ -331,7 +331,7 @@ fn parse_limit(s: &str) -> Result<usize, String> {
     }
 }
 
-fn pretty(v: &serde_json::Value) -> String {
+pub(super) fn pretty(v: &serde_json::Value) -> String {
     let mut s = serde_json::to_string_pretty(v).unwrap_or_default();
     s.push('\n');
     s

@@ -14,6 +14,7 @@ use std::process::ExitCode;
 use std::sync::Mutex;
 use std::time::Duration;
 
+use super::ctl::pretty;
 use super::render;
 use crate::config::{self, Config};
 use crate::control::client::Client;
@@ -56,15 +57,9 @@ fn config_or_default(path: &Path) -> Config {
 }
 
 pub fn main(config_path: &Path, daemon: &Client, timeout: Duration, opts: Options) -> ExitCode {
-    let rt = match tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-    {
+    let rt = match super::runtime() {
         Ok(rt) => rt,
-        Err(e) => {
-            eprintln!("ginxctl: cannot start: {e}");
-            return ExitCode::from(1);
-        }
+        Err(code) => return code,
     };
     let from = match &opts.kubeconfig {
         None => From::Daemon(daemon),
@@ -221,12 +216,6 @@ fn ctrlc_flag(flag: std::sync::Arc<std::sync::atomic::AtomicBool>) -> Result<(),
         unsafe { sigaction(s, &action) }.map_err(|e| e.to_string())?;
     }
     Ok(())
-}
-
-fn pretty(v: &serde_json::Value) -> String {
-    let mut s = serde_json::to_string_pretty(v).unwrap_or_default();
-    s.push('\n');
-    s
 }
 
 #[cfg(test)]

@@ -257,6 +257,18 @@ fn restart(binary: Option<std::path::PathBuf>) -> ExitCode {
     ExitCode::from(1)
 }
 
+/// A runtime on this thread for a ginxctl command that talks to the API itself; or the exit
+/// code, said.
+fn runtime() -> Result<tokio::runtime::Runtime, ExitCode> {
+    tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .map_err(|e| {
+            eprintln!("ginxctl: cannot start: {e}");
+            ExitCode::from(1)
+        })
+}
+
 pub fn ginxctl_main() -> ExitCode {
     // Installed (or linked) as `kubectl-ginx`, it is a kubectl plugin: `kubectl ginx cluster`
     // reads the API with kubectl's credentials.

@@ -115,15 +115,9 @@ pub fn main(
             return ExitCode::from(2);
         }
     };
-    let rt = match tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-    {
+    let rt = match super::runtime() {
         Ok(rt) => rt,
-        Err(e) => {
-            eprintln!("ginxctl: cannot start: {e}");
-            return ExitCode::from(1);
-        }
+        Err(code) => return code,
     };
     let result = rt.block_on(async {
         tokio::time::timeout(timeout, lift_with(&cfg, &creds, lift))
