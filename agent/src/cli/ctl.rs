@@ -239,7 +239,7 @@ fn run(client: &Client, command: CtlCommand) -> Result<ExitCode, ClientError> {
         CtlCommand::Status { json } => {
             if json {
                 let v = client.call_raw(Command::Status)?;
-                print(pretty(&v));
+                print(render::pretty(&v));
             } else {
                 let s: Status = client.call(Command::Status)?;
                 print(render::status(&s));
@@ -249,7 +249,7 @@ fn run(client: &Client, command: CtlCommand) -> Result<ExitCode, ClientError> {
             let s: Status = client.call(Command::Status)?;
             if json {
                 let v = serde_json::json!({"overall": s.health_overall, "probes": s.health});
-                print(pretty(&v));
+                print(render::pretty(&v));
             } else {
                 print(render::health(&s));
             }
@@ -312,7 +312,7 @@ fn run(client: &Client, command: CtlCommand) -> Result<ExitCode, ClientError> {
         } => {
             if json {
                 let v = client.call_raw(Command::History { limit })?;
-                print(pretty(&v));
+                print(render::pretty(&v));
             } else {
                 let h: HistoryReport = client.call(Command::History { limit })?;
                 print(render::history(&h, output));
@@ -329,12 +329,6 @@ fn parse_limit(s: &str) -> Result<usize, String> {
         Ok(n) => Ok(n),
         Err(e) => Err(format!("{e}; give a number of attempts, 1 or more")),
     }
-}
-
-pub(super) fn pretty(v: &serde_json::Value) -> String {
-    let mut s = serde_json::to_string_pretty(v).unwrap_or_default();
-    s.push('\n');
-    s
 }
 
 #[cfg(test)]

@@ -14,7 +14,6 @@ use std::process::ExitCode;
 use std::sync::Mutex;
 use std::time::Duration;
 
-use super::ctl::pretty;
 use super::render;
 use crate::config::{self, Config};
 use crate::control::client::Client;
@@ -99,7 +98,7 @@ pub fn main(config_path: &Path, daemon: &Client, timeout: Duration, opts: Option
                 From::Daemon(c) => {
                     if opts.json {
                         c.call_raw(Command::Cluster)
-                            .map(|v| pretty(&v))
+                            .map(|v| render::pretty(&v))
                             .map_err(|e| (e.exit_code(), e.to_string()))
                     } else {
                         c.call::<ClusterView>(Command::Cluster)
@@ -125,7 +124,7 @@ pub fn main(config_path: &Path, daemon: &Client, timeout: Duration, opts: Option
                     })
                     .map_err(|e| (1, e))?;
                     Ok(if opts.json {
-                        pretty(&serde_json::to_value(&view).unwrap_or_default())
+                        render::pretty(&serde_json::to_value(&view).unwrap_or_default())
                     } else {
                         render::cluster(&view)
                     })

@@ -390,6 +390,13 @@ fn time(t: Timestamp) -> String {
 }
 
 /// `ginxctl cluster`: a table of the nodes, then the halts, the pause and who waits.
+/// JSON as `--json` prints it: indented, one trailing newline.
+pub fn pretty(v: &serde_json::Value) -> String {
+    let mut s = serde_json::to_string_pretty(v).unwrap_or_default();
+    s.push('\n');
+    s
+}
+
 pub fn cluster(v: &ClusterView) -> String {
     let now = v.at.unwrap_or_else(crate::util::now);
     let mut o = String::new();
