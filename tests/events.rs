@@ -259,10 +259,15 @@ fn kubectl_describe_node_shows_a_rollout_a_gate_failure_and_a_drain_blocked_by_a
         "{series:#}"
     );
     let metrics = crate::kubernetes::scrape(n.d().status()["metrics_listen"].as_str().unwrap());
-    assert!(
+    let count = |series: &str| -> f64 {
         metrics
             .lines()
-            .any(|l| l.starts_with("ginx_events_total{result=\"patched\"}")),
+            .find_map(|l| l.strip_prefix(series)?.trim().parse().ok())
+            .unwrap_or(0.0)
+    };
+    assert!(
+        count("ginx_events_total{result=\"patched\"}") >= 1.0
+            && count("ginx_events_total{result=\"created\"}") >= 10.0,
         "{metrics}"
     );
     assert!(

@@ -4,8 +4,9 @@
 //! gauges describing the current state are set at scrape time from [`Gauges`], which the
 //! exposition in `control::metrics` reads from the one `Status` value.
 //!
-//! Owns: the families, their names and labels. Imports nothing of the crate but the version;
-//! it must not import `status`, a worker, `reconcile` or `control` (serving is `control`'s).
+//! Owns: the families, their names and labels. Imports nothing of the crate but the version
+//! and the notice reasons (`types`, to start each reason's counter at 0); it must not import
+//! `status`, a worker, `reconcile` or `control` (serving is `control`'s).
 
 use std::sync::Arc;
 use std::sync::atomic::AtomicU64;
@@ -359,6 +360,29 @@ impl Metrics {
             "Webhook notifications by webhook and result: sent, failed (retries used up), dropped (fell behind)",
             m.notifications.clone(),
         );
+        // Every series a counter family is known to have starts at 0: a series that appears
+        // with its first increment already counted is invisible to increase() and rate(), so
+        // the first apply, gate or halt would never show on a dashboard or fire an alert.
+        for result in ["succeeded", "failed", "timed-out", "interrupted"] {
+            let _ = m.applies.get_or_create(&ResultLabels {
+                result: result.to_owned(),
+            });
+        }
+        for result in ["passed", "failed", "rollback-passed", "rollback-failed"] {
+            let _ = m.rollout_gates.get_or_create(&ResultLabels {
+                result: result.to_owned(),
+            });
+        }
+        for reason in crate::types::Reason::ALL {
+            let _ = m.notices.get_or_create(&ReasonLabels {
+                reason: reason.as_str().to_owned(),
+            });
+        }
+        for result in ["created", "patched", "dropped", "failed"] {
+            let _ = m.events.get_or_create(&ResultLabels {
+                result: result.to_owned(),
+            });
+        }
         Arc::new(Self { registry, ..m })
     }
 
