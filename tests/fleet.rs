@@ -670,7 +670,9 @@ fn the_fleet_from_a_workstation_is_the_nodes_view_without_daemon_or_root() {
         .spawn()
         .unwrap();
     env_a.stub("sleep", "3");
-    let x = env_a.repo.commit("hive.nix", "{ fleet-ws-watch = 1; }", "fleet-ws: x");
+    let x = env_a
+        .repo
+        .commit("hive.nix", "{ fleet-ws-watch = 1; }", "fleet-ws: x");
     a.ctl_ok(&["sync"]);
     a.wait_applied(&x);
     let short = &x[..12];
