@@ -562,6 +562,16 @@ fn the_fleet_from_a_workstation_is_the_nodes_view_without_daemon_or_root() {
         "--clusterrole=ginx-fleet-viewer",
         "--user=ann-fleet-ws",
     ]);
+    // A halt in this test's namespace (of a revision nobody applies): the workstation must read
+    // the fleet state there, not in the default ginx-system.
+    let halt = serde_json::json!({"revision": REV_A, "node": a_name, "probes": {},
+        "reason": "health gate failed", "at": "2026-12-01T10:00:00Z"});
+    cp.apply(
+        &serde_json::json!({"apiVersion": "v1", "kind": "ConfigMap",
+            "metadata": {"name": "ginx-rollout", "namespace": ns},
+            "data": {format!("halted.{REV_A}"): halt.to_string()}})
+        .to_string(),
+    );
     let config = ws.path().join("config.toml");
     std::fs::write(&config, format!("[kubernetes]\nnamespace = \"{ns}\"\n")).unwrap();
     for f in [&kc, &config] {
@@ -608,7 +618,11 @@ fn the_fleet_from_a_workstation_is_the_nodes_view_without_daemon_or_root() {
             .collect();
         serde_json::json!({"nodes": nodes, "fleet": v["fleet"], "slots": slots})
     };
+    let last = std::cell::RefCell::new(String::new());
     let (on_node, from_ws) = wait_for("the same view from the node and the workstation", || {
+        if !last.borrow().is_empty() {
+            eprintln!("views differ:\n{}", last.borrow());
+        }
         let node = comparable(cluster_json(&a));
         let out = ws_ctl(&["cluster", "--json", "--kubeconfig", &kc_arg]);
         assert!(
@@ -618,9 +632,14 @@ fn the_fleet_from_a_workstation_is_the_nodes_view_without_daemon_or_root() {
         );
         let ws: Value = serde_json::from_slice(&out.stdout).unwrap();
         let ws = comparable(ws);
+        *last.borrow_mut() = format!("node: {node}\nworkstation: {ws}");
         (node == ws).then_some((node, ws))
     });
     assert!(node_in(&from_ws, a_name).is_some() && node_in(&from_ws, b_name).is_some());
+    assert!(
+        from_ws["fleet"]["halted"][REV_A].is_object(),
+        "the workstation read the fleet state of {ns}: {from_ws:#}"
+    );
     assert_eq!(on_node, from_ws);
     let out = ws_ctl(&["cluster", "--kubeconfig", &kc_arg]);
     let table = text(&out.stdout);

@@ -49,10 +49,11 @@ pub fn kubectl_kubeconfig(env: Option<&str>, home: Option<&Path>) -> Option<Path
         .or_else(|| home.map(|h| h.join(".kube/config")))
 }
 
-/// The configuration for the namespace and names: the file when it can be read, else the
-/// defaults (an operator's workstation has none; a node's may be root's only).
-fn config_or_default(path: &Path) -> Config {
-    config::load(path).map(|l| l.config).unwrap_or_default()
+/// The namespace and names (`[kubernetes]`, `[rollout]`) from the configuration at `path`, read
+/// leniently (a workstation's file has no sources); the defaults when there is none. A file
+/// that cannot be read or parsed is an error that names it.
+fn cluster_config(path: &Path) -> Result<Config, String> {
+    config::peek_cluster(path).map_err(|e| e.to_string())
 }
 
 pub fn main(config_path: &Path, daemon: &Client, timeout: Duration, opts: Options) -> ExitCode {
@@ -63,7 +64,13 @@ pub fn main(config_path: &Path, daemon: &Client, timeout: Duration, opts: Option
     let from = match &opts.kubeconfig {
         None => From::Daemon(daemon),
         Some(path) => {
-            let cfg = config_or_default(config_path);
+            let cfg = match cluster_config(config_path) {
+                Ok(c) => c,
+                Err(e) => {
+                    eprintln!("ginxctl: {}", render::terminal_safe(&e));
+                    return ExitCode::from(2);
+                }
+            };
             let client = rt.block_on(async {
                 let kc = crate::kube::client_config(
                     path,
@@ -220,6 +227,27 @@ fn ctrlc_flag(flag: std::sync::Arc<std::sync::atomic::AtomicBool>) -> Result<(),
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_workstations_configuration_needs_only_the_cluster_names() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("config.toml");
+        // No sources, no node: the daemon would refuse it; the fleet view reads its names.
+        std::fs::write(&path, "[kubernetes]\nnamespace = \"fleet-ws\"\n").unwrap();
+        let c = cluster_config(&path).unwrap();
+        assert_eq!(c.kubernetes.namespace, "fleet-ws");
+        assert_eq!(c.rollout.configmap, "ginx-rollout");
+        assert_eq!(
+            cluster_config(&dir.path().join("none.toml"))
+                .unwrap()
+                .kubernetes
+                .namespace,
+            "ginx-system"
+        );
+        std::fs::write(&path, "[kubernetes]\nnamespace = 3\n").unwrap();
+        let e = cluster_config(&path).unwrap_err();
+        assert!(e.contains("config.toml") && e.contains("kubernetes"), "{e}");
+    }
 
     #[test]
     fn a_plugin_reads_kubeconfig_as_kubectl_does() {

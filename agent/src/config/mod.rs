@@ -194,6 +194,31 @@ pub fn peek_socket(main: &Path) -> Result<Option<PathBuf>, ConfigError> {
         .map(PathBuf::from))
 }
 
+/// The `[kubernetes]` and `[rollout]` tables of the configuration at `main` (and its drop-ins),
+/// the rest left at the defaults, read without the daemon's validation: for `ginxctl cluster`
+/// at an operator's workstation, whose file names only the cluster's namespace and names (no
+/// sources, and a hostname that need not be a node's). The defaults when `main` does not exist.
+pub fn peek_cluster(main: &Path) -> Result<Config, ConfigError> {
+    let mut config = Config::default();
+    if !main.exists() {
+        return Ok(config);
+    }
+    let files = config_files(main)?;
+    let (merged, _) = load::read_merged(&files)?;
+    let invalid = |key: &str, e: toml::de::Error| ConfigError::Invalid {
+        place: main.display().to_string(),
+        key: key.to_owned(),
+        message: without_string_value(e.message().trim()),
+    };
+    if let Some(k) = merged.get("kubernetes") {
+        config.kubernetes = k.clone().try_into().map_err(|e| invalid("kubernetes", e))?;
+    }
+    if let Some(r) = merged.get("rollout") {
+        config.rollout = r.clone().try_into().map_err(|e| invalid("rollout", e))?;
+    }
+    Ok(config)
+}
+
 fn load_files(files: &[PathBuf]) -> Result<Config, ConfigError> {
     let (merged, origins) = load::read_merged(files)?;
     validated(merged, &origins, files)
