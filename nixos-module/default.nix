@@ -383,6 +383,8 @@ in
         after = [ "network-online.target" ];
         path = [
           pkgs.git
+          # `ssh`: ginx fetches ssh:// sources through OpenSSH's client (agent/src/source/transport.rs).
+          pkgs.openssh
           config.nix.package
           pkgs.colmena
           config.systemd.package

@@ -137,25 +137,143 @@ fn a_deploy_key_others_can_read_is_refused() {
     );
 }
 
-#[test]
-fn https_token_is_used_and_never_shown() {
-    let env = Env::new();
+/// A Git smart-HTTP server over TLS serving `env`'s bare repository (with HTTP basic
+/// authentication when `basic_auth` is given), and the remote's URL; the daemon trusts the
+/// server's CA (`SSL_CERT_FILE`) when `trusted`.
+fn https_server(
+    env: &mut Env,
+    basic_auth: Option<(&str, &str)>,
+    trusted: bool,
+) -> (http::GitHttpServer, String) {
     let bare = env.bare();
-    let token = "s3cr3t-t0ken-value";
     let server = http::GitHttpServer::start(
         bare.parent().unwrap(),
         http::Options {
             tls: true,
-            basic_auth: Some(("deploy".into(), token.into())),
+            basic_auth: basic_auth.map(|(u, p)| (u.into(), p.into())),
             ..Default::default()
         },
     );
+    if trusted {
+        env.daemon_env.push((
+            "SSL_CERT_FILE".into(),
+            server.ca.as_ref().unwrap().pem_path.display().to_string(),
+        ));
+    }
     let url = format!("{}/hephaestus.git", server.base_url);
-    let mut env = env;
-    env.daemon_env.push((
-        "SSL_CERT_FILE".into(),
-        server.ca.as_ref().unwrap().pem_path.display().to_string(),
-    ));
+    (server, url)
+}
+
+#[test]
+fn ssh_without_a_key_or_with_one_the_server_refuses_says_which_setting() {
+    if !ssh_ready() {
+        return;
+    }
+    let env = Env::new();
+    let bare = env.bare();
+    let sshd = ssh::SshServer::start(&env.root.join("sshd"));
+    // No key: ssh offers none (no agent, no ~/.ssh), and the message names the setting.
+    use_remote(
+        &env,
+        &sshd.url(&bare),
+        &format!("known_hosts_file = \"{}\"\n", sshd.known_hosts.display()),
+    );
+    let d = env.start();
+    let (_, e) = wait_source_error(&d, "hephaestus", "no key", |_| true);
+    assert!(e.contains("wants a key; configure ssh_key_file"), "{e}");
+
+    // A key the server does not list.
+    let stranger = env.root.join("stranger_key");
+    ssh::keygen(&stranger, "not authorised");
+    use_remote(
+        &env,
+        &sshd.url(&bare),
+        &format!(
+            "ssh_key_file = \"{}\"\nknown_hosts_file = \"{}\"\n",
+            stranger.display(),
+            sshd.known_hosts.display()
+        ),
+    );
+    d.signal(nix::sys::signal::Signal::SIGHUP);
+    let (_, e) = wait_source_error(&d, "hephaestus", "a refused key", |e| {
+        e.contains("rejected")
+    });
+    assert!(
+        e.contains("rejected the configured credentials (ssh_key_file)"),
+        "{e}"
+    );
+    assert!(!sshd.log().contains("Accepted publickey"), "{}", sshd.log());
+
+    // The right key: fetched.
+    use_remote(&env, &sshd.url(&bare), &sshd.source_keys(&sshd.known_hosts));
+    d.signal(nix::sys::signal::Signal::SIGHUP);
+    d.wait_applied(&env.repo.head());
+}
+
+#[test]
+fn https_with_a_token_the_server_refuses_says_the_credentials_were_rejected() {
+    let mut env = Env::new();
+    let (_server, url) = https_server(&mut env, Some(("deploy", "the-right-one")), true);
+    let token_file = env.root.join("token");
+    std::fs::write(&token_file, "a-wrong-token-value\n").unwrap();
+    std::fs::set_permissions(&token_file, std::fs::Permissions::from_mode(0o600)).unwrap();
+    use_remote(
+        &env,
+        &url,
+        &format!(
+            "token_file = \"{}\"\nusername = \"deploy\"\n",
+            token_file.display()
+        ),
+    );
+    let d = env.start();
+    let (_, e) = wait_source_error(&d, "hephaestus", "the refused token", |_| true);
+    assert!(
+        e.contains("rejected the configured credentials (token_file)"),
+        "{e}"
+    );
+    assert!(!e.contains("a-wrong-token-value"), "{e}");
+}
+
+#[test]
+fn https_to_a_server_whose_certificate_is_not_trusted_is_refused() {
+    let mut env = Env::new();
+    // No SSL_CERT_FILE: the test CA is not among the system's roots.
+    let (server, url) = https_server(&mut env, None, false);
+    use_remote(&env, &url, "");
+    let d = env.start();
+    let (s, e) = wait_source_error(&d, "hephaestus", "the untrusted certificate", |_| true);
+    assert!(e.to_lowercase().contains("certificate"), "{e}");
+    assert_eq!(s["apply"]["state"], "idle");
+    assert!(
+        server.requests().is_empty(),
+        "no request reached an untrusted server"
+    );
+}
+
+/// libgit2 is built without its OpenSSL and libssh2 transports (source/transport.rs carries
+/// HTTPS over rustls and SSH over OpenSSH's client): nothing loads OpenSSL into ginx, which
+/// the idle-memory figure counts on.
+#[test]
+fn ginx_links_no_openssl() {
+    if !support::require("ldd") {
+        return;
+    }
+    let out = std::process::Command::new("ldd")
+        .arg(support::ginx_bin())
+        .output()
+        .unwrap();
+    let libs = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{libs}");
+    for lib in ["libssl", "libcrypto", "libssh2"] {
+        assert!(!libs.contains(lib), "ginx links {lib}:\n{libs}");
+    }
+}
+
+#[test]
+fn https_token_is_used_and_never_shown() {
+    let mut env = Env::new();
+    let token = "s3cr3t-t0ken-value";
+    let (server, url) = https_server(&mut env, Some(("deploy", token)), true);
 
     // Without the token: refused, and the message says what to configure.
     use_remote(&env, &url, "");

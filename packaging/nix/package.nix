@@ -6,7 +6,6 @@
   rustPlatform,
   pkg-config,
   installShellFiles,
-  openssl,
   zlib,
 }:
 
@@ -39,8 +38,8 @@ rustPlatform.buildRustPackage {
     pkg-config
     installShellFiles
   ];
+  # libgit2 without HTTPS or SSH of its own: ginx carries those itself (rustls, OpenSSH's client).
   buildInputs = [
-    openssl
     zlib
   ];
 

@@ -27,10 +27,12 @@ pub struct SourceConfig {
     /// A fetch (all remotes together) taking longer is abandoned and counted as failed.
     #[serde(default = "default_fetch_timeout")]
     pub fetch_timeout: Duration,
-    /// Private key for SSH remotes (a deploy key); must not be readable by group or others.
+    /// Private key for SSH remotes (a deploy key); must not be readable by group or others. The
+    /// only identity `ssh` offers (no agent, no `~/.ssh`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub ssh_key_file: Option<PathBuf>,
-    /// Host keys SSH remotes are checked against; an unknown or changed key is an error.
+    /// Host keys SSH remotes are checked against, by `ssh`, and no other file; an unknown or
+    /// changed key is an error.
     #[serde(default = "default_known_hosts_file")]
     pub known_hosts_file: PathBuf,
     /// Token for HTTPS remotes, sent as the password of HTTP basic authentication.
@@ -183,6 +185,22 @@ impl SourceConfig {
                 &join_key(key, "ssh_key_file"),
                 "is set but no remote of this source uses SSH",
             ));
+        }
+        if remotes.iter().any(|r| r.transport() == Transport::Ssh) {
+            for (field, path) in [
+                ("ssh_key_file", self.ssh_key_file.as_ref()),
+                ("known_hosts_file", Some(&self.known_hosts_file)),
+            ] {
+                if let Some(why) = path.and_then(|p| crate::types::unfit_for_ssh_option(p)) {
+                    return Err(ctx.error(
+                        &join_key(key, field),
+                        format!(
+                            "{} {why}",
+                            path.map(|p| p.display().to_string()).unwrap_or_default()
+                        ),
+                    ));
+                }
+            }
         }
         if self.token_file.is_some()
             && !remotes

@@ -1,19 +1,17 @@
 //! Credentials and server authentication for fetches: SSH deploy keys with host keys checked
 //! against a known_hosts file, HTTPS tokens, and the refusal of secret files others can read.
 //!
-//! Secrets are read here and handed to libgit2; they are never formatted into a message.
+//! Secrets are read here and handed to the fetch transports (`transport.rs`); they are never
+//! formatted into a message.
 
-use std::cell::{Cell, RefCell};
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 
-use git2::{CertificateCheckStatus, Cred, CredentialType, RemoteCallbacks};
 use hmac::{Hmac, Mac};
 use ssh_key::known_hosts::{HostPatterns, KnownHosts, Marker};
 use ssh_key::{HashAlg, PublicKey};
 
 use crate::config::SourceConfig;
-use crate::types::RemoteUrl;
 
 #[derive(Debug, thiserror::Error, Clone, PartialEq, Eq)]
 pub enum AuthError {
@@ -106,94 +104,36 @@ impl Auth {
         })
     }
 
-    /// Callbacks for one fetch from `url`. `refusal` receives why a server was not trusted or
-    /// why authentication could not proceed, in words libgit2 would lose.
-    pub fn callbacks<'a>(
-        &'a self,
-        url: &'a RemoteUrl,
-        refusal: &'a RefCell<Option<String>>,
-    ) -> RemoteCallbacks<'a> {
-        let mut cb = RemoteCallbacks::new();
-        let tries = Cell::new(0u32);
-        cb.credentials(move |_url, user_from_url, allowed| {
-            // libgit2 asks again after the server refused what it was given. A user name alone
-            // (asked first when the URL has none) is not a credential and does not count.
-            let offering =
-                allowed.intersects(CredentialType::SSH_KEY | CredentialType::USER_PASS_PLAINTEXT);
-            if offering {
-                tries.set(tries.get() + 1);
-            }
-            if tries.get() > 1 {
-                let what = if self.ssh_key.is_some() || self.token.is_some() {
-                    "the server rejected the configured credentials (ssh_key_file / token_file)"
-                } else {
-                    "the server wants credentials; configure ssh_key_file or token_file"
-                };
-                *refusal.borrow_mut() = Some(format!("authentication failed: {what}"));
-                return Err(git2::Error::from_str("authentication failed"));
-            }
-            if allowed.contains(CredentialType::SSH_KEY) {
-                if let Some(key) = &self.ssh_key {
-                    return Cred::ssh_key(user_from_url.unwrap_or("git"), None, key, None);
-                }
-                *refusal.borrow_mut() =
-                    Some("the SSH server wants a key; configure ssh_key_file".into());
-                return Err(git2::Error::from_str("no SSH key configured"));
-            }
-            if allowed.contains(CredentialType::USER_PASS_PLAINTEXT) {
-                if let Some((user, token)) = &self.token {
-                    return Cred::userpass_plaintext(user, token);
-                }
-                *refusal.borrow_mut() =
-                    Some("the server requires authentication; configure token_file".into());
-                return Err(git2::Error::from_str("no token configured"));
-            }
-            if allowed.contains(CredentialType::USERNAME) {
-                return Cred::username(user_from_url.unwrap_or("git"));
-            }
-            *refusal.borrow_mut() =
-                Some("the server asks for an unsupported kind of credential".into());
-            Err(git2::Error::from_str("unsupported credential type"))
-        });
-        cb.certificate_check(move |cert, host| {
-            let Some(hostkey) = cert.as_hostkey() else {
-                // TLS: libgit2 verifies the chain against the system's CAs.
-                return Ok(CertificateCheckStatus::CertificatePassthrough);
-            };
-            let Some(blob) = hostkey.hostkey() else {
-                *refusal.borrow_mut() = Some(format!("the SSH server {host} sent no host key"));
-                return Err(git2::Error::from_str("no host key"));
-            };
-            let name = known_hosts_name(host, url);
-            match check_host_key(&self.known_hosts, &name, blob) {
-                Ok(()) => Ok(CertificateCheckStatus::CertificateOk),
-                Err(message) => {
-                    *refusal.borrow_mut() = Some(message.clone());
-                    Err(git2::Error::from_str(&message))
-                }
-            }
-        });
-        cb
+    /// The deploy key for SSH remotes.
+    pub fn ssh_key(&self) -> Option<&Path> {
+        self.ssh_key.as_deref()
+    }
+
+    /// The known_hosts file SSH host keys are checked against.
+    pub fn known_hosts(&self) -> &Path {
+        &self.known_hosts
+    }
+
+    /// `(username, token)` for HTTPS remotes.
+    pub fn token(&self) -> Option<&(String, String)> {
+        self.token.as_ref()
     }
 }
 
-/// How known_hosts names a host: `host`, or `[host]:port` for a port other than 22.
-fn known_hosts_name(host: &str, url: &RemoteUrl) -> String {
-    let port = url::Url::parse(url.as_git_url())
-        .ok()
-        .and_then(|u| u.port())
-        .filter(|p| *p != 22);
-    match port {
-        Some(p) => format!("[{host}]:{p}"),
-        None => host.to_owned(),
+impl Default for Auth {
+    /// No credentials; host keys checked against the default known_hosts file.
+    fn default() -> Self {
+        Self {
+            ssh_key: None,
+            known_hosts: PathBuf::from("/etc/ssh/ssh_known_hosts"),
+            token: None,
+        }
     }
 }
 
-/// Checks `blob` (an SSH public key in wire format) against the entries for `name` in the
-/// known_hosts file at `path`. The error says what to do.
-pub fn check_host_key(path: &Path, name: &str, blob: &[u8]) -> Result<(), String> {
-    let key = PublicKey::from_bytes(blob)
-        .map_err(|e| format!("the SSH server {name} sent a host key ginx cannot read: {e}"))?;
+/// Checks `key` (offered by an SSH server) against the entries for `name` in the known_hosts
+/// file at `path`. The error says what to do.
+pub fn check_host_key(path: &Path, name: &str, key: &PublicKey) -> Result<(), String> {
     let text = std::fs::read_to_string(path).map_err(|e| {
         format!(
             "cannot read known_hosts_file {}: {e}; the host key of {name} ({}) \
@@ -202,7 +142,7 @@ pub fn check_host_key(path: &Path, name: &str, blob: &[u8]) -> Result<(), String
             key.fingerprint(HashAlg::Sha256)
         )
     })?;
-    check_host_key_in(&text, path, name, &key)
+    check_host_key_in(&text, path, name, key)
 }
 
 /// [`check_host_key`] against the known_hosts `text` read from `path`.
@@ -313,11 +253,8 @@ mod tests {
     const OTHER: &str =
         "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIMb5D9XJbHQTc5Iz3fxw7yk4rMAbJ5T2fR1N7rZgd0Dz";
 
-    fn blob(openssh: &str) -> Vec<u8> {
-        PublicKey::from_openssh(openssh)
-            .unwrap()
-            .to_bytes()
-            .unwrap()
+    fn blob(openssh: &str) -> PublicKey {
+        PublicKey::from_openssh(openssh).unwrap()
     }
 
     fn file(text: &str) -> tempfile::NamedTempFile {

@@ -7,7 +7,6 @@
 //! the remote by its redacted form, and libgit2's messages pass through [`RemoteUrl::scrub`],
 //! which replaces the whole URL as written, before they leave this module.
 
-use std::cell::RefCell;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
 
@@ -646,14 +645,11 @@ fn fetch_one(
     url: &RemoteUrl,
     spec: &FetchSpec<'_>,
 ) -> Result<(Revision, Option<Revision>), GitError> {
-    let refusal = RefCell::new(None);
-    let fetch_err = |e: &git2::Error, refusal: &RefCell<Option<String>>| {
-        let message = match refusal.borrow_mut().take() {
-            Some(m) => m,
-            None if e.class() == ErrorClass::Callback && spec.cancel.load(Ordering::Relaxed) => {
-                "fetch cancelled (fetch_timeout)".to_owned()
-            }
-            None => classify(e),
+    let fetch_err = |e: &git2::Error| {
+        let message = if e.class() == ErrorClass::Callback && spec.cancel.load(Ordering::Relaxed) {
+            "fetch cancelled (fetch_timeout)".to_owned()
+        } else {
+            classify(e)
         };
         GitError::Fetch {
             url: url.to_string(),
@@ -671,7 +667,7 @@ fn fetch_one(
     }
     let mut remote = repo
         .remote_anonymous(url.as_git_url())
-        .map_err(|e| fetch_err(&e, &refusal))?;
+        .map_err(|e| fetch_err(&e))?;
     let mut branches = vec![spec.branch];
     branches.extend(spec.testing);
     let refspecs: Vec<String> = branches
@@ -679,7 +675,10 @@ fn fetch_one(
         .map(|b| format!("+refs/heads/{b}:{}", tracking_ref(b)))
         .collect();
     let result = {
-        let mut callbacks = spec.auth.callbacks(url, &refusal);
+        // https://, http:// and ssh:// go through source/transport.rs, which takes the
+        // credentials of this fetch from here.
+        let _transport = super::transport::scope(spec.auth);
+        let mut callbacks = git2::RemoteCallbacks::new();
         let cancel = spec.cancel;
         callbacks.transfer_progress(move |_| !cancel.load(Ordering::Relaxed));
         callbacks.sideband_progress(move |_| !cancel.load(Ordering::Relaxed));
@@ -694,10 +693,10 @@ fn fetch_one(
         let disconnected = remote.disconnect();
         downloaded.and(disconnected)
     };
-    result.map_err(|e| fetch_err(&e, &refusal))?;
+    result.map_err(|e| fetch_err(&e))?;
     let advertised: Vec<(String, git2::Oid)> = remote
         .list()
-        .map_err(|e| fetch_err(&e, &refusal))?
+        .map_err(|e| fetch_err(&e))?
         .iter()
         .map(|h| (h.name().to_owned(), h.oid()))
         .collect();
@@ -711,7 +710,7 @@ fn fetch_one(
         // busy flag, and the state dir's lock between processes).
         if repo.refname_to_id(&tracking).ok() != Some(*oid) {
             repo.reference(&tracking, *oid, true, "ginx: fetch")
-                .map_err(|e| fetch_err(&e, &refusal))?;
+                .map_err(|e| fetch_err(&e))?;
         }
     }
     let has = |b: &str| {
@@ -729,7 +728,7 @@ fn fetch_one(
     let head = |b: &str| -> Result<Revision, GitError> {
         let oid = repo
             .refname_to_id(&tracking_ref(b))
-            .map_err(|e| fetch_err(&e, &refusal))?;
+            .map_err(|e| fetch_err(&e))?;
         let commit = repo.find_commit(oid).map_err(|e| GitError::Read {
             revision: oid.to_string(),
             message: classify(&e),

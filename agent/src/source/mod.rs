@@ -14,6 +14,7 @@
 
 pub mod auth;
 pub mod git;
+pub mod transport;
 pub mod trees;
 pub mod verify;
 
@@ -218,9 +219,11 @@ pub struct PollerHandle {
 /// First wait after a failed fetch; doubles per failure up to the interval.
 const FETCH_RETRY_BASE: Duration = Duration::from_secs(5);
 
-/// Applies the network timeouts of libgit2 (connect, and each read or write), process-wide.
-/// Call before any fetch runs: libgit2 reads these settings without synchronisation.
+/// Applies the network timeouts of libgit2 and of ginx's own transports (connect, and each read
+/// or write), process-wide. Call before any fetch runs: libgit2 reads these settings without
+/// synchronisation.
 pub fn set_network_timeout(timeout: Duration) {
+    transport::set_timeout(timeout);
     let ms = i32::try_from(timeout.as_millis()).unwrap_or(i32::MAX);
     // SAFETY: called once at start-up, before any thread uses libgit2.
     unsafe {

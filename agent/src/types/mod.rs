@@ -20,7 +20,7 @@ use serde::{Deserialize, Serialize};
 pub use closure::{ClosureInfo, ClosureOrigin, STORE_DIR, check_store_path};
 pub use endpoint::EndpointUrl;
 pub use notice::{Notice, Notices, Reason};
-pub use remote::{RemoteUrl, Revision, Transport};
+pub use remote::{RemoteUrl, Revision, Transport, unfit_for_ssh_option};
 
 /// The node's role in the cluster (`node.role`).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]

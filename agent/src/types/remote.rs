@@ -390,6 +390,19 @@ impl<'de> Deserialize<'de> for Revision {
     }
 }
 
+/// Why `path` cannot be handed to `ssh -o Option="path"` (OpenSSH expands `%` and `~` in
+/// file options and splits on quotes): `None` when it can.
+pub fn unfit_for_ssh_option(path: &std::path::Path) -> Option<&'static str> {
+    match path.to_str() {
+        None => Some("is not UTF-8"),
+        Some(s) if s.contains(['"', '\'', '\\', '%', '\n']) || s.starts_with('~') => Some(
+            "contains a quote, backslash, `%` or newline, or begins with `~`, which ssh's options \
+             cannot carry; move the file to a plain path",
+        ),
+        Some(_) => None,
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
