@@ -6,7 +6,9 @@
 //! - resident memory of a daemon that applied its first revision and then sat idle for
 //!   `BENCH_IDLE_SECS` (default 60) seconds.
 //!
-//! The real binaries, built with the bench (release) profile, in temporary directories.
+//! The real binaries, built with the bench (release) profile, in temporary directories; or the
+//! `ginx` and `ginxctl` in `$GINX_BENCH_BIN_DIR`, so that two builds are measured side by side
+//! in one run (`GINX_BENCH_BIN_DIR=old/ cargo bench …; GINX_BENCH_BIN_DIR=new/ cargo bench …`).
 
 #[path = "../../tests/support/mod.rs"]
 mod support;

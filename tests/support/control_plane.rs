@@ -227,6 +227,9 @@ impl ControlPlane {
                 format!("--audit-policy-file={}", p(&audit_policy)),
                 format!("--audit-log-path={}", p(&audit_log)),
                 "--audit-log-mode=blocking".into(),
+                // Never rotated: readers keep byte offsets into it (`audit_mark`). The default
+                // (0) is lumberjack's 100 MB, which a 1,000-node benchmark fills in minutes.
+                "--audit-log-maxsize=1000000".into(),
                 "--profiling=false".into(),
             ]
         });

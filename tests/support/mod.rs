@@ -35,12 +35,19 @@ pub use git::GitRepo;
 /// machines are slow and shared; tests never assert on how long things take.
 pub const PATIENCE: Duration = Duration::from_secs(90);
 
+/// The `ginx` under test: the one cargo built, or the one in `$GINX_BENCH_BIN_DIR` (benchmarks
+/// measure two builds side by side in one run with it, e.g. `cargo bench --bench core_loop`).
 pub fn ginx_bin() -> PathBuf {
-    PathBuf::from(env!("CARGO_BIN_EXE_ginx"))
+    bench_bin("ginx").unwrap_or_else(|| PathBuf::from(env!("CARGO_BIN_EXE_ginx")))
 }
 
+/// The `ginxctl` beside [`ginx_bin`].
 pub fn ginxctl_bin() -> PathBuf {
-    PathBuf::from(env!("CARGO_BIN_EXE_ginxctl"))
+    bench_bin("ginxctl").unwrap_or_else(|| PathBuf::from(env!("CARGO_BIN_EXE_ginxctl")))
+}
+
+fn bench_bin(name: &str) -> Option<PathBuf> {
+    std::env::var_os("GINX_BENCH_BIN_DIR").map(|d| PathBuf::from(d).join(name))
 }
 
 /// A tokio runtime with `worker_threads` workers for a test server, and a listener on a free
@@ -181,7 +188,10 @@ pub fn output_within_patience(cmd: &mut std::process::Command) -> Option<std::pr
 pub fn stamped_ginx(to: &Path, version: &str) {
     let mut bytes = std::fs::read(ginx_bin()).unwrap();
     let mark = b"ginx-version-stamp:";
-    let stamp = [&mark[..], ginx::VERSION.as_bytes(), b"\0"].concat();
+    // The whole 64 bytes, NUL padding included: the mark and the version also sit side by side
+    // as two string literals elsewhere in the binary, as the linker happens to lay them out.
+    let mut stamp = [&mark[..], ginx::VERSION.as_bytes()].concat();
+    stamp.resize(64, 0);
     let at: Vec<usize> = bytes
         .windows(stamp.len())
         .enumerate()
