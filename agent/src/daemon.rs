@@ -72,6 +72,10 @@ pub enum Ending {
 }
 
 /// Runs the daemon until SIGTERM/SIGINT, or until a new version of ginx must take over.
+/// How long after start ginx gives back the code pages start-up touched
+/// ([`util::memory::release_code_pages`]): by then the first fetches and apply are usually done.
+pub const RELEASE_CODE_PAGES_AFTER: Duration = Duration::from_secs(120);
+
 /// Errors are start-up failures.
 pub async fn run(config_path: PathBuf) -> anyhow::Result<Ending> {
     let loaded = load_config(&config_path).await?;
@@ -113,6 +117,26 @@ pub async fn run(config_path: PathBuf) -> anyhow::Result<Ending> {
             }
         });
     }
+    // Start-up is over by then: give back the code pages only it touched.
+    tokio::spawn(async {
+        tokio::time::sleep(RELEASE_CODE_PAGES_AFTER).await;
+        let before = util::memory::resident_kib();
+        match tokio::task::spawn_blocking(util::memory::release_code_pages).await {
+            Ok(Ok(advised)) => {
+                let mib = |k: Option<u64>| {
+                    k.map_or("?".to_owned(), |k| format!("{:.1}", k as f64 / 1024.0))
+                };
+                tracing::info!(
+                    advised_mib = advised / (1 << 20),
+                    rss_mib_before = %mib(before),
+                    rss_mib_after = %mib(util::memory::resident_kib()),
+                    "gave back the code pages start-up touched"
+                );
+            }
+            Ok(Err(e)) => tracing::debug!(error = %e, "cannot give back the start-up code pages"),
+            Err(_) => {}
+        }
+    });
     let events_rx = notices.subscribe();
     let metrics_listener = match cfg.metrics.listen {
         Some(addr) => Some(control::metrics::bind(addr).await?),

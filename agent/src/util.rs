@@ -182,6 +182,29 @@ pub fn http_error(e: &reqwest::Error) -> String {
 mod tests {
     use super::*;
 
+    fn resident_file_kib() -> u64 {
+        let status = std::fs::read_to_string("/proc/self/status").unwrap();
+        status
+            .lines()
+            .find_map(|l| l.strip_prefix("RssFile:"))
+            .unwrap()
+            .trim()
+            .trim_end_matches("kB")
+            .trim()
+            .parse()
+            .unwrap()
+    }
+
+    #[test]
+    fn the_executables_resident_pages_are_given_back() {
+        let before = resident_file_kib();
+        let advised = memory::release_code_pages().unwrap();
+        let after = resident_file_kib();
+        assert!(advised > 1 << 20, "advised {advised} bytes");
+        assert!(after < before, "file-backed RSS {before} kB → {after} kB");
+        assert!(memory::resident_kib().is_some_and(|k| k > 0));
+    }
+
     #[test]
     fn wall_steps_tell_a_step_from_running() {
         let mut w = WallSteps::default();
@@ -324,5 +347,67 @@ pub mod memory {
         unsafe {
             libc::malloc_trim(0);
         }
+    }
+
+    /// Gives back the pages of ginx's own executable (code and read-only data) that are resident:
+    /// `madvise(MADV_PAGEOUT)` on each read-only mapping of `/proc/self/exe`. Called once, a while
+    /// after start: what start-up touched (configuration, argument parsing, the log filter, the
+    /// first fetch and apply) otherwise stays resident for the life of the process, since the kernel
+    /// frees clean file pages only under memory pressure, and counts in RSS and in the unit's
+    /// cgroup. Pages the daemon touches again fault back in from the page cache or the file; their
+    /// contents never change (the mappings are read-only). Shared pages (another process maps the
+    /// same file) are left alone by the kernel. Returns the bytes advised.
+    pub fn release_code_pages() -> std::io::Result<u64> {
+        let path = std::fs::read_link("/proc/self/exe")?;
+        let path = path.to_string_lossy();
+        let path = path.trim_end_matches(" (deleted)");
+        let maps = std::fs::read_to_string("/proc/self/maps")?;
+        let mut advised = 0;
+        for line in maps.lines() {
+            // start-end perms offset major:minor inode path
+            let fields: Vec<&str> = line.splitn(6, ' ').collect();
+            let [range, perms, _offset, _dev, _inode, rest] = fields[..] else {
+                continue;
+            };
+            let mapped = rest.trim_start().trim_end_matches(" (deleted)");
+            if mapped != path || perms.contains('w') {
+                continue;
+            }
+            let Some((start, end)) = range.split_once('-') else {
+                continue;
+            };
+            let (Ok(start), Ok(end)) = (
+                usize::from_str_radix(start, 16),
+                usize::from_str_radix(end, 16),
+            ) else {
+                continue;
+            };
+            let Some(addr) = std::ptr::NonNull::new(start as *mut std::ffi::c_void) else {
+                continue;
+            };
+            let len = end.saturating_sub(start);
+            // SAFETY: a read-only, file-backed mapping of our own executable, as listed by the
+            // kernel just now; MADV_PAGEOUT drops resident pages but never changes what a read of
+            // the mapping returns.
+            let r = unsafe {
+                nix::sys::mman::madvise(addr, len, nix::sys::mman::MmapAdvise::MADV_PAGEOUT)
+            };
+            r.map_err(std::io::Error::from)?;
+            advised += len as u64;
+        }
+        Ok(advised)
+    }
+
+    /// This process's resident set (VmRSS), in KiB.
+    pub fn resident_kib() -> Option<u64> {
+        let status = std::fs::read_to_string("/proc/self/status").ok()?;
+        status
+            .lines()
+            .find_map(|l| l.strip_prefix("VmRSS:"))?
+            .trim()
+            .trim_end_matches("kB")
+            .trim()
+            .parse()
+            .ok()
     }
 }
