@@ -391,8 +391,11 @@ fn run(cp: &ControlPlane, seconds: u64) {
         200,
         r#"{"cilium":{"state":"Ok"},"kube-proxy-replacement":{"mode":"True"}}"#,
     );
-    let marker = env.root.join("kubelet.conf");
-    std::fs::write(&marker, "apiVersion: v1\nkind: Config\n").unwrap();
+    // The node marker is a file of its own: kubelet.conf beside the kubeconfig is the node's
+    // identity (`ginx_kubeconfig` writes it), which the condition is written with.
+    let marker = env.root.join("node-marker");
+    std::fs::write(&marker, "").unwrap();
+    let node_kc = support::control_plane::node_kubeconfig(&kc);
     let systemctl = systemctl(&env.root.join("bin"));
 
     // Only what a node must set, and where the stand-ins are: every interval is the default.
@@ -418,6 +421,7 @@ group = "root"
 
 [kubernetes]
 kubeconfig = "{kc}"
+node_kubeconfig = "{node_kc}"
 
 [health]
 node_marker = "{marker}"
@@ -437,6 +441,7 @@ systemctl = "{systemctl}"
         argus = url("argus"),
         colmena = env.colmena.display(),
         kc = kc.display(),
+        node_kc = node_kc.display(),
         marker = marker.display(),
         cilium = cilium.display(),
         systemctl = systemctl.display(),
