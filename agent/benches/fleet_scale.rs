@@ -640,6 +640,8 @@ struct SlotWrites {
     release: u64,
     /// Writes refused with 409 (another node won the slot, or wrote it first).
     conflicts: u64,
+    /// Of those, creates of a slot another node created first (the rollout's start).
+    conflicts_create: u64,
     other_failures: u64,
 }
 
@@ -668,6 +670,9 @@ fn slot_writes(audit: &[Audited], since: i64, handoffs: &mut Vec<f64>) -> SlotWr
         };
         if e.code == 409 {
             w.conflicts += 1;
+            if e.verb == "create" {
+                w.conflicts_create += 1;
+            }
             continue;
         }
         if e.code >= 300 {
@@ -937,8 +942,11 @@ fn run(bin: &Path, nodes: usize) -> Figures {
     );
     put(
         &mut f,
-        "rollout: slot writes lost to a race (409) / other failures",
-        format!("{} / {}", sw.conflicts, sw.other_failures),
+        "rollout: slot writes lost to a race (409; of them creates) / other failures",
+        format!(
+            "{} ({}) / {}",
+            sw.conflicts, sw.conflicts_create, sw.other_failures
+        ),
     );
     let ok = sw.ok().max(1) as f64;
     put(
