@@ -278,6 +278,130 @@ fn five_workers_never_more_than_two_at_once() {
     drop(daemons);
 }
 
+/// A group of more than 4 slots is a queue (agent/src/rollout/lease.rs): a node that finds
+/// every slot held says on its heartbeat which slot it queues on, and a release hands the slot
+/// to queued nodes by name. Seven workers, five slots, activations long enough that two
+/// nodes queue: from the audit log, every node a release named (one or two) had queued on its
+/// heartbeat before, named nodes took the slots handed to them, and when all is done no
+/// heartbeat is queued.
+#[test]
+fn a_release_in_a_large_group_hands_the_slot_to_a_queued_node() {
+    let Some(cp) = control_plane::shared() else {
+        return;
+    };
+    let mut rbac = RbacGuard::new(cp);
+    let origin = Env::new();
+    let journal_path = origin.root.join("journal");
+    let names: Vec<String> = (1..=7).map(|i| format!("rq7-w{i}")).collect();
+    let nodes: Vec<Node> = names
+        .iter()
+        .map(|name| {
+            rbac.watch(name);
+            let n = node(
+                cp,
+                &origin.repo.path,
+                &journal_path,
+                name,
+                "worker",
+                "rq7",
+                "max_concurrent = 5",
+            );
+            // Held long enough that the last two find all five slots held.
+            n.env.stub("sleep", "6");
+            n
+        })
+        .collect();
+    let mark = cp.audit_mark();
+    let daemons = start_all(&nodes);
+    let head = origin.repo.head();
+    for d in &daemons {
+        d.wait_applied(&head);
+    }
+    let lines = journal(&journal_path);
+    let most = most_at_once(&lines);
+    assert!(most <= 5, "{most} at once: {lines:?}");
+
+    let events = cp.audit_since(mark);
+    let writes: Vec<&AuditEvent> = events
+        .iter()
+        .filter(|e| {
+            e.resource == "leases"
+                && e.namespace == "ginx-system"
+                && matches!(e.verb.as_str(), "create" | "update")
+                && e.code < 300
+        })
+        .collect();
+    let label = |e: &AuditEvent, k: &str| {
+        e.request["metadata"]["labels"][k]
+            .as_str()
+            .map(str::to_owned)
+    };
+    // (heartbeat writer, slot Lease it queued on), in order; and the slot hand-offs.
+    let mut queued: std::collections::BTreeSet<String> = Default::default();
+    let mut named: std::collections::BTreeMap<String, Vec<String>> = Default::default();
+    let (mut handed, mut to_named) = (0, 0);
+    for e in &writes {
+        let user = e.user.trim_start_matches("ginx:").to_owned();
+        if e.name.starts_with("ginx-rollout-rq7-") {
+            let holder = e.request["spec"]["holderIdentity"].as_str().unwrap_or("");
+            let next = e.request["metadata"]["annotations"]["ginx.io/next"].as_str();
+            if holder.is_empty() {
+                if let Some(next) = next {
+                    handed += 1;
+                    let next: Vec<String> = next.split(' ').map(str::to_owned).collect();
+                    assert!(
+                        (1..=2).contains(&next.len()),
+                        "a release names one or two nodes: {next:?}"
+                    );
+                    for n in &next {
+                        assert!(
+                            queued.contains(n),
+                            "{user} handed {} to {n}, which had not queued: {queued:?}",
+                            e.name
+                        );
+                        let l = e.request["metadata"]["labels"]
+                            .as_object()
+                            .map(|m| m.keys().filter(|k| k.starts_with("ginx.io/next-")).count());
+                        assert_eq!(l, Some(next.len()), "one label per node named");
+                    }
+                    named.insert(e.name.clone(), next);
+                }
+            } else if holder == user
+                && let Some(next) = named.remove(&e.name)
+                && next.contains(&user)
+            {
+                to_named += 1;
+            }
+        } else if names.iter().any(|n| e.name == format!("ginx-{n}")) {
+            match label(e, "ginx.io/waits-slot") {
+                Some(slot) => {
+                    assert!(slot.starts_with("ginx-rollout-rq7-"), "{slot}");
+                    assert_eq!(label(e, "ginx.io/waits-group").as_deref(), Some("rq7"));
+                    queued.insert(user);
+                }
+                None => {
+                    queued.remove(&user);
+                }
+            }
+        }
+    }
+    assert!(handed >= 1, "no release named a queued node: {lines:?}");
+    assert!(
+        to_named >= 1,
+        "no named node took the slot handed to it ({handed} handed)"
+    );
+    for n in &names {
+        let hb = cp.lease("ginx-system", &format!("ginx-{n}")).unwrap();
+        let labels = &hb["metadata"]["labels"];
+        assert!(
+            labels.get("ginx.io/waits-slot").is_none()
+                && labels.get("ginx.io/waits-group").is_none(),
+            "{n} still queued when done: {labels}"
+        );
+    }
+    drop(daemons);
+}
+
 /// Makes `n` break when `revision` is activated: its gate command fails while the fake
 /// system's current revision is `revision`. `heals` says whether the rollback restores a system
 /// the gate accepts (the stand-in switch marks the running system as the previous one) or not.

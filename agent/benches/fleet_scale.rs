@@ -573,6 +573,8 @@ struct Audited {
     micros: i64,
     holder: Option<String>,
     phase: Option<String>,
+    /// The nodes a release handed the slot to (`ginx.io/next`, separated by spaces).
+    next: Option<String>,
 }
 
 impl Audited {
@@ -624,6 +626,9 @@ fn read_audit(path: &Path, from: u64, to: u64) -> Vec<Audited> {
                 phase: body["metadata"]["annotations"]["ginx.io/phase"]
                     .as_str()
                     .map(str::to_owned),
+                next: body["metadata"]["annotations"]["ginx.io/next"]
+                    .as_str()
+                    .map(str::to_owned),
             });
         }
         line.clear();
@@ -643,6 +648,11 @@ struct SlotWrites {
     /// Of those, creates of a slot another node created first (the rollout's start).
     conflicts_create: u64,
     other_failures: u64,
+    /// Acquires after a release that named nodes: by one of them / by another; after a
+    /// release that named nobody.
+    to_named: u64,
+    to_other: u64,
+    to_unnamed: u64,
 }
 
 impl SlotWrites {
@@ -657,8 +667,10 @@ impl SlotWrites {
 fn slot_writes(audit: &[Audited], since: i64, handoffs: &mut Vec<f64>) -> SlotWrites {
     let mut w = SlotWrites::default();
     let mut ignored = SlotWrites::default();
-    // Per slot: the holder and phase its last successful write left, and when.
+    // Per slot: the holder and phase its last successful write left, and when; the node a
+    // release named.
     let mut last: BTreeMap<&str, (Option<&str>, Option<&str>, i64)> = BTreeMap::new();
+    let mut named: BTreeMap<&str, Option<&str>> = BTreeMap::new();
     for e in audit
         .iter()
         .filter(|e| e.by_node() && e.slot() && e.write())
@@ -689,14 +701,22 @@ fn slot_writes(audit: &[Audited], since: i64, handoffs: &mut Vec<f64>) -> SlotWr
                     w.phase += 1;
                 }
             }
-            (Some(_), prev) => {
+            (Some(h), prev) => {
                 w.acquire += 1;
                 if let Some((None, _, released)) = prev
                     && e.micros >= since
                 {
                     handoffs.push((e.micros - released) as f64 / 1000.0);
+                    match named.get(e.name.as_str()).copied().flatten() {
+                        Some(n) if n.split(' ').any(|n| n == h) => w.to_named += 1,
+                        Some(_) => w.to_other += 1,
+                        None => w.to_unnamed += 1,
+                    }
                 }
             }
+        }
+        if e.holder.is_none() {
+            named.insert(e.name.as_str(), e.next.as_deref());
         }
         last.insert(
             e.name.as_str(),
@@ -979,6 +999,11 @@ fn run(bin: &Path, nodes: usize) -> Figures {
             handoffs.last().copied().unwrap_or(f64::NAN),
             handoffs.len()
         ),
+    );
+    put(
+        &mut f,
+        "rollout: hand-offs to a node named / to another / after a release naming nobody",
+        format!("{} / {} / {}", sw.to_named, sw.to_other, sw.to_unnamed),
     );
     put(
         &mut f,

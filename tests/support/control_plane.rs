@@ -772,6 +772,8 @@ pub struct AuditEvent {
     pub user_agent: String,
     /// `responseStatus.message`: why a request was refused.
     pub message: String,
+    /// The request's body (`requestObject`), for Leases only (null otherwise).
+    pub request: Value,
 }
 
 impl AuditEvent {
@@ -797,6 +799,11 @@ impl AuditEvent {
             time: s(&e["stageTimestamp"]),
             user_agent: s(&e["userAgent"]),
             message: s(&e["responseStatus"]["message"]),
+            request: if o["resource"] == "leases" {
+                e["requestObject"].clone()
+            } else {
+                Value::Null
+            },
         })
     }
 

@@ -272,6 +272,7 @@ fn live_holder(lease: &Lease, age: Option<Duration>) -> Option<String> {
                 .and_then(|d| u64::try_from(d).ok())
                 .unwrap_or(0),
         ),
+        next: Vec::new(),
     }
     .live_holder()
     .map(str::to_owned)

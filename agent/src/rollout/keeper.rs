@@ -41,6 +41,17 @@ pub type Reach =
 /// node's health is not watched).
 pub const RECHECK: Duration = Duration::from_secs(5);
 
+/// The same while queued for a slot of a large group: a release names the next node itself
+/// (`lease.rs`), so the looks are only for slots nobody took (a holder that died, a named node
+/// that did not come) and can be rarer; with many nodes queued one of them still looks often.
+pub const QUEUED_RECHECK: Duration = Duration::from_secs(10);
+
+/// The fleet state read before taking a slot is taken from the last read while the watch of
+/// the ConfigMap has seen no change since (and it is younger than this): the read after the
+/// take (`recheck_fleet`) is what a halt or pause must pass, so this one only spares a waiting
+/// node a request per look.
+const FLEET_CACHED: Duration = Duration::from_secs(30);
+
 /// The longest the gate's baseline waits for a fresh round of the probes.
 const FRESH_ROUND: Duration = Duration::from_secs(15);
 
@@ -236,6 +247,15 @@ pub struct Gatekeeper {
     after_passed: Option<Revision>,
     /// The watch of the heartbeat Leases of the `rollout.after` groups, while waiting for them.
     watching_after: Option<(Vec<String>, usize, watch::Sender<bool>)>,
+    /// The lock this node queues on (its heartbeat says so), while it waits for a slot of a
+    /// large group.
+    queued: Option<LeaseLock>,
+    /// Whether a queue mark a former run of ginx may have left on the heartbeat was cleared.
+    queue_checked: bool,
+    /// Bumped by the watch of the fleet ConfigMap (after its list, and at every change).
+    fleet_seen: Option<watch::Receiver<u64>>,
+    /// When [`fleet`](Self::fleet) was last read: the watch's count then, and the time.
+    fleet_read: Option<(u64, Instant)>,
 }
 
 type FleetLockKey = (crate::config::FleetLockConfig, String, Duration);
@@ -263,6 +283,10 @@ impl Gatekeeper {
             soak_until: None,
             after_passed: None,
             watching_after: None,
+            queued: None,
+            queue_checked: false,
+            fleet_seen: None,
+            fleet_read: None,
         }
     }
 
@@ -320,20 +344,30 @@ impl Gatekeeper {
         let (stop_tx, mut stop) = watch::channel(false);
         let api = kube::Api::<ConfigMap>::namespaced(clients.watch.clone(), &key.namespace);
         let fields = format!("metadata.name={}", key.configmap);
+        let (seen_tx, seen) = watch::channel(0);
+        let mut forward = seen.clone();
         let changes = self.changes_tx.clone();
         tokio::spawn(async move {
             tokio::select! {
-                () = lease::watch_objects(api, String::new(), Some(fields), changes, None) => {}
+                () = lease::watch_objects(api, String::new(), Some(fields), seen_tx, None) => {}
                 _ = stop.changed() => {}
             }
         });
+        // A change of the fleet state wakes a waiting node like any other change.
+        tokio::spawn(async move {
+            while forward.changed().await.is_ok() {
+                changes.send_modify(|n| *n = n.wrapping_add(1));
+            }
+        });
         self.watching = Some((key, stop_tx));
+        self.fleet_seen = Some(seen);
+        self.fleet_read = None;
     }
 
-    /// Starts (`on`) or stops the watch of the group's slot Leases (this node's home slot, see
-    /// [`LeaseLock::watch`]). It runs only while this node waits for a slot: so a slot's
-    /// hand-off reaches the nodes that wait, not the whole group, and a node that is done with
-    /// a rollout costs the API server nothing.
+    /// Starts (`on`) or stops the watch of the group's slot Leases (in a large group, of the
+    /// slots handed to this node: see [`LeaseLock::watch`]). It runs only while this node
+    /// waits for a slot: so a slot's hand-off reaches the nodes that wait, not the whole
+    /// group, and a node that is done with a rollout costs the API server nothing.
     fn watch_slots(&mut self, cfg: &Config, clients: Option<&KubeClients>, on: bool) {
         let Some(clients) = clients.filter(|_| on) else {
             self.watching_slots = None;
@@ -368,6 +402,7 @@ impl Gatekeeper {
             Arc::clone(&self.w.observed),
             clients.clock.clone(),
         )
+        .with_heartbeat(cfg.kubernetes.lease_name_for(cfg.node_name()))
     }
 
     /// Waits until something that may change a verdict changed: a slot, the fleet state, the
@@ -384,10 +419,15 @@ impl Gatekeeper {
         let soak = self
             .soak_until
             .map(|t| t.saturating_duration_since(Instant::now()));
+        let recheck = if self.queued.is_some() {
+            QUEUED_RECHECK
+        } else {
+            RECHECK
+        };
         tokio::select! {
             _ = self.changes.changed() => {}
             _ = self.w.kube.changed() => self.kube_pending = true,
-            () = tokio::time::sleep(util::jitter(RECHECK, 0.1)) => {}
+            () = tokio::time::sleep(util::jitter(recheck, 0.1)) => {}
             // The soak ending, to the moment.
             () = async {
                 match soak {
@@ -510,8 +550,44 @@ impl Gatekeeper {
     }
 
     /// May this node take (or keep) the lock for `purpose`? For a reboot, `revision` is the
-    /// one applied (recorded with the lock).
+    /// one applied (recorded with the lock). A node queued for a slot (see `lease.rs`) leaves
+    /// the queue once the answer is anything but waiting for one.
     pub async fn permit_for(
+        &mut self,
+        revision: &Revision,
+        held: Option<&Held>,
+        purpose: Purpose,
+    ) -> Permit {
+        let permit = self.decide(revision, held, purpose).await;
+        if !matches!(permit, Permit::Wait(WaitingFor::Lock, _)) {
+            self.unqueue().await;
+        }
+        permit
+    }
+
+    /// Leaves the queue of a large group's slots, if this node is in it (or, the first time,
+    /// may be: a former run of ginx may have left its mark on the heartbeat).
+    async fn unqueue(&mut self) {
+        let lock = match self.queued.take() {
+            Some(lock) => lock,
+            None if !self.queue_checked && effective(&self.cfg()) == Effective::Kubernetes => {
+                let Some(clients) = self.w.kube.borrow().clone() else {
+                    return;
+                };
+                let cfg = self.cfg();
+                self.lease_lock(&cfg, &clients)
+            }
+            None => return,
+        };
+        match lock.queue_on(None).await {
+            Ok(()) => self.queue_checked = true,
+            Err(e) => {
+                tracing::debug!(error = %e, "cannot clear the slot queue mark on the heartbeat; a release may name this node in vain");
+            }
+        }
+    }
+
+    async fn decide(
         &mut self,
         revision: &Revision,
         held: Option<&Held>,
@@ -549,27 +625,40 @@ impl Gatekeeper {
                     .api_unavailable(&cfg, "no connection to the Kubernetes API yet".into());
             };
             self.ensure_watch(&cfg, &clients);
+            let seen = self.fleet_seen.as_ref().map_or(0, |r| *r.borrow());
+            let cached = seen > 0
+                && self.fleet.is_some()
+                && self
+                    .fleet_read
+                    .is_some_and(|(n, at)| n == seen && at.elapsed() < FLEET_CACHED);
             let fleet = fleet_of(&cfg, &clients);
-            let state = match fleet.read().await {
-                Ok(s) => s,
-                Err(e) if unavailable(&e) => {
-                    return self.api_unavailable(
-                        &cfg,
-                        format!(
-                            "cannot read the rollout state {}: {}",
-                            fleet.object(),
-                            describe(&e)
-                        ),
-                    );
-                }
-                Err(e) => {
-                    return Self::refused(refusal(
-                        "get",
-                        &format!("ConfigMap {}", fleet.object()),
-                        &e,
-                    ));
+            let state = if let Some(state) = self.fleet.clone().filter(|_| cached) {
+                state
+            } else {
+                match fleet.read().await {
+                    Ok(s) => s,
+                    Err(e) if unavailable(&e) => {
+                        return self.api_unavailable(
+                            &cfg,
+                            format!(
+                                "cannot read the rollout state {}: {}",
+                                fleet.object(),
+                                describe(&e)
+                            ),
+                        );
+                    }
+                    Err(e) => {
+                        return Self::refused(refusal(
+                            "get",
+                            &format!("ConfigMap {}", fleet.object()),
+                            &e,
+                        ));
+                    }
                 }
             };
+            if !cached {
+                self.fleet_read = Some((seen, Instant::now()));
+            }
             self.fleet = Some(state);
         }
         let resuming_own = held.is_some()
@@ -676,6 +765,17 @@ impl Gatekeeper {
                     }
                     Ok(Acquired::Full(holders)) => {
                         self.watch_slots(&cfg, Some(&clients), true);
+                        if lock.queue() && self.queued.is_none() {
+                            match lock.queue_on(Some(lock.home())).await {
+                                Ok(()) => {
+                                    self.queue_checked = true;
+                                    self.queued = Some(lock.clone());
+                                }
+                                Err(e) => {
+                                    tracing::debug!(error = %e, "cannot queue for a slot on the heartbeat; looking for free slots instead");
+                                }
+                            }
+                        }
                         let list: Vec<String> = holders
                             .iter()
                             .map(|(i, h)| format!("slot {i} by {h}"))

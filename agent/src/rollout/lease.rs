@@ -9,6 +9,19 @@
 //! are watched (list, then watch from its `resourceVersion`), so that a waiting node hears of a
 //! release at once instead of polling.
 //!
+//! In a group of more than [`SMALL_GROUP`] slots the slots are also a queue. A node that finds
+//! them all held says so on its own heartbeat Lease (labels [`WAITS_GROUP_LABEL`] and
+//! [`WAITS_SLOT_LABEL`], its home slot) and watches for its own name on a slot
+//! ([`next_label`]), nothing else. A holder that releases its slot lists the nodes queued on
+//! that slot (or, when none, on any slot of the group), picks [`NAMED`] of them at random and
+//! names them in the release ([`NEXT_ANNOTATION`], [`next_label`]): so one release wakes two
+//! nodes, not every node waiting, and at most one write loses the race for it (two rather
+//! than one, so that one named node slowed by a busy API server or a hiccup does not hold up
+//! the hand-off). The names are advice, not the lock: a named node takes the slot with the
+//! same compare-and-swap write as any take, and the others leave it to them for
+//! [`slots::RESERVE`] as each sees it unchanged, then take it like any free slot (named nodes
+//! that died or stopped waiting cost that much).
+//!
 //! A slot Lease also says what its holder is doing with it (annotations [`REVISION_ANNOTATION`]
 //! and [`PHASE_ANNOTATION`]), so that a node taking over a slot whose holder vanished while
 //! applying or verifying a revision knows which revision to halt.
@@ -37,6 +50,28 @@ pub const PHASE_ANNOTATION: &str = "ginx.io/phase";
 /// The last gate pass under the slot, `<full revision> <node>`: kept after the release, so that
 /// the next node of the group soaks (`rollout.soak`) from when it saw it.
 pub const PASSED_ANNOTATION: &str = "ginx.io/passed";
+
+/// On a released slot: the waiting nodes its holder handed it to (full names, separated by
+/// spaces).
+pub const NEXT_ANNOTATION: &str = "ginx.io/next";
+/// The prefix of the same as labels, one per node: [`next_label`].
+const NEXT_LABEL_PREFIX: &str = "ginx.io/next-";
+/// Queued nodes a release names.
+pub const NAMED: usize = 2;
+/// On a waiting node's heartbeat Lease: the group it queues in...
+pub const WAITS_GROUP_LABEL: &str = "ginx.io/waits-group";
+/// ...and the slot Lease it queues on (its home slot).
+pub const WAITS_SLOT_LABEL: &str = "ginx.io/waits-slot";
+/// Queued nodes a release chooses from when none is queued on its slot.
+const QUEUE_LOOK: u32 = 20;
+
+/// The label (with an empty value) that names `node` on a released slot, what its watch
+/// selects: `ginx.io/next-` and 16 hex digits of the name's FNV-1a (names can be longer than
+/// a label's 63 characters). Two names with one label wake each other, nothing more: the take
+/// compares the full names of the annotation.
+pub fn next_label(node: &str) -> String {
+    format!("{NEXT_LABEL_PREFIX}{:016x}", slots::fnv(node))
+}
 
 /// Attempts at a slot when other nodes keep winning the race.
 const MAX_RACES: u32 = 5;
@@ -169,6 +204,8 @@ pub struct LeaseLock {
     seen: Arc<Mutex<Observed>>,
     /// The API server's clock: `renewTime` and `acquireTime` are written in it.
     clock: ServerClock,
+    /// This node's heartbeat Lease, where it says which slot it queues on.
+    heartbeat: Option<String>,
 }
 
 impl LeaseLock {
@@ -191,7 +228,19 @@ impl LeaseLock {
             doing: Arc::default(),
             seen,
             clock,
+            heartbeat: None,
         }
+    }
+
+    /// Queues (in a large group) on this node's heartbeat Lease `name`.
+    pub fn with_heartbeat(mut self, name: String) -> Self {
+        self.heartbeat = Some(name);
+        self
+    }
+
+    /// Whether this group's slots are a queue (see the module's doc).
+    pub fn queue(&self) -> bool {
+        queued_group(self.max)
     }
 
     pub fn name(&self, index: u32) -> String {
@@ -257,6 +306,13 @@ impl LeaseLock {
                 }
                 Slot {
                     index: *i,
+                    next: l
+                        .metadata
+                        .annotations
+                        .as_ref()
+                        .and_then(|a| a.get(NEXT_ANNOTATION))
+                        .map(|n| n.split_whitespace().map(str::to_owned).collect())
+                        .unwrap_or_default(),
                     holder: spec.and_then(|s| s.holder_identity.clone()),
                     unchanged_for: seen.unchanged_for(&self.name(*i), rv, now),
                     duration: Duration::from_secs(
@@ -359,7 +415,12 @@ impl LeaseLock {
     /// The Lease's annotations with what this node is doing.
     fn annotate(&self, meta: &mut ObjectMeta) {
         let doing = self.doing.lock().unwrap_or_else(|e| e.into_inner()).clone();
+        if let Some(l) = meta.labels.as_mut() {
+            l.retain(|k, _| !k.starts_with(NEXT_LABEL_PREFIX));
+        }
         let a = meta.annotations.get_or_insert_with(BTreeMap::new);
+        // Held now: handed to nobody.
+        a.remove(NEXT_ANNOTATION);
         match doing.revision.clone() {
             Some(r) => a.insert(REVISION_ANNOTATION.to_owned(), r),
             None => a.remove(REVISION_ANNOTATION),
@@ -454,9 +515,15 @@ impl LeaseLock {
         )))
     }
 
-    /// Clears the holder of slot `index` if it is this node.
+    /// Clears the holder of slot `index` if it is this node; in a queue, handing the slot to a
+    /// node queued on it (see the module's doc).
     pub async fn release(&self, index: u32) -> Result<Released, LockError> {
         let name = self.name(index);
+        let next = if self.queue() {
+            self.next_in_queue(index).await
+        } else {
+            Vec::new()
+        };
         for _ in 0..MAX_RACES {
             let lease = self
                 .api
@@ -471,9 +538,23 @@ impl LeaseLock {
                 return Ok(Released::NotHeld);
             }
             spec.holder_identity = None;
-            if let Some(a) = lease.metadata.annotations.as_mut() {
+            let meta = &mut lease.metadata;
+            if let Some(a) = meta.annotations.as_mut() {
                 a.remove(REVISION_ANNOTATION);
                 a.remove(PHASE_ANNOTATION);
+            }
+            if !next.is_empty() {
+                let labels = meta.labels.get_or_insert_with(BTreeMap::new);
+                for n in &next {
+                    labels.insert(next_label(n), String::new());
+                }
+                meta.annotations
+                    .get_or_insert_with(BTreeMap::new)
+                    .insert(NEXT_ANNOTATION.to_owned(), next.join(" "));
+                // A new value on the Lease makes the API server stamp this write's time,
+                // which vap.yaml accepts only on a write with a new renewTime (it checks it
+                // against the stamp).
+                spec.renew_time = Some(MicroTime(self.clock.now()));
             }
             match self.api.replace(&name, &post_params(), &lease).await {
                 Ok(_) => return Ok(Released::Yes),
@@ -483,6 +564,79 @@ impl LeaseLock {
         }
         Err(LockError::Unavailable(format!(
             "slot Lease {name} kept changing under ginx"
+        )))
+    }
+
+    /// Up to [`NAMED`] nodes queued on slot `index` (or, when none is, on any slot of the
+    /// group), at random; none when none is queued, or the list fails (the release then names
+    /// nobody).
+    async fn next_in_queue(&self, index: u32) -> Vec<String> {
+        let on_slot = format!("{WAITS_SLOT_LABEL}={}", self.name(index));
+        let in_group = format!("{WAITS_GROUP_LABEL}={}", self.group);
+        for (labels, limit) in [(on_slot, None), (in_group, Some(QUEUE_LOOK))] {
+            let mut lp = ListParams::default().labels(&labels);
+            if let Some(l) = limit {
+                lp = lp.limit(l);
+            }
+            let mut queued: Vec<String> = match self.api.list(&lp).await {
+                Ok(list) => list
+                    .items
+                    .into_iter()
+                    .filter_map(|l| l.spec?.holder_identity)
+                    .filter(|n| *n != self.node)
+                    .collect(),
+                Err(e) => {
+                    tracing::debug!(error = %describe(&e), "cannot list the nodes queued for a slot; releasing it to nobody");
+                    return Vec::new();
+                }
+            };
+            if !queued.is_empty() {
+                fastrand::shuffle(&mut queued);
+                queued.truncate(NAMED);
+                return queued;
+            }
+        }
+        Vec::new()
+    }
+
+    /// Says on this node's heartbeat Lease that it queues on slot `index` (`Some`), or no
+    /// longer queues (`None`). Nothing to do without a heartbeat Lease.
+    pub async fn queue_on(&self, index: Option<u32>) -> Result<(), LockError> {
+        let Some(hb) = &self.heartbeat else {
+            return Ok(());
+        };
+        for _ in 0..MAX_RACES {
+            let Some(mut lease) = self
+                .api
+                .get_opt(hb)
+                .await
+                .map_err(|e| self.error("get", &e))?
+            else {
+                return Ok(());
+            };
+            let labels = lease.metadata.labels.get_or_insert_with(BTreeMap::new);
+            let before = labels.clone();
+            match index {
+                Some(i) => {
+                    labels.insert(WAITS_GROUP_LABEL.to_owned(), self.group.clone());
+                    labels.insert(WAITS_SLOT_LABEL.to_owned(), self.name(i));
+                }
+                None => {
+                    labels.remove(WAITS_GROUP_LABEL);
+                    labels.remove(WAITS_SLOT_LABEL);
+                }
+            }
+            if *labels == before {
+                return Ok(());
+            }
+            match self.api.replace(hb, &post_params(), &lease).await {
+                Ok(_) => return Ok(()),
+                Err(e) if matches!(code(&e), Some(409 | 404)) => continue,
+                Err(e) => return Err(self.error("update", &e)),
+            }
+        }
+        Err(LockError::Unavailable(format!(
+            "heartbeat Lease {hb} kept changing under ginx"
         )))
     }
 
@@ -498,43 +652,48 @@ impl LeaseLock {
         }
     }
 
-    /// This node's home slot: the one whose releases wake it while it waits (see
-    /// [`watch`](Self::watch)). Spread over the slots by the node's name.
+    /// This node's home slot: the one it queues on in a large group (see the module's doc).
+    /// Spread over the slots by the node's name.
     pub fn home(&self) -> u32 {
         slots::home(&self.node, self.max)
     }
 
-    /// Watches the slots this node waits on until `stop` fires; bumps `changes` when a holder
-    /// there changes (taken, released, taken over, created, deleted) and after every
-    /// (re)list. A holder's renewals and phase writes wake nobody: a waiting node can do
-    /// nothing about them, and whether a holder stopped renewing is judged from acquire's own
-    /// fresh reads. In a group of up to [`SMALL_GROUP`] slots, every slot: a release wakes
-    /// every waiter of the group, which costs a few events and keeps the hand-off to the next
-    /// node immediate until the rollout's last node. Beyond, only the home slot: a release
-    /// then wakes the waiters homed on it (about waiters ÷ max_concurrent), not every waiter
-    /// of a large group, and when woken a node takes any free slot; a free slot no woken node
-    /// took is found at the next [`RECHECK`](super::RECHECK). Backs off while the API is away.
+    /// Watches the slots this node waits on until `stop` fires, and bumps `changes` when one
+    /// is there for it (and after every (re)list). In a group of up to [`SMALL_GROUP`] slots,
+    /// every slot, woken when a holder changes (taken, released, taken over, created,
+    /// deleted): a release wakes every waiter of the group, which costs a few events and keeps
+    /// the hand-off to the next node immediate until the rollout's last node; renewals and
+    /// phase writes wake nobody. Beyond, the slots are a queue (see the module's doc): only a
+    /// slot released to this node by name wakes it, two nodes per release however many wait.
+    /// A slot nobody was handed, or that the node named did not take, and a holder that
+    /// stopped renewing, are found at the next look ([`RECHECK`](super::RECHECK),
+    /// [`QUEUED_RECHECK`](super::QUEUED_RECHECK) while queued), judged from acquire's
+    /// own fresh reads. Backs off while the API is away.
     pub async fn watch(self, changes: watch::Sender<u64>, mut stop: watch::Receiver<bool>) {
-        let selector = self.selector();
-        let fields =
-            watched_slots(self.max).then(|| format!("metadata.name={}", self.name(self.home())));
         let api = self.api.clone();
+        let watching = if self.queue() {
+            // Only a slot handed to this node by name (see the module doc).
+            let selector = format!("{},{}", self.selector(), next_label(&self.node));
+            watch_objects(api, selector, None, changes, None)
+        } else {
+            watch_objects(api, self.selector(), None, changes, Some(holder_of))
+        };
         tokio::select! {
-            () = watch_objects(api, selector, fields, changes, Some(holder_of)) => {}
+            () = watching => {}
             _ = stop.changed() => {}
         }
     }
 }
 
-/// Groups of up to this many slots are watched whole by a waiting node; larger ones by their
-/// home slot only (see [`LeaseLock::watch`]). Measured (docs/src/figures.md, issue 33): with 3 slots and 30
-/// nodes, home-only watches left the rollout's last releases unheard until the 5 s re-look
-/// (hand-off p99 3.1 s); with 50 slots, a window of 4 slots per waiter raised the 300-node
-/// hand-off p99 from 1.07 to 1.26 s and the lost races by a tenth.
+/// Groups of up to this many slots are watched whole by a waiting node, and the nodes woken
+/// by a release race for it (a few at most); larger ones are a queue (see the module's doc).
+/// Measured (docs/src/figures.md, issue 33): with 3 slots and 30 nodes, watching only a home
+/// slot left the rollout's last releases unheard until the 5 s re-look (hand-off p99 3.1 s);
+/// with 50 slots and 1,000 nodes, the race cost about 28 refused writes per hand-off.
 pub const SMALL_GROUP: u32 = 4;
 
-/// Whether a waiter watches its home slot only (`true`) or the whole group.
-pub fn watched_slots(max: u32) -> bool {
+/// Whether a group of `max` slots is a queue (`true`) or watched whole by its waiters.
+pub fn queued_group(max: u32) -> bool {
     max > SMALL_GROUP
 }
 
@@ -675,11 +834,27 @@ mod tests {
     use super::*;
 
     #[test]
-    fn small_groups_are_watched_whole_and_large_ones_by_the_home_slot() {
-        for max in 1..=SMALL_GROUP {
-            assert!(!watched_slots(max), "{max}");
+    fn a_node_is_named_on_a_slot_by_a_label_of_its_own_that_any_name_fits_in() {
+        let long = "n".repeat(253);
+        for node in ["lucy", "worker-0001", long.as_str()] {
+            let label = next_label(node);
+            let (prefix, name) = label.split_once('/').unwrap();
+            assert_eq!(prefix, "ginx.io");
+            // A label's name part: at most 63 characters, alphanumerics and '-'.
+            assert!(name.len() <= 63, "{label}");
+            assert!(name.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-'));
+            assert!(label.starts_with(NEXT_LABEL_PREFIX));
         }
-        assert!(watched_slots(SMALL_GROUP + 1));
-        assert!(watched_slots(50));
+        assert_eq!(next_label("lucy"), next_label("lucy"));
+        assert_ne!(next_label("lucy"), next_label("makise"));
+    }
+
+    #[test]
+    fn small_groups_are_watched_whole_and_large_ones_are_a_queue() {
+        for max in 1..=SMALL_GROUP {
+            assert!(!queued_group(max), "{max}");
+        }
+        assert!(queued_group(SMALL_GROUP + 1));
+        assert!(queued_group(50));
     }
 }

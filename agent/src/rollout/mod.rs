@@ -19,6 +19,6 @@ pub mod slots;
 pub mod window;
 
 pub use keeper::{
-    CONTROL_PLANE_REQUIRED, Effective, Gatekeeper, Later, Permit, Purpose, RECHECK, Reach, Wiring,
-    effective,
+    CONTROL_PLANE_REQUIRED, Effective, Gatekeeper, Later, Permit, Purpose, QUEUED_RECHECK, RECHECK,
+    Reach, Wiring, effective,
 };

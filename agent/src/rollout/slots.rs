@@ -7,7 +7,10 @@
 //! another node's `renewTime` is never compared with this node's wall clock, so a clock that is
 //! minutes off on either side neither takes a live slot nor keeps a dead one. A node that
 //! already holds a slot keeps that one (after a restart it resumes, never taking a second).
-//! Otherwise it takes the lowest free slot, and only while fewer than `max` nodes hold one.
+//! Otherwise it takes a free slot, and only while fewer than `max` nodes hold one. A slot its
+//! last holder handed to a named waiting node (see `lease.rs`, the queue) is that node's first:
+//! it takes it before any other, and the others leave it alone until they have seen it
+//! unchanged for [`RESERVE`].
 
 use std::collections::{BTreeMap, HashMap};
 use std::time::{Duration, Instant};
@@ -20,7 +23,13 @@ pub struct Slot {
     /// How long this node has seen the Lease unchanged (see [`Observed`]).
     pub unchanged_for: Duration,
     pub duration: Duration,
+    /// The waiting nodes its last holder handed it to on release, if any.
+    pub next: Vec<String>,
 }
+
+/// How long a slot handed to a named node is left to it by the others, as each sees it
+/// unchanged on its own monotonic clock; then it is free for any node.
+pub const RESERVE: Duration = Duration::from_secs(2);
 
 /// Added to a slot's duration before it counts as expired: the API server's policy
 /// (`packaging/kubernetes/vap.yaml`) judges expiry by the whole-second times it stamps, and
@@ -36,6 +45,15 @@ impl Slot {
     pub fn live_holder(&self) -> Option<&str> {
         let holder = self.holder.as_deref().filter(|h| !h.is_empty())?;
         (!self.expired()).then_some(holder)
+    }
+
+    /// Free, but handed to other nodes than `node`, and not yet seen unchanged for
+    /// [`RESERVE`].
+    fn reserved_against(&self, node: &str) -> bool {
+        self.holder.as_deref().is_none_or(str::is_empty)
+            && !self.next.is_empty()
+            && !self.next.iter().any(|n| n == node)
+            && self.unchanged_for < RESERVE
     }
 
     /// Whether the slot has a holder that stopped renewing it (not released: expired).
@@ -115,10 +133,14 @@ impl Observed {
 /// The home slot of `node` among `max`: spread by the name (FNV-1a, stable across processes
 /// and versions, unlike std's hasher).
 pub fn home(node: &str, max: u32) -> u32 {
-    let h = node.bytes().fold(0xcbf2_9ce4_8422_2325_u64, |h, b| {
+    (fnv(node) % u64::from(max.max(1))) as u32
+}
+
+/// FNV-1a of `s`, 64 bits.
+pub fn fnv(s: &str) -> u64 {
+    s.bytes().fold(0xcbf2_9ce4_8422_2325_u64, |h, b| {
         (h ^ u64::from(b)).wrapping_mul(0x0000_0100_0000_01b3)
-    });
-    (h % u64::from(max.max(1))) as u32
+    })
 }
 
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -155,7 +177,17 @@ pub fn choose(slots: &[Slot], node: &str, max: u32, pick: u32) -> Choice {
     {
         return Choice::Take(s.index);
     }
-    let free: Vec<u32> = (0..max).filter(|i| !holders.contains_key(i)).collect();
+    let slot = |i: u32| slots.iter().find(|s| s.index == i);
+    // Handed to this node by name: its own first.
+    if let Some(s) = slots.iter().find(|s| {
+        s.index < max && !holders.contains_key(&s.index) && s.next.iter().any(|n| n == node)
+    }) {
+        return Choice::Take(s.index);
+    }
+    let free: Vec<u32> = (0..max)
+        .filter(|i| !holders.contains_key(i))
+        .filter(|i| !slot(*i).is_some_and(|s| s.reserved_against(node)))
+        .collect();
     match free.len() {
         0 => Choice::Full(holders),
         n => Choice::Take(free[pick as usize % n]),
@@ -173,7 +205,49 @@ mod tests {
             holder: holder.map(str::to_owned),
             unchanged_for: Duration::from_secs(unchanged),
             duration: Duration::from_secs(60),
+            next: Vec::new(),
         }
+    }
+
+    #[test]
+    fn a_slot_handed_to_a_node_is_its_own_first_and_left_to_it_for_the_reserve() {
+        let handed = |unchanged_ms: u64| Slot {
+            next: vec!["quinn".into(), "makise".into()],
+            unchanged_for: Duration::from_millis(unchanged_ms),
+            ..slot(1, None, 0)
+        };
+        // The named node takes it before any other free slot, whatever its pick.
+        for pick in 0..4 {
+            assert_eq!(
+                choose(&[slot(0, Some("a"), 0), handed(0)], "makise", 4, pick),
+                Choice::Take(1)
+            );
+        }
+        // Another node leaves it alone while it is fresh, and takes another free one...
+        for pick in 0..4 {
+            assert_ne!(
+                choose(&[slot(0, Some("a"), 0), handed(1900)], "lucy", 4, pick),
+                Choice::Take(1)
+            );
+        }
+        // ...or finds none when it was the only free one.
+        assert!(matches!(
+            choose(&[slot(0, Some("a"), 0), handed(0)], "lucy", 2, 0),
+            Choice::Full(_)
+        ));
+        // Once seen unchanged for the reserve, it is free for any node.
+        assert_eq!(
+            choose(&[slot(0, Some("a"), 0), handed(2000)], "lucy", 2, 0),
+            Choice::Take(1)
+        );
+        // Taken by the node named: held, like any slot.
+        let taken = Slot {
+            holder: Some("makise".into()),
+            ..handed(0)
+        };
+        assert!(
+            matches!(choose(&[slot(0, Some("a"), 0), taken], "lucy", 2, 0), Choice::Full(h) if h.len() == 2)
+        );
     }
 
     #[test]
