@@ -73,7 +73,7 @@ impl Reconciler {
     /// kill it. One it started stays: only its passed gate, or an operator, lifts that.
     async fn lift_unstarted_vanished(&mut self) {
         let node = self.config.borrow().node_name().to_owned();
-        let Some(fleet) = self.gatekeeper.fleet.clone() else {
+        let Some(fleet) = self.gatekeeper.fleet().cloned() else {
             return;
         };
         let st = &self.core.state;

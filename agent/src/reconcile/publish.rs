@@ -149,7 +149,7 @@ impl Reconciler {
         } else {
             self.core.waiting.as_ref().map(|w| w.waiting_for)
         };
-        let fleet = self.gatekeeper.fleet.as_ref();
+        let fleet = self.gatekeeper.fleet();
         RolloutStatus {
             lock: crate::rollout::effective(&cfg).as_str().to_owned(),
             group: cfg.rollout.group_for(cfg.node.role),
@@ -164,7 +164,7 @@ impl Reconciler {
                     crate::config::RolloutConfig::slot_lease(&h_group(held), i)
                 )
             }),
-            holders: self.gatekeeper.holders.clone(),
+            holders: self.gatekeeper.holders().clone(),
             waiting_for,
             reason: self.core.waiting.as_ref().map(|w| w.reason.clone()),
             waiting_since: self.core.waiting.as_ref().map(|w| w.since),

@@ -159,8 +159,7 @@ impl Reconciler {
             Decision::Idle | Decision::RetryAt(_) => true,
             Decision::Start(d) => self
                 .gatekeeper
-                .fleet
-                .as_ref()
+                .fleet()
                 .is_some_and(|f| f.halt_of(&d.revision).is_some()),
             _ => false,
         }

@@ -7,15 +7,23 @@
 //! worker. The API clients and the probes' reports come from the daemon. `reconcile` asks it
 //! for permission through [`Gatekeeper`].
 
+pub mod admission;
+mod after;
 pub mod cluster;
 pub mod drain;
+mod evidence;
 pub mod fleet;
+mod fleet_cache;
 pub mod fleetlock;
 pub mod gate;
+mod holding;
 mod keeper;
 pub mod lease;
+pub mod lock;
+mod locker;
 pub mod quorum;
 pub mod slots;
+mod takeover;
 pub mod window;
 
 pub use keeper::{

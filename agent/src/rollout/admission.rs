@@ -1,0 +1,383 @@
+//! Admission: may this node start applying (or rebooting) now? A pure function of what the
+//! orchestrator (`keeper.rs`) has learned so far, the configuration and the clock. It answers
+//! with a [`Verdict`], or names the one thing it must learn (or do) first: [`Next`]. No I/O,
+//! no clock of its own, no logging: the caller passes `now`, does what is asked, records the
+//! answer in [`Facts`] and asks again.
+//!
+//! The questions come in a fixed order, cheapest and most general first, and each is asked
+//! only when every earlier one let the node through: the backend, the fleet state (pause,
+//! halts, a vanished holder), the maintenance windows, the control plane's quorum, a halt
+//! this node owes the fleet, the slot already held, the groups of `rollout.after`, and only
+//! then a take of the lock. So a paused fleet costs one read, not a quorum check and a list.
+//!
+//! Owns the wording of every wait it answers with. Does not own the lock's outcome beyond
+//! its message ([`soaking`], [`busy`]), nor anything the reconciler waits for itself
+//! (`suspended`, `pods`, `reboot`).
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use jiff::Timestamp;
+
+use super::lease::LockError;
+use super::window::{self, WindowState};
+use crate::config::{OnApiUnavailable, Window};
+use crate::state::Held;
+use crate::status::{FleetState, HaltCause, WaitingFor};
+use crate::types::Revision;
+
+/// What the lock is asked for.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Purpose {
+    /// Applying a revision: `[[rollout.windows]]`, and a halted revision waits.
+    Apply,
+    /// Rebooting the node: `[[reboot.windows]]`; a halt concerns applies only.
+    Reboot,
+}
+
+/// The backend in effect, `auto` resolved.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Effective {
+    None,
+    /// `auto` before the cluster exists.
+    Bootstrap,
+    Kubernetes,
+    Fleetlock,
+}
+
+impl Effective {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Effective::None | Effective::Bootstrap => "none",
+            Effective::Kubernetes => "kubernetes",
+            Effective::Fleetlock => "fleetlock",
+        }
+    }
+}
+
+/// The lock this process holds, as admission needs to know it.
+#[derive(Clone, Copy, Debug)]
+pub enum Holding<'a> {
+    None,
+    /// Held and renewed.
+    Live(&'a Held),
+    /// Taken, then lost (another node took it, or it went unrenewed for its duration).
+    Lost,
+}
+
+/// The question, and what does not change while it is answered.
+#[derive(Clone, Debug)]
+pub struct Ask<'a> {
+    pub revision: &'a Revision,
+    pub purpose: Purpose,
+    pub backend: Effective,
+    /// The cluster's kubeconfig exists: the fleet state is read before anything else.
+    pub cluster: bool,
+    /// The API clients are built.
+    pub connected: bool,
+    /// The state file says this node holds a lock (taken before a restart): it is resumed,
+    /// never a second one taken.
+    pub held_in_state: bool,
+    pub holding: Holding<'a>,
+    /// This node's rollout group.
+    pub group: &'a str,
+    /// A control-plane node with `rollout.quorum_guard` on.
+    pub quorum_guard: bool,
+    /// `rollout.after` names groups not yet seen to have passed this revision.
+    pub after_pending: bool,
+    /// The windows that gate this purpose, and the key they come from (for the message).
+    pub windows: &'a [Window],
+    pub windows_key: &'static str,
+    pub on_api_unavailable: OnApiUnavailable,
+}
+
+/// What the orchestrator learned (or did) so far for one ask.
+#[derive(Clone, Debug, Default)]
+pub struct Facts<'a> {
+    /// The fleet state was read for this ask.
+    pub fleet_read: bool,
+    /// The fleet state as last read (this ask's read, or an older one outside a cluster).
+    pub fleet: Option<&'a FleetState>,
+    /// The quorum guard's answer: `Some(None)` when it let the node through.
+    pub quorum: Option<Option<String>>,
+    pub owed_halt: Owed,
+    /// The `rollout.after` groups' answer: `Some(None)` when all passed.
+    pub after: Option<Option<String>>,
+}
+
+/// A `holder-vanished` halt this node owes the fleet (see `keeper.rs`'s take-over).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum Owed {
+    #[default]
+    None,
+    /// Not written yet: written before anything else is done.
+    Pending,
+    /// Written during this ask; `halts_this`: the fleet now halts the revision asked for.
+    Written { halts_this: bool },
+}
+
+/// What the orchestrator does next.
+#[derive(Debug, PartialEq)]
+pub enum Next {
+    Answer(Verdict),
+    /// Read the fleet state (`ginx-rollout` ConfigMap).
+    ReadFleet,
+    /// Ask the quorum guard about the other control-plane nodes.
+    CheckQuorum,
+    /// Write the halt this node owes.
+    WriteOwedHalt,
+    /// Read whether every node of the `rollout.after` groups passed the revision.
+    CheckAfter,
+    /// Take (or resume) the lock.
+    Take,
+}
+
+/// The answer to "may I?".
+#[derive(Debug, PartialEq)]
+pub enum Verdict {
+    /// Go ahead, with the lock held (to be recorded in the state) or with none.
+    Go(Option<Held>),
+    /// Go ahead without the lock although the cluster exists: its API is unavailable and
+    /// `rollout.on_api_unavailable = "proceed"` (the caller says so in the journal).
+    GoWithoutApi(String),
+    Wait(Wait),
+}
+
+/// A wait: for what, why (a sentence for `ginxctl status`), and when it ends by itself if
+/// nothing else changes (a window opening).
+#[derive(Clone, Debug, PartialEq)]
+pub struct Wait {
+    pub waiting_for: WaitingFor,
+    pub reason: String,
+    pub until: Option<Timestamp>,
+}
+
+impl Verdict {
+    fn wait(waiting_for: WaitingFor, reason: String) -> Self {
+        Verdict::Wait(Wait {
+            waiting_for,
+            reason,
+            until: None,
+        })
+    }
+}
+
+/// The next step of an ask, given what is known at `now`.
+pub fn next(ask: &Ask<'_>, facts: &Facts<'_>, now: Timestamp) -> Next {
+    let resuming = ask.held_in_state || !matches!(ask.holding, Holding::None);
+    match ask.backend {
+        Effective::None | Effective::Bootstrap => {
+            return Next::Answer(outside_window(ask, resuming, now).unwrap_or(Verdict::Go(None)));
+        }
+        Effective::Kubernetes | Effective::Fleetlock => {}
+    }
+    if ask.cluster && !facts.fleet_read {
+        if !ask.connected {
+            let why = "no connection to the Kubernetes API yet".to_owned();
+            return Next::Answer(unavailable(ask.on_api_unavailable, why));
+        }
+        return Next::ReadFleet;
+    }
+    let resuming_own = ask.held_in_state || matches!(ask.holding, Holding::Live(_));
+    if let Some(wait) = facts
+        .fleet
+        .and_then(|state| held_back(state, ask.revision, ask.purpose, ask.group, resuming_own))
+    {
+        return Next::Answer(wait);
+    }
+    if let Some(wait) = outside_window(ask, resuming, now) {
+        return Next::Answer(wait);
+    }
+    // A reboot passes the quorum guard even with the slot kept since its apply.
+    let resuming_apply = ask.purpose == Purpose::Apply && resuming;
+    if !resuming_apply && ask.quorum_guard && ask.connected {
+        match &facts.quorum {
+            None => return Next::CheckQuorum,
+            Some(Some(why)) => return Next::Answer(Verdict::wait(WaitingFor::Quorum, why.clone())),
+            Some(None) => {}
+        }
+    }
+    match facts.owed_halt {
+        Owed::Pending => return Next::WriteOwedHalt,
+        Owed::Written { halts_this: true } if ask.purpose == Purpose::Apply => {
+            return Next::Answer(Verdict::wait(
+                WaitingFor::Halted,
+                format!(
+                    "revision {} is halted: its slot's holder vanished while rolling it out",
+                    ask.revision.short()
+                ),
+            ));
+        }
+        Owed::Written { .. } | Owed::None => {}
+    }
+    if let Holding::Live(held) = ask.holding {
+        return Next::Answer(Verdict::Go(Some(held.clone())));
+    }
+    // Order across groups: nothing of this group starts a revision before every node of
+    // the groups it comes after passed its gate on it.
+    if ask.purpose == Purpose::Apply && !ask.held_in_state && ask.connected && ask.after_pending {
+        match &facts.after {
+            None => return Next::CheckAfter,
+            Some(Some(behind)) => {
+                return Next::Answer(Verdict::wait(WaitingFor::After, behind.clone()));
+            }
+            Some(None) => {}
+        }
+    }
+    Next::Take
+}
+
+/// Outside every window, the wait (and when the next opens); `None` inside one, or when the
+/// node already holds its lock for an apply (a window gates the start of an apply only; a
+/// reboot's always).
+fn outside_window(ask: &Ask<'_>, resuming: bool, now: Timestamp) -> Option<Verdict> {
+    if ask.purpose == Purpose::Apply && resuming {
+        return None;
+    }
+    let WindowState::Closed { opens_at } = window::state(ask.windows, now) else {
+        return None;
+    };
+    let key = ask.windows_key;
+    Some(Verdict::Wait(Wait {
+        waiting_for: WaitingFor::Window,
+        reason: match opens_at {
+            Some(t) => format!("outside the maintenance windows ({key}); the next opens at {t}"),
+            None => format!("outside the maintenance windows ({key})"),
+        },
+        until: opens_at,
+    }))
+}
+
+/// The API is needed but not there: wait, or go on without a lock, as
+/// `rollout.on_api_unavailable` says.
+pub fn unavailable(policy: OnApiUnavailable, why: String) -> Verdict {
+    match policy {
+        OnApiUnavailable::Wait => Verdict::wait(
+            WaitingFor::Api,
+            format!(
+                "{why}; nothing is applied until the API answers (rollout.on_api_unavailable = \"wait\")"
+            ),
+        ),
+        OnApiUnavailable::Proceed => Verdict::GoWithoutApi(why),
+    }
+}
+
+/// The API refused a request: a configuration error, never a reason to go on without the
+/// lock, whatever `on_api_unavailable` says.
+pub fn refused(why: String) -> Verdict {
+    Verdict::wait(
+        WaitingFor::Refused,
+        format!("{why}; nothing is applied until this is fixed"),
+    )
+}
+
+/// A failed request about the lock: unavailable (the API policy decides) or refused.
+pub fn lock_error(policy: OnApiUnavailable, e: LockError) -> Verdict {
+    match e {
+        LockError::Unavailable(m) => unavailable(policy, m),
+        LockError::Refused(m) => refused(m),
+    }
+}
+
+/// What in the fleet state holds this node back from taking (or keeping) a slot for
+/// `revision`: a pause, a halt of the revision (for an apply), or a holder of its group that
+/// vanished mid-rollout (unless this node resumes its own slot).
+pub fn held_back(
+    state: &FleetState,
+    revision: &Revision,
+    purpose: Purpose,
+    group: &str,
+    resuming_own: bool,
+) -> Option<Verdict> {
+    if let Some(p) = &state.paused {
+        return Some(Verdict::wait(
+            WaitingFor::Paused,
+            format!(
+                "the fleet is paused by {} since {}; `ginxctl rollout resume` lifts it",
+                p.by, p.at
+            ),
+        ));
+    }
+    if let Some(h) = state
+        .halt_of(revision)
+        .filter(|_| purpose == Purpose::Apply)
+    {
+        let what = match h.cause {
+            HaltCause::GateFailed => format!("its health gate failed on {}", h.node),
+            HaltCause::HolderVanished => {
+                format!("{} vanished holding a rollout slot for it", h.node)
+            }
+            HaltCause::BuildFailed => format!("it failed to build on {}", h.node),
+        };
+        return Some(Verdict::wait(
+            WaitingFor::Halted,
+            format!(
+                "revision {} is halted: {what} at {} ({}); a new revision rolls out \
+                 normally, `ginxctl rollout clear {}` lifts the halt",
+                revision.short(),
+                h.at,
+                h.reason,
+                revision.short()
+            ),
+        ));
+    }
+    // A holder of this group vanished mid-rollout: it may still be activating or verifying
+    // (cut off, stopped), so nothing of the group starts until it is back and its gate
+    // passed, or an operator clears the halt. A node resuming its own slot goes on.
+    if resuming_own {
+        return None;
+    }
+    let h = state.vanished_in(group)?;
+    Some(Verdict::wait(
+        WaitingFor::Halted,
+        format!(
+            "{} vanished holding a rollout slot of group {} while rolling out {} and may \
+             still be activating it; the group waits until it is back and its gate \
+             passes, or `ginxctl rollout clear {}` after checking it",
+            h.node,
+            h.group.as_deref().unwrap_or("-"),
+            h.revision.short(),
+            h.revision.short()
+        ),
+    ))
+}
+
+/// The wait while a node of the group passed its gate on `revision` less than `soak` ago.
+pub fn soaking(revision: &Revision, after: &str, soak: &str, left: Duration) -> Verdict {
+    Verdict::wait(
+        WaitingFor::Soak,
+        format!(
+            "{after} passed its gate on {} less than rollout.soak ({soak}) ago; {}s to go",
+            revision.short(),
+            left.as_secs_f64().ceil()
+        ),
+    )
+}
+
+/// The wait while other nodes hold the group's slots (`holders`, as last read).
+pub fn busy(group: &str, max: u32, holders: &BTreeMap<u32, String>) -> Verdict {
+    let list: Vec<String> = holders
+        .iter()
+        .map(|(i, h)| format!("slot {i} by {h}"))
+        .collect();
+    let held = holders.len();
+    let what = if held < max as usize {
+        format!(
+            "other nodes won every race for the free slots of group {group} \
+             ({held} of {max} held as last read)"
+        )
+    } else {
+        format!("all {max} slot(s) of group {group} are held")
+    };
+    Verdict::wait(WaitingFor::Lock, format!("{what}: {}", list.join(", ")))
+}
+
+/// The wait while the lock server refused this node the lock, or the lock cannot be asked
+/// for at all (`why` says which).
+pub fn refused_lock(why: String) -> Verdict {
+    Verdict::wait(WaitingFor::Lock, why)
+}
+
+#[cfg(test)]
+#[path = "admission_tests.rs"]
+mod tests;

@@ -1,0 +1,392 @@
+//! Admission's table: every wait it answers with and every step it asks for, each from the
+//! smallest situation that reaches it.
+
+use super::*;
+use crate::config::{ClockTime, Day};
+use crate::status::{Halt, Pause};
+
+fn rev(c: char) -> Revision {
+    std::iter::repeat_n(c, 40)
+        .collect::<String>()
+        .parse()
+        .unwrap()
+}
+
+fn t(s: &str) -> Timestamp {
+    s.parse().unwrap()
+}
+
+/// A Monday, 12:00 UTC.
+const NOON: &str = "2026-11-30T12:00:00Z";
+
+fn monday_night() -> Vec<Window> {
+    vec![Window {
+        days: vec![Day::Mon],
+        start: ClockTime::try_from("02:00".to_owned()).unwrap(),
+        length: crate::config::Duration::from_secs(3600),
+        time_zone: "UTC".into(),
+    }]
+}
+
+fn held(r: &Revision) -> Held {
+    Held {
+        backend: "kubernetes".into(),
+        group: "workers".into(),
+        slot: Some(0),
+        revision: r.clone(),
+        since: t(NOON),
+    }
+}
+
+fn halt(r: &Revision, cause: HaltCause, group: Option<&str>) -> Halt {
+    Halt {
+        revision: r.clone(),
+        node: "makise".into(),
+        probes: BTreeMap::new(),
+        reason: "why".into(),
+        at: t(NOON),
+        cause,
+        group: group.map(str::to_owned),
+    }
+}
+
+/// A worker of a cluster, connected, asking to apply, with nothing held and no windows.
+fn ask(r: &Revision) -> Ask<'_> {
+    Ask {
+        revision: r,
+        purpose: Purpose::Apply,
+        backend: Effective::Kubernetes,
+        cluster: true,
+        connected: true,
+        held_in_state: false,
+        holding: Holding::None,
+        group: "workers",
+        quorum_guard: false,
+        after_pending: false,
+        windows: &[],
+        windows_key: "rollout.windows",
+        on_api_unavailable: OnApiUnavailable::Wait,
+    }
+}
+
+fn read(fleet: &FleetState) -> Facts<'_> {
+    Facts {
+        fleet_read: true,
+        fleet: Some(fleet),
+        ..Facts::default()
+    }
+}
+
+fn waits_for(n: &Next) -> Option<WaitingFor> {
+    match n {
+        Next::Answer(Verdict::Wait(w)) => Some(w.waiting_for),
+        _ => None,
+    }
+}
+
+#[test]
+fn every_wait_and_every_step_is_reached() {
+    let r = rev('a');
+    let empty = FleetState::default();
+    let now = t(NOON);
+    let windows = monday_night();
+    let paused = FleetState {
+        paused: Some(Pause {
+            by: "ops@desk".into(),
+            at: now,
+        }),
+        ..FleetState::default()
+    };
+    let mut halted = FleetState::default();
+    halted
+        .halted
+        .insert(r.to_string(), halt(&r, HaltCause::GateFailed, None));
+    let mut vanished = FleetState::default();
+    let other = rev('b');
+    vanished.halted.insert(
+        other.to_string(),
+        halt(&other, HaltCause::HolderVanished, Some("workers")),
+    );
+    let h = held(&r);
+
+    type Case<'a> = (&'a str, Ask<'a>, Facts<'a>, Next);
+    let wait = |w: WaitingFor| Next::Answer(Verdict::wait(w, String::new()));
+    let cases: Vec<Case<'_>> = vec![
+        (
+            "no cluster read yet",
+            ask(&r),
+            Facts::default(),
+            Next::ReadFleet,
+        ),
+        (
+            "no client yet",
+            Ask {
+                connected: false,
+                ..ask(&r)
+            },
+            Facts::default(),
+            wait(WaitingFor::Api),
+        ),
+        ("paused", ask(&r), read(&paused), wait(WaitingFor::Paused)),
+        ("halted", ask(&r), read(&halted), wait(WaitingFor::Halted)),
+        (
+            "a holder of the group vanished",
+            ask(&r),
+            read(&vanished),
+            wait(WaitingFor::Halted),
+        ),
+        (
+            "outside the windows",
+            Ask {
+                windows: &windows,
+                ..ask(&r)
+            },
+            read(&empty),
+            wait(WaitingFor::Window),
+        ),
+        (
+            "quorum not asked yet",
+            Ask {
+                quorum_guard: true,
+                ..ask(&r)
+            },
+            read(&empty),
+            Next::CheckQuorum,
+        ),
+        (
+            "quorum lacking",
+            Ask {
+                quorum_guard: true,
+                ..ask(&r)
+            },
+            Facts {
+                quorum: Some(Some("lucy is not Ready".into())),
+                ..read(&empty)
+            },
+            wait(WaitingFor::Quorum),
+        ),
+        (
+            "a halt owed",
+            ask(&r),
+            Facts {
+                owed_halt: Owed::Pending,
+                ..read(&empty)
+            },
+            Next::WriteOwedHalt,
+        ),
+        (
+            "the owed halt was of this revision",
+            ask(&r),
+            Facts {
+                owed_halt: Owed::Written { halts_this: true },
+                ..read(&empty)
+            },
+            wait(WaitingFor::Halted),
+        ),
+        (
+            "the slot is held",
+            Ask {
+                holding: Holding::Live(&h),
+                ..ask(&r)
+            },
+            read(&empty),
+            Next::Answer(Verdict::Go(Some(h.clone()))),
+        ),
+        (
+            "after groups not asked yet",
+            Ask {
+                after_pending: true,
+                ..ask(&r)
+            },
+            read(&empty),
+            Next::CheckAfter,
+        ),
+        (
+            "after groups behind",
+            Ask {
+                after_pending: true,
+                ..ask(&r)
+            },
+            Facts {
+                after: Some(Some("lucy passed nothing yet".into())),
+                ..read(&empty)
+            },
+            wait(WaitingFor::After),
+        ),
+        ("everything passed", ask(&r), read(&empty), Next::Take),
+        (
+            "no lock configured",
+            Ask {
+                backend: Effective::None,
+                ..ask(&r)
+            },
+            Facts::default(),
+            Next::Answer(Verdict::Go(None)),
+        ),
+        (
+            "bootstrap outside the windows",
+            Ask {
+                backend: Effective::Bootstrap,
+                windows: &windows,
+                ..ask(&r)
+            },
+            Facts::default(),
+            wait(WaitingFor::Window),
+        ),
+        (
+            "proceeding without the API",
+            Ask {
+                connected: false,
+                on_api_unavailable: OnApiUnavailable::Proceed,
+                ..ask(&r)
+            },
+            Facts::default(),
+            Next::Answer(Verdict::GoWithoutApi(String::new())),
+        ),
+    ];
+    for (name, ask, facts, want) in cases {
+        let got = next(&ask, &facts, now);
+        match (&got, &want) {
+            (Next::Answer(Verdict::Wait(_)), Next::Answer(Verdict::Wait(_))) => {
+                assert_eq!(waits_for(&got), waits_for(&want), "{name}: {got:?}");
+            }
+            (Next::Answer(Verdict::GoWithoutApi(_)), Next::Answer(Verdict::GoWithoutApi(_))) => {}
+            _ => assert_eq!(got, want, "{name}"),
+        }
+    }
+    // The waits the lock itself answers with.
+    let soak = soaking(&r, "makise", "5m", Duration::from_secs(42));
+    let full = busy("workers", 1, &BTreeMap::from([(0, "makise".to_owned())]));
+    let refused_by_server = refused_lock("423 Locked".into());
+    let refused_by_api = refused("the API refused get".into());
+    for (v, w) in [
+        (soak, WaitingFor::Soak),
+        (full, WaitingFor::Lock),
+        (refused_by_server, WaitingFor::Lock),
+        (refused_by_api, WaitingFor::Refused),
+    ] {
+        assert_eq!(waits_for(&Next::Answer(v)), Some(w));
+    }
+}
+
+#[test]
+fn a_window_wait_says_when_the_next_opens_and_ends_then() {
+    let r = rev('a');
+    let windows = monday_night();
+    let a = Ask {
+        windows: &windows,
+        ..ask(&r)
+    };
+    let Next::Answer(Verdict::Wait(w)) = next(&a, &read(&FleetState::default()), t(NOON)) else {
+        panic!("not a wait");
+    };
+    assert_eq!(w.until, Some(t("2026-12-07T02:00:00Z")));
+    assert!(
+        w.reason.contains("the next opens at 2026-12-07T02:00:00Z"),
+        "{}",
+        w.reason
+    );
+    // Inside the window, nothing waits.
+    let inside = next(&a, &read(&FleetState::default()), t("2026-11-30T02:30:00Z"));
+    assert_eq!(inside, Next::Take);
+}
+
+#[test]
+fn an_apply_under_way_passes_windows_and_quorum_but_a_reboot_passes_only_the_quorum() {
+    let r = rev('a');
+    let windows = monday_night();
+    let fleet = FleetState::default();
+    let resumed = Ask {
+        held_in_state: true,
+        windows: &windows,
+        quorum_guard: true,
+        ..ask(&r)
+    };
+    assert_eq!(next(&resumed, &read(&fleet), t(NOON)), Next::Take);
+    let reboot = Ask {
+        purpose: Purpose::Reboot,
+        windows_key: "reboot.windows",
+        ..resumed.clone()
+    };
+    let Next::Answer(Verdict::Wait(w)) = next(&reboot, &read(&fleet), t(NOON)) else {
+        panic!("a reboot outside its windows must wait");
+    };
+    assert!(w.reason.contains("reboot.windows"), "{}", w.reason);
+    let inside = t("2026-11-30T02:30:00Z");
+    assert_eq!(next(&reboot, &read(&fleet), inside), Next::CheckQuorum);
+}
+
+#[test]
+fn a_halt_holds_back_applies_only_and_a_vanished_holder_not_its_own_resumed_slot() {
+    let r = rev('a');
+    let mut fleet = FleetState::default();
+    fleet
+        .halted
+        .insert(r.to_string(), halt(&r, HaltCause::BuildFailed, None));
+    let reason = |v: Option<Verdict>| match v {
+        Some(Verdict::Wait(w)) => w.reason,
+        other => panic!("{other:?}"),
+    };
+    let why = reason(held_back(&fleet, &r, Purpose::Apply, "workers", false));
+    assert!(why.contains("failed to build on makise"), "{why}");
+    assert!(held_back(&fleet, &r, Purpose::Reboot, "workers", false).is_none());
+    let other = rev('b');
+    let mut vanished = FleetState::default();
+    vanished.halted.insert(
+        other.to_string(),
+        halt(&other, HaltCause::HolderVanished, Some("workers")),
+    );
+    assert!(held_back(&vanished, &r, Purpose::Apply, "workers", true).is_none());
+    assert!(held_back(&vanished, &r, Purpose::Apply, "control-plane", false).is_none());
+    let why = reason(held_back(&vanished, &r, Purpose::Apply, "workers", false));
+    assert!(why.contains("group workers"), "{why}");
+}
+
+#[test]
+fn the_api_policy_waits_or_goes_on_and_a_refusal_always_waits() {
+    let wait = unavailable(OnApiUnavailable::Wait, "timed out".into());
+    assert!(
+        matches!(&wait, Verdict::Wait(w) if w.waiting_for == WaitingFor::Api && w.reason.starts_with("timed out"))
+    );
+    assert_eq!(
+        unavailable(OnApiUnavailable::Proceed, "timed out".into()),
+        Verdict::GoWithoutApi("timed out".into())
+    );
+    assert!(
+        matches!(refused("403".into()), Verdict::Wait(w) if w.waiting_for == WaitingFor::Refused)
+    );
+}
+
+#[test]
+fn a_lost_slot_is_taken_again_not_granted() {
+    let r = rev('a');
+    let fleet = FleetState::default();
+    let lost = Ask {
+        holding: Holding::Lost,
+        ..ask(&r)
+    };
+    assert_eq!(next(&lost, &read(&fleet), t(NOON)), Next::Take);
+}
+
+#[test]
+fn busy_says_whether_the_slots_are_full_or_the_races_were_lost() {
+    let one = BTreeMap::from([(0, "makise".to_owned())]);
+    let text = |v: Verdict| match v {
+        Verdict::Wait(w) => w.reason,
+        other => panic!("{other:?}"),
+    };
+    assert_eq!(
+        text(busy("workers", 1, &one)),
+        "all 1 slot(s) of group workers are held: slot 0 by makise"
+    );
+    assert!(text(busy("workers", 2, &one)).starts_with("other nodes won every race"));
+    assert!(
+        text(soaking(
+            &rev('a'),
+            "lucy",
+            "5m",
+            Duration::from_millis(1500)
+        ))
+        .ends_with("2s to go")
+    );
+}
