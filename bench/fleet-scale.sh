@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Fleet scale (issue 33, benchmark 2): many simulated nodes, each running ginx's own heartbeat,
+# Fleet scale: many simulated nodes, each running ginx's own heartbeat,
 # slot Lease and fleet-state code, in one process against one real kube-apiserver; runs
 # agent/benches/fleet_scale.rs and prints its figures as tables (see that file for what each
 # phase measures).

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Idle memory of one ginx without Kubernetes (issue 33, benchmark 3), one or more binaries side
+# Idle memory of one ginx without Kubernetes, one or more binaries side
 # by side in the same run:
 #
 #   bench/idle-rss.sh                      builds the release ginx and ginxctl, measures them

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The long randomised fault run of issue 30: three real ginx daemons against a private real
+# The long randomised fault run: three real ginx daemons against a private real
 # control plane, NEMESIS_ROUNDS revisions (default 40), each with a fault drawn from
 # NEMESIS_SEED (printed; random when unset) — the holder partitioned, SIGKILLed or SIGSTOPped
 # until its slot is taken over, or the API server restarted — at a drawn moment of the

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The soak of issue 19: the real ginx against the real control plane (tests/control-plane),
+# The soak: the real ginx against the real control plane (tests/control-plane),
 # for SOAK_MINUTES (default 60), with a commit every 10 s, a SIGHUP every minute, the API
 # server restarted every 3 min and ginx SIGKILLed at a random moment of every 5 min. Prints
 # the figures and the problems found; exits 1 when a check fails. The log is kept in

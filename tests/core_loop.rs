@@ -847,7 +847,7 @@ fn an_apply_outcome_that_cannot_be_persisted_stops_applies_until_it_can() {
     assert_eq!(env.calls().len(), 3);
 }
 
-/// Regression (issue 11, point 9): check-config accepted what rendering the kubeadm documents
+/// Regression: check-config accepted what rendering the kubeadm documents
 /// refuses (overlapping subnets, the VIP inside a subnet or equal to the node's address) and
 /// checked neither names nor the socket path length; each is now refused at its position.
 #[test]

@@ -1,4 +1,4 @@
-//! The manual (issue 34.6): README stays a short first read that points into `docs/`, an
+//! The manual: README stays a short first read that points into `docs/`, an
 //! mdBook; every page is in its SUMMARY and every link between pages resolves; `mdbook build`
 //! builds it (in CI, where mdbook is installed by .ci/run). The configuration reference's
 //! freshness is checked where it is generated (`config::reference`).

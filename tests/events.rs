@@ -1,4 +1,4 @@
-//! Kubernetes Events about the Node (issue 34.1), read back the way an operator does: with the
+//! Kubernetes Events about the Node, read back the way an operator does: with the
 //! real `kubectl describe node` against the real control plane.
 //!
 //! One worker node (a stand-in kubelet, tests/support/kubelet.rs, keeps its Node and pod

@@ -1,4 +1,4 @@
-//! The rollout's promise under faults (issue 30): at most `max_concurrent` nodes of a group
+//! The rollout's promise under faults: at most `max_concurrent` nodes of a group
 //! between activation start and gate end, and a revision that failed a gate or whose holder
 //! vanished is never started by another node once halted — with clocks minutes off, the wall
 //! clock stepping during a gate, the holder partitioned from the API, killed, or stopped.

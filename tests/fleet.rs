@@ -523,7 +523,7 @@ fn a_fleet_command_refused_by_rbac_names_rbac_yaml() {
     assert!(configmap(cp, ns).is_none(), "nothing was written");
 }
 
-/// `ginxctl cluster` for an operator at a workstation (issue 34.5): with `--kubeconfig` it reads
+/// `ginxctl cluster` for an operator at a workstation: with `--kubeconfig` it reads
 /// the API itself, as nobody, with no daemon and no socket, and prints the view a node's ginx
 /// gives (heartbeat ages aside: a fresh ginxctl has not watched the Leases yet); `kubectl ginx`
 /// (the real kubectl, its plugin `kubectl-ginx` a link to ginxctl) gives it too, with kubectl's

@@ -1,4 +1,4 @@
-//! The monitoring packaging (issue 34.2, 34.3): the alert rules pass `promtool check rules`
+//! The monitoring packaging: the alert rules pass `promtool check rules`
 //! and their unit tests (`promtool test rules`, Debian's prometheus package); the
 //! PrometheusRule is the same groups; every query of the Grafana dashboard parses (promtool
 //! parses it as a recording rule's expression); and the rules and the dashboard name only

@@ -1,4 +1,4 @@
-//! Webhook notifications (`[[notify]]`, issue 34.4) against a receiver on 127.0.0.1: the
+//! Webhook notifications (`[[notify]]`) against a receiver on 127.0.0.1: the
 //! documented body, the bearer token from `token_file`, bounded retries, a receiver that never
 //! answers holding up nothing, and no secret (the token, the URL's path) anywhere ginx writes.
 

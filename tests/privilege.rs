@@ -1,4 +1,4 @@
-//! Least privilege (issue 31): one node's stolen credentials reach that node, not the fleet.
+//! Least privilege: one node's stolen credentials reach that node, not the fleet.
 //!
 //! An attacker who owns lucy holds both of her identities: ginx's own (`ginx:lucy`, group
 //! `ginx:nodes`, granted by rbac.yaml and narrowed by vap.yaml) and the node's
@@ -431,7 +431,7 @@ fn a_stolen_node_credential_reaches_one_node_not_the_fleet() {
     );
     assert_eq!(snapshot(&cp), before, "an attack changed something");
 
-    // Node Events (issue 34): ginx's identity writes Events only about its own Node, as itself
+    // Node Events: ginx's identity writes Events only about its own Node, as itself
     // (the kubelet's identity may write any node's Events: that is the Node authorizer's, not
     // ginx's, so only ginx:lucy is tried).
     let event = |name: &str, regarding: &str, instance: &str, api: &str| {

@@ -386,7 +386,7 @@ fn daemonset_and_mirror_pods_stay_and_an_admin_cordon_is_never_lifted() {
     assert_eq!(nodes[0].reboots().len(), 1);
     assert!(unschedulable(cp, name), "the admin's cordon stays");
     assert!(!cordoned_by_ginx(cp, name));
-    // And the log does not say otherwise (issue 30: it said "schedulable").
+    // And the log does not say otherwise (it once said "schedulable").
     let log = nodes[0].d().log();
     assert!(
         log.contains("reboot done")

@@ -859,7 +859,7 @@ fn a_quiet_watch_outlasts_the_request_timeout() {
 /// Issue 15.1: a maintenance window that opens a few seconds after the start. Nothing starts
 /// before it (`waiting_for: window`, status says when it opens), the apply starts in it, runs on
 /// past its end, and the next revision waits for the next window. The window is one minute,
-/// the shortest there is (issue 30.5), so the apply takes a little longer.
+/// the shortest there is (every duration has a floor), so the apply takes a little longer.
 #[test]
 fn a_window_gates_the_start_of_an_apply_and_never_cuts_one_off() {
     let env = Env::new();

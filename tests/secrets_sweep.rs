@@ -1,4 +1,4 @@
-//! The secrets sweep (issue 19): after the `integration` tests, no secret that they made or
+//! The secrets sweep: after the `integration` tests, no secret that they made or
 //! used appears in anything their ginx processes wrote (see support/sweep.rs for what is
 //! collected). Cargo runs test targets one after another in the order of their names, so this
 //! one runs after `integration` in `cargo test --workspace`; with `--no-fail-fast` it runs after

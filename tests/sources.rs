@@ -865,7 +865,7 @@ fn concurrent_syncs_share_fetches() {
     assert_eq!(fetches() - before, 2, "{:?}", server.requests());
 }
 
-/// Regression (issue 11, point 7): URL credentials leaked verbatim into check-config, status,
+/// Regression: URL credentials leaked verbatim into check-config, status,
 /// `ginxctl health` and the log — a `scheme:/` typo, a `/` or `@` in an SCP-like password,
 /// query tokens, health probe URLs, and a one-letter HTTPS user name that turned git's messages
 /// into `failed ***o connec***`.
@@ -960,7 +960,7 @@ fn url_credentials_reach_no_output_check_config_status_health_or_log() {
     }
 }
 
-/// Regression (issue 11, point 10): a source at a local path that does not exist said
+/// Regression: a source at a local path that does not exist said
 /// "unsupported URL protocol".
 #[test]
 fn a_missing_local_source_path_says_it_does_not_exist() {
@@ -977,7 +977,7 @@ fn a_missing_local_source_path_says_it_does_not_exist() {
     );
 }
 
-/// Regression (issue 11, point 10): `ginxctl sync` said "fetch failed: history rewritten" when
+/// Regression: `ginxctl sync` said "fetch failed: history rewritten" when
 /// the fetch worked and its head was refused.
 #[test]
 fn a_refused_revision_is_not_called_a_failed_fetch() {

@@ -1,4 +1,4 @@
-//! Rollouts as fast as the fleet allows, and no faster than the operator says (issue 33): the
+//! Rollouts as fast as the fleet allows, and no faster than the operator says: the
 //! build before the lock (`apply.prebuild`), the soak between nodes (`rollout.soak`), the order
 //! across groups (`rollout.after`) and the failure budget (`rollout.halt_after`), with real ginx
 //! daemons against the real control plane.

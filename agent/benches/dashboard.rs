@@ -1,4 +1,4 @@
-//! The Grafana dashboard's picture (issue 34.3): `cargo bench --bench dashboard` runs a small
+//! The Grafana dashboard's picture: `cargo bench --bench dashboard` runs a small
 //! fleet against the real control plane, has a real Prometheus (Debian's `prometheus`) scrape
 //! every node's `/metrics` each second, then asks Prometheus every query of
 //! `packaging/grafana/ginx.json` over the run (`query_range`, Grafana's variables given values)

@@ -1,4 +1,4 @@
-//! Fleet scale (issue 33, benchmark 2; run: `bench/fleet-scale.sh` or
+//! Fleet scale (run: `bench/fleet-scale.sh` or
 //! `cargo bench --bench fleet_scale`): many simulated nodes in this one process against one real
 //! kube-apiserver (tests/support/control_plane.rs, a fresh one per fleet size), as kubemark
 //! does for kubelets. Skipped with a note when the control-plane binary is missing.
@@ -47,7 +47,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use ginx::config::Config;
-use ginx::kube::heartbeat::Heartbeat;
+use ginx::k8s::heartbeat::Heartbeat;
 use ginx::metrics::Metrics;
 use ginx::rollout::lease::SlotPhase;
 use ginx::rollout::slots::Observed;

@@ -20,7 +20,7 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use ginx::kube::heartbeat::Heartbeat;
+use ginx::k8s::heartbeat::Heartbeat;
 use k8s_openapi::api::coordination::v1::Lease;
 use support::apiserver::ApiServer;
 use support::control_plane::{AuditEvent, ControlPlane};

@@ -12,7 +12,7 @@
 //!    applying or in their gate at once (journal, the gate command writes `verify`), the total time against the ideal
 //!    ⌈nodes/3⌉ × (2 s + 1 s), and the lock hand-off — from a holder's last write of a slot
 //!    Lease (its release) to the next holder's first write of it — p50, p99 and max.
-//! 3. Build before the lock (issue 33): the same fleet, each stand-in build taking
+//! 3. Build before the lock: the same fleet, each stand-in build taking
 //!    `BENCH_BUILD_SECONDS` (default 20 s; once per node and revision, as Nix builds), one commit
 //!    rolled through with `apply.prebuild` off and then on, side by side: the total against the
 //!    ideal 20 s + ⌈nodes/3⌉ × (2 s + 1 s), and how long each slot was held (from the audit log:

@@ -1,4 +1,4 @@
-//! The fuzz targets (issue 19): one function per parser of input ginx does not control, each
+//! The fuzz targets: one function per parser of input ginx does not control, each
 //! taking arbitrary bytes, never panicking on them, and asserting the invariants that must
 //! hold whatever the bytes (a panic here is a finding). `fuzz/` drives them with libFuzzer
 //! (`cargo fuzz`, nightly); `cargo test` replays the committed seed corpus (`fuzz/corpus/`)
@@ -44,7 +44,7 @@ const MAIN: &str = "/fuzz/etc/ginx/config.toml";
 ///
 /// Invariants: an error names one of the files; neither an error nor the effective
 /// configuration shows the secret; the effective configuration loads again to the same
-/// rendering; every duration it holds survives the arithmetic ginx does with it (issue 30:
+/// rendering; every duration it holds survives the arithmetic ginx does with it (once,
 /// `check-config` passed values that then panicked a probe task).
 pub fn config_files(data: &[u8]) {
     let text = String::from_utf8_lossy(data).replace("$PW", SECRET);

@@ -2,7 +2,8 @@
 //!
 //! The daemon (`ginx`) pulls Git sources, applies new revisions of one of them with
 //! `colmena apply-local`, remembers what it did, and answers `ginxctl` over a unix socket.
-//! See DESIGN.md for the architecture and the contracts.
+//! The manual's architecture chapter (docs/src/development.md) maps the code; the other
+//! chapters state the contracts (CLI, configuration, status JSON, stored formats).
 
 pub mod apply;
 pub mod bootstrap;
@@ -13,6 +14,7 @@ pub mod daemon;
 #[doc(hidden)]
 pub mod fuzz;
 pub mod health;
+pub mod k8s;
 pub mod kube;
 pub mod kubeadm;
 pub mod logging;
@@ -28,6 +30,8 @@ pub mod util;
 
 #[cfg(test)]
 mod layers;
+#[cfg(test)]
+mod limits;
 
 /// The version this build was made as (Cargo's package version).
 pub const VERSION: &str = env!("CARGO_PKG_VERSION");

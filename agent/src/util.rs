@@ -279,7 +279,7 @@ mod tests {
 ///   after a burst stays in them, so RSS crept up by a few KiB an apply;
 /// - each thread keeps up to 7 freed chunks of each small size for itself (the tcache, up to
 ///   about 240 KiB a thread), which fills over a process's first minutes: most of the growth
-///   the soak of issue 19 saw in them once the history's spare room was gone.
+///   the soak (bench/soak.sh) saw in them once the history's spare room was gone.
 ///
 /// Both are off for the daemon: one arena, no tcache. ginx allocates little and seldom, so
 /// neither costs it speed. Nothing happens on other C libraries.

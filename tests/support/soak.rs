@@ -1,4 +1,4 @@
-//! The soak (issue 19): the real `ginx` daemon against a real control plane for a long time,
+//! The soak: the real `ginx` daemon against a real control plane for a long time,
 //! with faults, and the checks that must hold at the end.
 //!
 //! Throughout the run:

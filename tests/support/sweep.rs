@@ -1,4 +1,4 @@
-//! The secrets sweep (issue 19): every secret a test helper makes is registered here when it is
+//! The secrets sweep: every secret a test helper makes is registered here when it is
 //! made, and every byte the ginx processes of the suite wrote is collected here: daemon logs
 //! and sd_notify lines, `ginxctl` and `check-config` output, state directories, scraped
 //! metrics, and what reached the API servers. The `secrets_sweep` test target, which cargo runs

@@ -9,7 +9,6 @@
 //! in by the daemon; the clients it builds go out through a watch as `types::api::KubeClients`.
 
 pub mod events;
-pub mod heartbeat;
 pub mod report;
 pub mod reporter;
 
@@ -115,7 +114,7 @@ pub async fn connect(cfg: &Config, metrics: &Arc<Metrics>) -> Result<KubeClients
         }
     };
     let mut watching = config.clone();
-    // A watch lasts up to rollout's WATCH_SECONDS and may carry nothing all that time.
+    // A watch lasts up to k8s::WATCH_SECONDS and may carry nothing all that time.
     watching.read_timeout = Some(std::time::Duration::from_secs(WATCH_READ_SECONDS));
     let watch = build(watching)?;
     let node = node_client(cfg, metrics).await;

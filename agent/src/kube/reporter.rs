@@ -14,9 +14,9 @@ use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::Node;
 use tokio::sync::watch;
 
-use super::heartbeat::{Heartbeat, RenewError};
 use super::report::{self, NodeReport, Written};
 use crate::config::Config;
+use crate::k8s::heartbeat::{Heartbeat, RenewError};
 use crate::metrics::Metrics;
 use crate::status::{KubeState, KubeStatus, Parts};
 use crate::types::api::{KubeClients, code, describe};
@@ -239,49 +239,46 @@ impl Reporter {
         let k = &cfg.kubernetes;
         let lease = format!("{}/{}", k.namespace, k.lease_name_for(cfg.node_name()));
         match e {
-            RenewError::Conflicts => (
+            RenewError::Conflict { .. } => (
                 KubeState::Unreachable,
                 format!("lease {lease} kept changing under ginx (another writer?)"),
             ),
-            RenewError::Api(e) => match code(e) {
+            RenewError::Unavailable { detail, .. } => (KubeState::Unreachable, detail.clone()),
+            RenewError::Policy { detail, .. } => (
+                KubeState::Refused,
+                format!(
+                    "refused by an admission policy: {detail}; packaging/kubernetes/vap.yaml lets \
+                     a node write only its own heartbeat, {lease}"
+                ),
+            ),
+            RenewError::Refused { status, detail, .. } => match status {
                 Some(401) => (
                     KubeState::Refused,
                     format!(
-                        "the API server rejects ginx's credentials ({}): {}; renew the \
+                        "the API server rejects ginx's credentials ({}): {detail}; renew the \
                          kubeconfig",
                         k.kubeconfig
                             .as_deref()
                             .map(|p| p.display().to_string())
                             .unwrap_or_default(),
-                        describe(e)
-                    ),
-                ),
-                Some(403) if crate::types::api::by_policy(e) => (
-                    KubeState::Refused,
-                    format!(
-                        "refused by an admission policy: {}; packaging/kubernetes/vap.yaml lets \
-                         a node write only its own heartbeat, {lease}",
-                        describe(e)
                     ),
                 ),
                 Some(403) => (
                     KubeState::Refused,
                     format!(
-                        "forbidden: {}; ginx needs get/create/update on leases in {} — apply \
+                        "forbidden: {detail}; ginx needs get/create/update on leases in {} — apply \
                          packaging/kubernetes/rbac.yaml",
-                        describe(e),
                         k.namespace
                     ),
                 ),
                 Some(404) => (
                     KubeState::Refused,
                     format!(
-                        "{}; does namespace {} exist? apply packaging/kubernetes/rbac.yaml",
-                        describe(e),
+                        "{detail}; does namespace {} exist? apply packaging/kubernetes/rbac.yaml",
                         k.namespace
                     ),
                 ),
-                _ => (KubeState::Unreachable, describe(e)),
+                _ => (KubeState::Unreachable, detail.clone()),
             },
         }
     }

@@ -29,9 +29,9 @@ use k8s_openapi::api::core::v1::ConfigMap;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kube::Api;
 
+use crate::k8s::{ApiError, Edit, EditError, MAX_CONFLICT_RETRIES, replace_with_retry};
 use crate::status::{FailureRecord, FleetEvent, FleetState, Halt, HaltCause, Pause};
 use crate::types::Revision;
-use crate::types::api::{code, describe};
 
 /// The key of the fleet pause.
 pub const PAUSED_KEY: &str = "paused";
@@ -43,8 +43,6 @@ pub const EVENTS_KEY: &str = "events";
 pub const FAILED_PREFIX: &str = "failed.";
 /// Events kept in the ConfigMap; older ones are dropped.
 pub const MAX_EVENTS: usize = 50;
-/// Writes tried per update when the ConfigMap keeps changing under us.
-pub const MAX_CONFLICT_RETRIES: usize = 5;
 /// The shortest revision prefix `ginxctl rollout clear` accepts (as `git` abbreviates).
 pub const MIN_PREFIX: usize = 7;
 
@@ -513,12 +511,8 @@ impl Fleet {
         &self,
         mut f: impl FnMut(&mut FleetState) -> bool,
     ) -> Result<FleetState, String> {
-        for _ in 0..MAX_CONFLICT_RETRIES {
-            let existing = self
-                .api
-                .get_opt(&self.name)
-                .await
-                .map_err(|e| self.api_error("get", &e))?;
+        let resource = format!("ConfigMap {}", self.object());
+        let written = replace_with_retry(&self.api, &self.name, &resource, None, |existing| {
             let mut state = match &existing {
                 Some(cm) => decode(&cm.data.clone().unwrap_or_default()).map_err(|e| {
                     format!(
@@ -532,70 +526,79 @@ impl Fleet {
                 None => FleetState::default(),
             };
             if !f(&mut state) {
-                return Ok(state);
+                return Ok(Edit::Keep(state));
             }
-            let written = match existing {
+            let cm = match existing {
                 Some(mut cm) => {
                     cm.data = Some(merge(cm.data.as_ref(), encode(&state)));
-                    self.api
-                        .replace(&self.name, &crate::types::api::post_params(), &cm)
-                        .await
-                        .map_err(|e| ("update", e))
+                    cm
                 }
-                None => {
-                    let cm = ConfigMap {
-                        metadata: ObjectMeta {
-                            name: Some(self.name.clone()),
-                            namespace: Some(self.namespace.clone()),
-                            labels: Some(BTreeMap::from([(
-                                "app.kubernetes.io/managed-by".to_owned(),
-                                "ginx".to_owned(),
-                            )])),
-                            ..ObjectMeta::default()
-                        },
-                        data: Some(encode(&state)),
-                        ..ConfigMap::default()
-                    };
-                    self.api
-                        .create(&crate::types::api::post_params(), &cm)
-                        .await
-                        .map_err(|e| ("create", e))
-                }
+                None => self.new_configmap(&state),
             };
-            match written {
-                Ok(_) => return Ok(state),
-                // A stale resourceVersion, created or deleted by someone else meanwhile: read
-                // again and apply the change to what is there now.
-                Err((_, e)) if matches!(code(&e), Some(409 | 404)) => {}
-                Err((verb, e)) => return Err(self.api_error(verb, &e)),
-            }
-        }
-        Err(format!(
-            "ConfigMap {} changed under ginx on each of {MAX_CONFLICT_RETRIES} tries (others \
-             writing at once?); try again",
-            self.object()
-        ))
+            Ok(Edit::Write(cm, state))
+        })
+        .await
+        .map_err(|e| match e {
+            EditError::Edit(e) => e,
+            EditError::Api(e) => self.api_error(&e),
+        })?;
+        Ok(written.value)
     }
 
-    fn api_error(&self, verb: &str, e: &kube::Error) -> String {
-        let what = format!("cannot {verb} ConfigMap {}: {}", self.object(), describe(e));
-        if self.operator && matches!(code(e), Some(401 | 403)) {
+    /// The ConfigMap as ginx creates it, holding `state`.
+    fn new_configmap(&self, state: &FleetState) -> ConfigMap {
+        ConfigMap {
+            metadata: ObjectMeta {
+                name: Some(self.name.clone()),
+                namespace: Some(self.namespace.clone()),
+                labels: Some(BTreeMap::from([(
+                    "app.kubernetes.io/managed-by".to_owned(),
+                    "ginx".to_owned(),
+                )])),
+                ..ObjectMeta::default()
+            },
+            data: Some(encode(state)),
+            ..ConfigMap::default()
+        }
+    }
+
+    /// A failed request about the ConfigMap, with what to do about it.
+    fn api_error(&self, e: &ApiError) -> String {
+        let (verb, status, detail) = match e {
+            ApiError::Conflict { .. } => {
+                return format!(
+                    "ConfigMap {} changed under ginx on each of {MAX_CONFLICT_RETRIES} tries \
+                     (others writing at once?); try again",
+                    self.object()
+                );
+            }
+            ApiError::Unavailable { what, detail } => return format!("{what}: {detail}"),
+            ApiError::Refused {
+                verb,
+                status,
+                detail,
+                ..
+            } => (verb, *status, detail),
+            ApiError::Policy { verb, detail, .. } => (verb, Some(403), detail),
+        };
+        let what = format!("cannot {verb} ConfigMap {}: {detail}", self.object());
+        if self.operator && matches!(status, Some(401 | 403)) {
             return format!(
                 "{what}; the credentials given may not: lifting a halt or the pause needs get \
                  and update on it (an operator's, e.g. cluster-admin; never a node's)"
             );
         }
-        match code(e) {
-            Some(403) if crate::types::api::by_policy(e) => format!(
+        match (status, e) {
+            (Some(403), ApiError::Policy { .. }) => format!(
                 "{what}; packaging/kubernetes/vap.yaml lets a node add a halt or the pause, never \
                  lift or change one (an operator does, with `ginxctl rollout resume|clear`)"
             ),
-            Some(403) => format!(
+            (Some(403), _) => format!(
                 "{what}; ginx needs get, create and update on it (Role ginx-rollout, which names \
                  the ConfigMap ginx-rollout; another rollout.configmap needs the Role changed) — \
                  apply packaging/kubernetes/rbac.yaml"
             ),
-            Some(404) => format!(
+            (Some(404), _) => format!(
                 "{what}; does namespace {} exist? apply packaging/kubernetes/rbac.yaml",
                 self.namespace
             ),

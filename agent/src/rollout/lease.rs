@@ -30,16 +30,18 @@ use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use futures_util::StreamExt;
 use k8s_openapi::api::coordination::v1::{Lease, LeaseSpec};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{MicroTime, ObjectMeta};
 use kube::Api;
-use kube::api::{ListParams, WatchEvent, WatchParams};
+use kube::api::ListParams;
 use tokio::sync::watch;
 
 use super::slots::{self, Choice, Observed, Slot};
 use crate::config::RolloutConfig;
-use crate::types::api::{ServerClock, code, describe, post_params, refusal, unavailable};
+pub use crate::k8s::heartbeat::{WAITS_GROUP_LABEL, WAITS_SLOT_LABEL};
+pub use crate::k8s::watch_objects;
+use crate::k8s::{ApiError, Edit, EditError, Written, heartbeat, replace_with_retry};
+use crate::types::api::{ServerClock, code, describe, post_params};
 
 /// The label that marks a slot Lease and names its group.
 pub const GROUP_LABEL: &str = "ginx.io/rollout-group";
@@ -58,10 +60,6 @@ pub const NEXT_ANNOTATION: &str = "ginx.io/next";
 const NEXT_LABEL_PREFIX: &str = "ginx.io/next-";
 /// Queued nodes a release names.
 pub const NAMED: usize = 2;
-/// On a waiting node's heartbeat Lease: the group it queues in...
-pub const WAITS_GROUP_LABEL: &str = "ginx.io/waits-group";
-/// ...and the slot Lease it queues on (its home slot).
-pub const WAITS_SLOT_LABEL: &str = "ginx.io/waits-slot";
 /// Queued nodes a release chooses from when none is queued on its slot.
 const QUEUE_LOOK: u32 = 20;
 
@@ -488,31 +486,21 @@ impl LeaseLock {
     /// Renews slot `index`; `Ok(false)` when this node is no longer its holder (it expired
     /// and another node took it).
     pub async fn renew(&self, index: u32) -> Result<bool, LockError> {
-        for _ in 0..MAX_RACES {
-            let name = self.name(index);
-            let lease = self
-                .api
-                .get_opt(&name)
-                .await
-                .map_err(|e| self.error("get", &e))?;
-            let Some(lease) = lease else { return Ok(false) };
-            let holder = lease
-                .spec
-                .as_ref()
-                .and_then(|s| s.holder_identity.as_deref());
-            if holder != Some(self.node.as_str()) {
-                return Ok(false);
-            }
-            match self.write(index, Some(lease), true).await {
-                Ok(()) => return Ok(true),
-                Err(None) => continue,
-                Err(Some(e)) => return Err(e),
-            }
-        }
-        Err(LockError::Unavailable(format!(
-            "slot Lease {} kept changing under ginx",
-            self.name(index)
-        )))
+        let name = self.name(index);
+        let written = replace_with_retry(&self.api, &name, &self.resource(), None, |lease| {
+            let Some(mut lease) = lease.filter(|l| holder_of(l) == self.node) else {
+                return Ok::<_, LockError>(Edit::Keep(false));
+            };
+            self.annotate(&mut lease.metadata);
+            let spec = lease.spec.get_or_insert_with(LeaseSpec::default);
+            spec.lease_duration_seconds = Some(self.duration_secs());
+            spec.renew_time = Some(MicroTime(self.clock.now()));
+            Ok(Edit::Write(lease, true))
+        })
+        .await
+        .map_err(|e| self.edit_error(&name, e))?;
+        self.learn(&written);
+        Ok(written.value)
     }
 
     /// Clears the holder of slot `index` if it is this node; in a queue, handing the slot to a
@@ -524,47 +512,42 @@ impl LeaseLock {
         } else {
             Vec::new()
         };
-        for _ in 0..MAX_RACES {
-            let lease = self
-                .api
-                .get_opt(&name)
-                .await
-                .map_err(|e| self.error("get", &e))?;
-            let Some(mut lease) = lease else {
-                return Ok(Released::NotHeld);
+        let written = replace_with_retry(&self.api, &name, &self.resource(), None, |lease| {
+            let Some(mut lease) = lease.filter(|l| holder_of(l) == self.node) else {
+                return Ok::<_, LockError>(Edit::Keep(Released::NotHeld));
             };
-            let spec = lease.spec.get_or_insert_with(LeaseSpec::default);
-            if spec.holder_identity.as_deref() != Some(self.node.as_str()) {
-                return Ok(Released::NotHeld);
-            }
-            spec.holder_identity = None;
-            let meta = &mut lease.metadata;
-            if let Some(a) = meta.annotations.as_mut() {
-                a.remove(REVISION_ANNOTATION);
-                a.remove(PHASE_ANNOTATION);
-            }
-            if !next.is_empty() {
-                let labels = meta.labels.get_or_insert_with(BTreeMap::new);
-                for n in &next {
-                    labels.insert(next_label(n), String::new());
-                }
-                meta.annotations
-                    .get_or_insert_with(BTreeMap::new)
-                    .insert(NEXT_ANNOTATION.to_owned(), next.join(" "));
-                // A new value on the Lease makes the API server stamp this write's time,
-                // which vap.yaml accepts only on a write with a new renewTime (it checks it
-                // against the stamp).
-                spec.renew_time = Some(MicroTime(self.clock.now()));
-            }
-            match self.api.replace(&name, &post_params(), &lease).await {
-                Ok(_) => return Ok(Released::Yes),
-                Err(e) if code(&e) == Some(409) => continue,
-                Err(e) => return Err(self.error("update", &e)),
-            }
+            self.hand_over(&mut lease, &next);
+            Ok(Edit::Write(lease, Released::Yes))
+        })
+        .await
+        .map_err(|e| self.edit_error(&name, e))?;
+        Ok(written.value)
+    }
+
+    /// A slot Lease released: no holder, nothing done with it, and (in a queue) the nodes it
+    /// is handed to named on it.
+    fn hand_over(&self, lease: &mut Lease, next: &[String]) {
+        let spec = lease.spec.get_or_insert_with(LeaseSpec::default);
+        spec.holder_identity = None;
+        let meta = &mut lease.metadata;
+        if let Some(a) = meta.annotations.as_mut() {
+            a.remove(REVISION_ANNOTATION);
+            a.remove(PHASE_ANNOTATION);
         }
-        Err(LockError::Unavailable(format!(
-            "slot Lease {name} kept changing under ginx"
-        )))
+        if next.is_empty() {
+            return;
+        }
+        let labels = meta.labels.get_or_insert_with(BTreeMap::new);
+        for n in next {
+            labels.insert(next_label(n), String::new());
+        }
+        meta.annotations
+            .get_or_insert_with(BTreeMap::new)
+            .insert(NEXT_ANNOTATION.to_owned(), next.join(" "));
+        // A new value on the Lease makes the API server stamp this write's time, which
+        // vap.yaml accepts only on a write with a new renewTime (it checks it against the
+        // stamp).
+        spec.renew_time = Some(MicroTime(self.clock.now()));
     }
 
     /// Up to [`NAMED`] nodes queued on slot `index` (or, when none is, on any slot of the
@@ -605,51 +588,52 @@ impl LeaseLock {
         let Some(hb) = &self.heartbeat else {
             return Ok(());
         };
-        for _ in 0..MAX_RACES {
-            let Some(mut lease) = self
-                .api
-                .get_opt(hb)
-                .await
-                .map_err(|e| self.error("get", &e))?
-            else {
-                return Ok(());
-            };
-            let labels = lease.metadata.labels.get_or_insert_with(BTreeMap::new);
-            let before = labels.clone();
-            match index {
-                Some(i) => {
-                    labels.insert(WAITS_GROUP_LABEL.to_owned(), self.group.clone());
-                    labels.insert(WAITS_SLOT_LABEL.to_owned(), self.name(i));
+        let mark = index.map(|i| (self.group.as_str(), self.name(i)));
+        let mark = mark.as_ref().map(|(g, s)| (*g, s.as_str()));
+        heartbeat::queue_mark(&self.api, hb, &self.resource(), mark)
+            .await
+            .map_err(|e| match e {
+                ApiError::Conflict { .. } => {
+                    LockError::Unavailable(format!("heartbeat Lease {hb} kept changing under ginx"))
                 }
-                None => {
-                    labels.remove(WAITS_GROUP_LABEL);
-                    labels.remove(WAITS_SLOT_LABEL);
-                }
-            }
-            if *labels == before {
-                return Ok(());
-            }
-            match self.api.replace(hb, &post_params(), &lease).await {
-                Ok(_) => return Ok(()),
-                Err(e) if matches!(code(&e), Some(409 | 404)) => continue,
-                Err(e) => return Err(self.error("update", &e)),
-            }
+                e => self.api_error(e),
+            })
+    }
+
+    /// "leases in namespace N": what the requests about the slots are on, in messages.
+    fn resource(&self) -> String {
+        format!("leases in namespace {}", self.namespace)
+    }
+
+    /// A failed request about the slots, in the words the rollout's status uses.
+    fn api_error(&self, e: ApiError) -> LockError {
+        let what = format!("rollout lock (group {})", self.group);
+        if e.is_unavailable() {
+            LockError::Unavailable(format!("{what}: {}", e.detail()))
+        } else {
+            LockError::Refused(format!("{what}: {}", e.explained()))
         }
-        Err(LockError::Unavailable(format!(
-            "heartbeat Lease {hb} kept changing under ginx"
-        )))
+    }
+
+    fn edit_error(&self, name: &str, e: EditError<LockError>) -> LockError {
+        match e {
+            EditError::Api(ApiError::Conflict { .. }) => {
+                LockError::Unavailable(format!("slot Lease {name} kept changing under ginx"))
+            }
+            EditError::Api(e) => self.api_error(e),
+            EditError::Edit(e) => e,
+        }
+    }
+
+    /// Learns the server's clock from a write of a slot.
+    fn learn<T>(&self, written: &Written<Lease, T>) {
+        if let Some((lease, sent, received)) = &written.object {
+            self.clock.learn(&lease.metadata, *sent, *received);
+        }
     }
 
     fn error(&self, verb: &str, e: &kube::Error) -> LockError {
-        let what = format!("rollout lock (group {})", self.group);
-        if unavailable(e) {
-            LockError::Unavailable(format!("{what}: {}", describe(e)))
-        } else {
-            LockError::Refused(format!(
-                "{what}: {}",
-                refusal(verb, &format!("leases in namespace {}", self.namespace), e)
-            ))
-        }
+        self.api_error(ApiError::new(verb, &self.resource(), e))
     }
 
     /// This node's home slot: the one it queues on in a large group (see the module's doc).
@@ -687,7 +671,7 @@ impl LeaseLock {
 
 /// Groups of up to this many slots are watched whole by a waiting node, and the nodes woken
 /// by a release race for it (a few at most); larger ones are a queue (see the module's doc).
-/// Measured (docs/src/figures.md, issue 33): with 3 slots and 30 nodes, watching only a home
+/// Measured (docs/src/figures.md, "Fleet scale"): with 3 slots and 30 nodes, watching only a home
 /// slot left the rollout's last releases unheard until the 5 s re-look (hand-off p99 3.1 s);
 /// with 50 slots and 1,000 nodes, the race cost about 28 refused writes per hand-off.
 pub const SMALL_GROUP: u32 = 4;
@@ -704,129 +688,6 @@ pub fn holder_of(lease: &Lease) -> String {
         .as_ref()
         .and_then(|s| s.holder_identity.clone())
         .unwrap_or_default()
-}
-
-/// How long one watch request lasts (`timeoutSeconds`); the server ends it then, and it is
-/// made again from the last `resourceVersion` seen, without a list.
-pub const WATCH_SECONDS: u32 = 290;
-
-/// List, then watch from the list's `resourceVersion`, forever: every event (and every
-/// relist) bumps `changes` — or, with `wake`, only an event that adds or deletes an object or
-/// changes what `wake` says of it. A watch the server ends is made again from the last
-/// `resourceVersion` seen (bookmarks, on by default, keep it current); an expired one (410) or
-/// a broken stream relists.
-pub async fn watch_objects<K>(
-    api: Api<K>,
-    labels: String,
-    fields: Option<String>,
-    changes: watch::Sender<u64>,
-    wake: Option<fn(&K) -> String>,
-) where
-    K: kube::Resource + Clone + std::fmt::Debug + serde::de::DeserializeOwned + Send + 'static,
-{
-    let bump = || changes.send_modify(|n| *n = n.wrapping_add(1));
-    let mut failures = 0u32;
-    let mut from: Option<String> = None;
-    // With `wake`: each object's name and what `wake` said of it last.
-    let mut keys: std::collections::HashMap<String, String> = Default::default();
-    let name = |o: &K| o.meta().name.clone().unwrap_or_default();
-    loop {
-        let rv = match from.take() {
-            Some(rv) => rv,
-            None => {
-                let mut lp = ListParams::default().labels(&labels);
-                if let Some(f) = &fields {
-                    lp = lp.fields(f);
-                }
-                let listed = match wake {
-                    // What wakes may be in the spec: the objects themselves.
-                    Some(key) => api.list(&lp).await.map(|list| {
-                        keys = list.items.iter().map(|o| (name(o), key(o))).collect();
-                        list.metadata.resource_version
-                    }),
-                    None => api
-                        .list_metadata(&lp)
-                        .await
-                        .map(|list| list.metadata.resource_version),
-                };
-                match listed {
-                    Ok(rv) => {
-                        failures = 0;
-                        bump();
-                        rv.unwrap_or_default()
-                    }
-                    Err(e) => {
-                        failures = failures.saturating_add(1);
-                        tracing::debug!(error = %describe(&e), "rollout watch: list failed");
-                        tokio::time::sleep(crate::util::backoff(
-                            Duration::from_millis(500),
-                            Duration::from_secs(10),
-                            failures,
-                        ))
-                        .await;
-                        continue;
-                    }
-                }
-            }
-        };
-        let mut wp = WatchParams::default()
-            .labels(&labels)
-            .timeout(WATCH_SECONDS);
-        if let Some(f) = &fields {
-            wp = wp.fields(f);
-        }
-        let stream = match api.watch(&wp, &rv).await {
-            Ok(s) => s,
-            Err(e) => {
-                tracing::debug!(error = %describe(&e), "rollout watch failed");
-                tokio::time::sleep(Duration::from_secs(1)).await;
-                continue;
-            }
-        };
-        let mut stream = std::pin::pin!(stream);
-        let mut last = rv;
-        // Whether the stream ended the way the server ends a watch at its timeout.
-        let mut clean = true;
-        while let Some(event) = stream.next().await {
-            match event {
-                Ok(WatchEvent::Added(o) | WatchEvent::Modified(o)) => {
-                    if let Some(v) = o.meta().resource_version.clone() {
-                        last = v;
-                    }
-                    match wake {
-                        Some(key) => {
-                            let k = key(&o);
-                            if keys.insert(name(&o), k.clone()).as_ref() != Some(&k) {
-                                bump();
-                            }
-                        }
-                        None => bump(),
-                    }
-                }
-                Ok(WatchEvent::Deleted(o)) => {
-                    if let Some(v) = o.meta().resource_version.clone() {
-                        last = v;
-                    }
-                    keys.remove(&name(&o));
-                    bump();
-                }
-                Ok(WatchEvent::Bookmark(b)) => last = b.metadata.resource_version,
-                Ok(WatchEvent::Error(e)) => {
-                    tracing::debug!(code = e.code, message = %e.message, "rollout watch ended");
-                    clean = false;
-                    break;
-                }
-                Err(e) => {
-                    tracing::debug!(error = %describe(&e), "rollout watch stream broke");
-                    clean = false;
-                    break;
-                }
-            }
-        }
-        if clean {
-            from = Some(last);
-        }
-    }
 }
 
 #[cfg(test)]

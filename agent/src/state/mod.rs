@@ -496,7 +496,7 @@ fn bounded_output<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Vec<OutputLi
 
 /// An attempt's output as the history keeps it: without spare room. A tail is gathered in a
 /// buffer of [`OUTPUT_TAIL`] lines (6.4 KB), which a few lines of output would otherwise keep
-/// for as long as the attempt stays in the history. The soak of issue 19 found the heap
+/// for as long as the attempt stays in the history. The soak (bench/soak.sh) found the heap
 /// growing by that much at each of a process's first 50 applies.
 fn fit(output: &mut Vec<OutputLine>) {
     output.shrink_to_fit();

@@ -1,0 +1,212 @@
+//! The heartbeat Lease `ginx-<node>`, its one owner: what it says and how it is written.
+//!
+//! It says that the node's ginx is alive (`renewTime`, renewed as the kubelet's node lease
+//! controller renews the node's Lease), the node's rollout group and the last revision whose
+//! gate passed on it ([`GROUP_LABEL`], [`PASSED_ANNOTATION`]: how `rollout.after` of another
+//! group finds it), and, while the node queues for a slot of a large group, which slot
+//! ([`WAITS_GROUP_LABEL`], [`WAITS_SLOT_LABEL`]: how a releasing holder finds it). The reporter
+//! renews it ([`Heartbeat`]); the rollout lock sets and clears the queue marks
+//! ([`queue_mark`]). Every write is a compare-and-swap through
+//! [`replace_with_retry`](super::replace_with_retry), so the two never overwrite each other.
+
+use k8s_openapi::api::coordination::v1::{Lease, LeaseSpec};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{MicroTime, ObjectMeta};
+use kube::Api;
+
+use super::{ApiError, Edit, EditError, replace_with_retry};
+use crate::types::api::ServerClock;
+pub use crate::types::api::{
+    HEARTBEAT_GROUP_LABEL as GROUP_LABEL, HEARTBEAT_PASSED_ANNOTATION as PASSED_ANNOTATION,
+};
+
+/// On a heartbeat Lease, while its node queues for a slot: the group.
+pub const WAITS_GROUP_LABEL: &str = "ginx.io/waits-group";
+/// On a heartbeat Lease, while its node queues for a slot: the slot Lease's name.
+pub const WAITS_SLOT_LABEL: &str = "ginx.io/waits-slot";
+
+pub struct Heartbeat {
+    api: Api<Lease>,
+    name: String,
+    holder: String,
+    duration_seconds: i32,
+    /// The Lease as last written; its resourceVersion makes the next PUT conditional.
+    cached: Option<Lease>,
+    /// The API server's clock, learned from each write and written in.
+    clock: ServerClock,
+    /// The node's rollout group and the last revision whose gate passed on it, written on the
+    /// Lease ([`GROUP_LABEL`], [`PASSED_ANNOTATION`]).
+    marks: (String, Option<String>),
+}
+
+/// Why a renewal failed.
+pub type RenewError = ApiError;
+
+impl Heartbeat {
+    pub fn new(
+        api: Api<Lease>,
+        name: String,
+        holder: String,
+        duration_seconds: i32,
+        clock: ServerClock,
+    ) -> Self {
+        Self {
+            api,
+            name,
+            holder,
+            duration_seconds,
+            cached: None,
+            clock,
+            marks: (String::new(), None),
+        }
+    }
+
+    /// Sets what the Lease says of the node's rollout (written with the next renewal); returns
+    /// whether it changed.
+    pub fn set_marks(&mut self, group: &str, passed: Option<&str>) -> bool {
+        let next = (group.to_owned(), passed.map(str::to_owned));
+        let changed = next != self.marks;
+        self.marks = next;
+        changed
+    }
+
+    /// Writes `renewTime = now` (creating the Lease when it is missing); one PUT per call in
+    /// the steady state, from the Lease as last written.
+    pub async fn renew(&mut self) -> Result<(), RenewError> {
+        let resource = format!("Lease {}", self.name);
+        let cached = self.cached.take();
+        let written = replace_with_retry(&self.api, &self.name, &resource, cached, |lease| {
+            Ok::<_, ApiError>(Edit::Write(self.renewed(lease), ()))
+        })
+        .await
+        .map_err(|e| match e {
+            EditError::Api(e) | EditError::Edit(e) => e,
+        })?;
+        if let Some((lease, sent, received)) = written.object {
+            self.clock.learn(&lease.metadata, sent, received);
+            self.cached = Some(lease);
+        }
+        Ok(())
+    }
+
+    /// `lease` (or a new one) held by this node and renewed now, with its marks.
+    fn renewed(&self, lease: Option<Lease>) -> Lease {
+        let now = MicroTime(self.clock.now());
+        let mut lease = lease.unwrap_or_else(|| Lease {
+            metadata: ObjectMeta {
+                name: Some(self.name.clone()),
+                ..ObjectMeta::default()
+            },
+            spec: None,
+        });
+        let spec = lease.spec.get_or_insert_with(LeaseSpec::default);
+        if spec.holder_identity.as_deref() != Some(self.holder.as_str()) {
+            spec.acquire_time = Some(now.clone());
+        }
+        spec.holder_identity = Some(self.holder.clone());
+        spec.lease_duration_seconds = Some(self.duration_seconds);
+        spec.renew_time = Some(now);
+        mark(&mut lease.metadata, &self.marks);
+        lease
+    }
+
+    /// Forget the cached object (after the API went away, it may be stale).
+    pub fn forget(&mut self) {
+        self.cached = None;
+    }
+}
+
+/// Writes the node's rollout marks on the Lease's metadata.
+fn mark(meta: &mut ObjectMeta, (group, passed): &(String, Option<String>)) {
+    if !group.is_empty() {
+        meta.labels
+            .get_or_insert_with(Default::default)
+            .insert(GROUP_LABEL.to_owned(), group.clone());
+    }
+    let a = meta.annotations.get_or_insert_with(Default::default);
+    match passed {
+        Some(p) => {
+            a.insert(PASSED_ANNOTATION.to_owned(), p.clone());
+        }
+        None => {
+            a.remove(PASSED_ANNOTATION);
+        }
+    }
+}
+
+/// Sets the queue marks of `meta`: `Some((group, slot))` while queued, `None` after; whether
+/// that changed anything.
+fn set_queue(meta: &mut ObjectMeta, queued: Option<(&str, &str)>) -> bool {
+    let labels = meta.labels.get_or_insert_with(Default::default);
+    let before = labels.clone();
+    match queued {
+        Some((group, slot)) => {
+            labels.insert(WAITS_GROUP_LABEL.to_owned(), group.to_owned());
+            labels.insert(WAITS_SLOT_LABEL.to_owned(), slot.to_owned());
+        }
+        None => {
+            labels.remove(WAITS_GROUP_LABEL);
+            labels.remove(WAITS_SLOT_LABEL);
+        }
+    }
+    *labels != before
+}
+
+/// Says on the heartbeat Lease `name` that its node queues for `slot` of `group` (`Some`), or no
+/// longer queues (`None`). Nothing is written when it already says so, or when the Lease does
+/// not exist yet (the reporter creates it). `resource` names what is written in messages.
+pub async fn queue_mark(
+    api: &Api<Lease>,
+    name: &str,
+    resource: &str,
+    queued: Option<(&str, &str)>,
+) -> Result<(), ApiError> {
+    replace_with_retry(api, name, resource, None, |lease| {
+        Ok::<_, ApiError>(match lease {
+            Some(mut lease) => {
+                if set_queue(&mut lease.metadata, queued) {
+                    Edit::Write(lease, ())
+                } else {
+                    Edit::Keep(())
+                }
+            }
+            None => Edit::Keep(()),
+        })
+    })
+    .await
+    .map(|_| ())
+    .map_err(|e| match e {
+        EditError::Api(e) | EditError::Edit(e) => e,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn queue_marks_are_set_and_cleared_and_only_a_change_is_written() {
+        let mut meta = ObjectMeta::default();
+        assert!(set_queue(
+            &mut meta,
+            Some(("workers", "ginx-rollout-workers-3"))
+        ));
+        let labels = meta.labels.clone().unwrap_or_default();
+        assert_eq!(labels[WAITS_SLOT_LABEL], "ginx-rollout-workers-3");
+        assert!(!set_queue(
+            &mut meta,
+            Some(("workers", "ginx-rollout-workers-3"))
+        ));
+        assert!(set_queue(&mut meta, None));
+        assert!(meta.labels.unwrap_or_default().is_empty());
+    }
+
+    #[test]
+    fn the_marks_say_the_group_and_the_revision_passed_or_nothing() {
+        let mut meta = ObjectMeta::default();
+        mark(&mut meta, &("workers".into(), Some("abc".into())));
+        assert_eq!(meta.labels.as_ref().unwrap()[GROUP_LABEL], "workers");
+        assert_eq!(meta.annotations.as_ref().unwrap()[PASSED_ANNOTATION], "abc");
+        mark(&mut meta, &("workers".into(), None));
+        assert!(!meta.annotations.unwrap().contains_key(PASSED_ANNOTATION));
+    }
+}

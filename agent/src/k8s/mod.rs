@@ -1,0 +1,17 @@
+//! The Kubernetes API as ginx uses it, below every worker: how an API error is told apart
+//! ([`ApiError`]: unavailable, refused, refused by a policy, a conflict that did not settle),
+//! the one read-modify-replace loop every object ginx updates goes through
+//! ([`replace_with_retry`]), the watch that wakes whoever waits on a set of objects
+//! ([`watch_objects`]), and the heartbeat Lease's one owner ([`heartbeat`]).
+//!
+//! Must not import a worker: workers import it. Holds no client of its own; callers pass the
+//! `Api` they were handed.
+
+mod error;
+pub mod heartbeat;
+mod retry;
+mod watch;
+
+pub use error::ApiError;
+pub use retry::{Edit, EditError, MAX_CONFLICT_RETRIES, Written, replace_with_retry};
+pub use watch::{WATCH_SECONDS, watch_objects};

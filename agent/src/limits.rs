@@ -1,0 +1,86 @@
+//! Keeps files small enough to read: no source file has more than [`MAX_FILE_LINES`] lines of
+//! non-test code. Test-only, like `layers.rs`, whose scanner it shares; the length of a
+//! function is clippy's to check (`clippy::too_many_lines`, threshold in `clippy.toml`).
+//!
+//! Non-test code is every line outside items marked `#[cfg(test)]` (a test module, a test
+//! helper), in files other than the `*_tests.rs` files such a module may live in.
+
+use std::path::Path;
+
+use crate::layers::{code_only, rust_files};
+
+/// The most lines of non-test code one source file may have.
+const MAX_FILE_LINES: usize = 1000;
+
+/// Lines of `text` outside `#[cfg(test)]` items.
+fn non_test_lines(text: &str) -> usize {
+    let code = code_only(text);
+    let mut test = vec![false; code.len()];
+    let mut from = 0;
+    while let Some(at) = code[from..].find("#[cfg(test)]") {
+        let start = from + at;
+        // The item runs to its `;` (a `mod x;` elsewhere) or to its matching brace.
+        let mut depth = 0usize;
+        let mut end = code.len();
+        for (i, c) in code[start..].char_indices() {
+            match c {
+                ';' if depth == 0 => {
+                    end = start + i + 1;
+                    break;
+                }
+                '{' => depth += 1,
+                '}' => {
+                    depth = depth.saturating_sub(1);
+                    if depth == 0 {
+                        end = start + i + 1;
+                        break;
+                    }
+                }
+                _ => {}
+            }
+        }
+        test[start..end].iter_mut().for_each(|t| *t = true);
+        from = end;
+    }
+    let mut lines = 0;
+    let mut counted = false;
+    for (i, c) in text.char_indices() {
+        if c == '\n' {
+            counted = false;
+        } else if !counted && !c.is_whitespace() && !test.get(i).copied().unwrap_or(false) {
+            counted = true;
+            lines += 1;
+        }
+    }
+    lines
+}
+
+#[test]
+fn no_source_file_is_over_a_thousand_lines_of_non_test_code() {
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
+    let mut files = Vec::new();
+    rust_files(&src, &mut files);
+    let mut over: Vec<String> = files
+        .iter()
+        .filter(|f| !f.to_string_lossy().ends_with("_tests.rs"))
+        .filter_map(|f| {
+            let text = std::fs::read_to_string(f).ok()?;
+            let n = non_test_lines(&text);
+            (n > MAX_FILE_LINES).then(|| format!("{}: {n} lines", f.display()))
+        })
+        .collect();
+    over.sort();
+    assert!(
+        over.is_empty(),
+        "over {MAX_FILE_LINES} lines of non-test code; split by concern:\n{}",
+        over.join("\n")
+    );
+}
+
+#[test]
+fn test_items_do_not_count() {
+    let text = "fn a() {\n    1\n}\n\n#[cfg(test)]\nmod tests {\n    fn b() {}\n}\n";
+    assert_eq!(non_test_lines(text), 3);
+    let helper = "#[cfg(test)]\nuse x;\nfn c() {}\n";
+    assert_eq!(non_test_lines(helper), 1);
+}
