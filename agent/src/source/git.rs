@@ -15,8 +15,7 @@ use serde::{Deserialize, Serialize};
 
 use super::auth::Auth;
 use super::verify::Policy;
-use crate::status::Signed;
-use crate::types::{RemoteUrl, Revision};
+use crate::types::{AcceptedSignature, RemoteUrl, Revision};
 
 /// Where ginx keeps the last deployed (or accepted) commit of the tracked branch. New heads
 /// must descend from it.
@@ -112,7 +111,7 @@ pub struct Candidate {
     pub revision: Revision,
     pub branch: String,
     pub testing: bool,
-    pub signed: Option<Signed>,
+    pub signed: Option<AcceptedSignature>,
 }
 
 /// The clone of one source.
@@ -583,7 +582,7 @@ fn sign_check(
     repo: &Repository,
     rev: &Revision,
     policy: &Policy,
-) -> Result<Option<Signed>, String> {
+) -> Result<Option<AcceptedSignature>, String> {
     if !policy.is_required() {
         return Ok(None);
     }

@@ -4,11 +4,11 @@
 //!
 //! One [`Poller`] task per source fetches on `interval` (±10% jitter) or at once on a sync
 //! request, backs off exponentially with jitter on failure (capped at the interval), and
-//! publishes a [`SourceStatus`] into the shared status map. A revision is published only once
+//! publishes a [`SourceReport`] into the shared [`ReportMap`]. A revision is published only once
 //! its tree is complete on disk. A fetch that outlives `fetch_timeout` is abandoned: the poller
 //! moves on and nothing else waits for it.
 //!
-//! A worker (layer 5): imports `types`, `config`, `status`, `metrics`, `state`, `util`, never
+//! A worker (layer 5): imports `types`, `config`, `metrics`, `state`, `util`, never
 //! another worker. Who else needs a source's files gets them from the daemon. Not here:
 //! deciding what to apply (see `reconcile`).
 
@@ -18,7 +18,7 @@ pub mod transport;
 pub mod trees;
 pub mod verify;
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
@@ -29,8 +29,7 @@ use tokio::sync::{mpsc, oneshot, watch};
 
 use crate::config::SourceConfig;
 use crate::state::{self, Anchors};
-use crate::status::{Refused, RemoteStatus, SourceStatus};
-use crate::types::Revision;
+use crate::types::{RefusedHead, RemoteReport, Revision, SourceReport, SourceReports};
 use crate::util;
 
 pub use git::{GitError, RemoteResult};
@@ -49,18 +48,18 @@ pub struct SyncOutcome {
     pub refused: bool,
 }
 
-/// The status of the remote shown as `url` after a fetch that tried `results`.
-fn remote_after(url: String, results: &[RemoteResult]) -> RemoteStatus {
+/// How the remote `url` fared in a fetch that tried `results`.
+fn remote_after(url: String, results: &[RemoteResult]) -> RemoteReport {
     let tried = results.iter().find(|r| r.url == url);
-    RemoteStatus {
+    RemoteReport {
         ok: tried.map(|r| r.error.is_none()),
         error: tried.and_then(|r| r.error.clone()),
         url,
     }
 }
 
-/// Statuses of all sources, by name; every poller writes its own entry.
-pub type StatusMap = watch::Sender<BTreeMap<String, SourceStatus>>;
+/// What every source's poller reports, by source name; each poller writes its own entry.
+pub type ReportMap = watch::Sender<SourceReports>;
 
 /// Requests to a poller.
 #[derive(Debug)]
@@ -237,7 +236,7 @@ pub fn spawn_poller(
     name: String,
     config: PollerConfig,
     workspace: &Arc<Workspace>,
-    statuses: Arc<StatusMap>,
+    reports: Arc<ReportMap>,
     metrics: Arc<crate::metrics::Metrics>,
     shutdown: watch::Receiver<bool>,
 ) -> PollerHandle {
@@ -249,7 +248,7 @@ pub fn spawn_poller(
         name,
         config: config_rx,
         commands: cmd_rx,
-        statuses,
+        reports,
         metrics,
         shutdown,
         head: None,
@@ -267,7 +266,7 @@ struct Poller {
     name: String,
     config: watch::Receiver<PollerConfig>,
     commands: mpsc::Receiver<PollerCmd>,
-    statuses: Arc<StatusMap>,
+    reports: Arc<ReportMap>,
     metrics: Arc<crate::metrics::Metrics>,
     workspace: Arc<Workspace>,
     trees: Arc<Trees>,
@@ -352,9 +351,9 @@ impl Poller {
             s.branch = cfg.branch.clone();
             s.remotes = remotes
                 .iter()
-                .map(|u| RemoteStatus {
+                .map(|u| RemoteReport {
                     url: u.to_string(),
-                    ..RemoteStatus::default()
+                    ..RemoteReport::default()
                 })
                 .collect();
         });
@@ -424,13 +423,13 @@ impl Poller {
         let result = match tokio::time::timeout(timeout.get(), job).await {
             Ok(Ok(r)) => r,
             Ok(Err(e)) => Err(GitError::Fetch {
-                url: self.status().url,
+                url: self.report().url,
                 message: format!("fetch task failed: {e}"),
             }),
             Err(_) => {
                 cancel.store(true, Ordering::SeqCst);
                 Err(GitError::Fetch {
-                    url: self.status().url,
+                    url: self.report().url,
                     message: format!(
                         "timed out after {timeout} (sources.{}.fetch_timeout)",
                         self.name
@@ -454,7 +453,7 @@ impl Poller {
         }
         self.failures = 0;
         let configured = cfg.source.remotes();
-        let remotes: Vec<RemoteStatus> = configured
+        let remotes: Vec<RemoteReport> = configured
             .iter()
             .map(|u| remote_after(u.to_string(), &round.fetched.remotes))
             .collect();
@@ -484,11 +483,11 @@ impl Poller {
             },
             Some(now),
         );
-        let refusal = round.refused.map(|(rev, why)| Refused {
+        let refusal = round.refused.map(|(rev, why)| RefusedHead {
             revision: rev,
             reason: why,
         });
-        let previous_error = self.status().error;
+        let previous_error = self.report().error;
         let error = refusal.as_ref().map(|r| r.reason.clone());
         let refused = refusal.is_some();
         if error != previous_error {
@@ -534,7 +533,7 @@ impl Poller {
     ) -> SyncOutcome {
         let now = util::now();
         // One line per change of state, not one per retry.
-        if self.status().error.as_deref() != Some(message.as_str()) {
+        if self.report().error.as_deref() != Some(message.as_str()) {
             tracing::warn!(source = %self.name, error = %message,
                 "fetch failed; keeping the previous revision and retrying with backoff");
         }
@@ -566,16 +565,16 @@ impl Poller {
         }
     }
 
-    fn status(&self) -> SourceStatus {
-        self.statuses
+    fn report(&self) -> SourceReport {
+        self.reports
             .borrow()
             .get(&self.name)
             .cloned()
             .unwrap_or_default()
     }
 
-    fn update(&self, f: impl FnOnce(&mut SourceStatus)) {
-        self.statuses
+    fn update(&self, f: impl FnOnce(&mut SourceReport)) {
+        self.reports
             .send_modify(|map| f(map.entry(self.name.clone()).or_default()));
     }
 }
