@@ -386,6 +386,8 @@ impl Poller {
         Ok(rev)
     }
 
+    /// One fetch of the source, answered as a sync request is: on success the new head is
+    /// published (or refused) and the report updated, on failure the previous revision stays.
     async fn fetch_once(&mut self) -> SyncOutcome {
         let cfg = self.config.borrow().clone();
         let previous = self.head.as_ref().map(|p| p.revision().clone());
@@ -398,6 +400,22 @@ impl Poller {
                 None,
             );
         }
+        match self.run_round(&cfg, previous.is_some()).await {
+            Ok(round) => self.succeeded(&cfg, previous, round),
+            Err(e) => {
+                let per_remote = match &e {
+                    GitError::AllRemotes(r) => Some(r.clone()),
+                    _ => None,
+                };
+                self.failed(previous, e.to_string(), per_remote)
+            }
+        }
+    }
+
+    /// Runs [`round`] on a blocking thread, abandoned (and told to cancel) after the source's
+    /// `fetch_timeout`. `busy` is cleared when the thread ends, not when it is abandoned, so
+    /// no second fetch of this clone starts while the first still runs.
+    async fn run_round(&self, cfg: &PollerConfig, have_published: bool) -> Result<Round, GitError> {
         let cancel = Arc::new(AtomicBool::new(false));
         let timeout = cfg.source.fetch_timeout;
         let job = {
@@ -406,7 +424,6 @@ impl Poller {
             let name = self.name.clone();
             let busy = Arc::clone(&self.busy);
             let cancel = Arc::clone(&cancel);
-            let have_published = previous.is_some();
             let cfg = cfg.clone();
             tokio::task::spawn_blocking(move || {
                 // Cleared however the round ends, a panic included.
@@ -420,7 +437,7 @@ impl Poller {
                 round(&workspace, &trees, &name, &cfg, &cancel, have_published)
             })
         };
-        let result = match tokio::time::timeout(timeout.get(), job).await {
+        match tokio::time::timeout(timeout.get(), job).await {
             Ok(Ok(r)) => r,
             Ok(Err(e)) => Err(GitError::Fetch {
                 url: self.report().url,
@@ -436,73 +453,47 @@ impl Poller {
                     ),
                 })
             }
-        };
+        }
+    }
+
+    /// Records a fetch that worked: publishes its accepted revision, if any, and reports how
+    /// every remote fared and whether the head was refused.
+    fn succeeded(
+        &mut self,
+        cfg: &PollerConfig,
+        previous: Option<Revision>,
+        round: Round,
+    ) -> SyncOutcome {
         let now = util::now();
-        let round = match result {
-            Ok(r) => r,
-            Err(e) => {
-                let per_remote = match &e {
-                    GitError::AllRemotes(r) => Some(r.clone()),
-                    _ => None,
-                };
-                return self.failed(previous, e.to_string(), per_remote);
-            }
-        };
         if self.failures > 0 {
             tracing::info!(source = %self.name, served_by = %round.fetched.served_by, "fetching works again");
         }
         self.failures = 0;
-        let configured = cfg.source.remotes();
-        let remotes: Vec<RemoteReport> = configured
+        let remotes: Vec<RemoteReport> = cfg
+            .source
+            .remotes()
             .iter()
             .map(|u| remote_after(u.to_string(), &round.fetched.remotes))
             .collect();
-        let mut changed = false;
-        if let Some((candidate, pin)) = round.published {
-            changed = previous.as_ref() != Some(&candidate.revision);
-            if changed {
-                tracing::info!(source = %self.name, revision = %candidate.revision.short(),
-                    branch = %candidate.branch, "new revision");
-            }
-            let tree = pin.path().to_owned();
-            self.head = Some(pin);
-            self.update(|s| {
-                s.revision = Some(candidate.revision.clone());
-                s.revision_branch = Some(candidate.branch.clone());
-                s.testing = candidate.testing;
-                s.signature = candidate.signed.clone();
-                s.tree = Some(tree);
-            });
-        }
-        self.metrics.fetched(
-            &self.name,
-            if round.refused.is_some() {
-                "refused"
-            } else {
-                "ok"
-            },
-            Some(now),
-        );
+        let changed = match round.published {
+            Some((candidate, pin)) => self.publish(previous.as_ref(), &candidate, pin),
+            None => false,
+        };
+        let outcome = if round.refused.is_some() {
+            "refused"
+        } else {
+            "ok"
+        };
+        self.metrics.fetched(&self.name, outcome, Some(now));
         let refusal = round.refused.map(|(rev, why)| RefusedHead {
             revision: rev,
             reason: why,
         });
-        let previous_error = self.report().error;
         let error = refusal.as_ref().map(|r| r.reason.clone());
         let refused = refusal.is_some();
-        if error != previous_error {
-            match &error {
-                Some(why) => {
-                    tracing::warn!(source = %self.name, "refusing the fetched head: {why}")
-                }
-                None if previous_error.is_some() => {
-                    tracing::info!(source = %self.name, "source healthy again")
-                }
-                None => {}
-            }
-        }
-        let served_by = round.fetched.served_by.clone();
-        let anchor = round.anchor.clone();
+        self.log_refusal_change(error.as_deref());
+        let served_by = round.fetched.served_by;
+        let anchor = round.anchor;
         self.update(|s| {
             s.url = served_by;
             s.remotes = remotes;
@@ -522,6 +513,49 @@ impl Poller {
             changed,
             error,
             refused,
+        }
+    }
+
+    /// Makes `candidate`, whose tree `pin` keeps, the revision this source offers. Returns
+    /// whether it differs from `previous`.
+    fn publish(
+        &mut self,
+        previous: Option<&Revision>,
+        candidate: &git::Candidate,
+        pin: Pin,
+    ) -> bool {
+        let changed = previous != Some(&candidate.revision);
+        if changed {
+            tracing::info!(source = %self.name, revision = %candidate.revision.short(),
+                branch = %candidate.branch, "new revision");
+        }
+        let tree = pin.path().to_owned();
+        self.head = Some(pin);
+        self.update(|s| {
+            s.revision = Some(candidate.revision.clone());
+            s.revision_branch = Some(candidate.branch.clone());
+            s.testing = candidate.testing;
+            s.signature = candidate.signed.clone();
+            s.tree = Some(tree);
+        });
+        changed
+    }
+
+    /// One log line when the source starts or stops refusing its fetched head (`error` is the
+    /// refusal now), not one per fetch.
+    fn log_refusal_change(&self, error: Option<&str>) {
+        let previous_error = self.report().error;
+        if error == previous_error.as_deref() {
+            return;
+        }
+        match error {
+            Some(why) => {
+                tracing::warn!(source = %self.name, "refusing the fetched head: {why}")
+            }
+            None if previous_error.is_some() => {
+                tracing::info!(source = %self.name, "source healthy again")
+            }
+            None => {}
         }
     }
 
