@@ -20,7 +20,7 @@ use crate::control;
 use crate::control::server::{self, Backend};
 use crate::metrics::Metrics;
 use crate::reconcile::{self, Reconciler, Wiring};
-use crate::source::{self, PollerCmd, PollerConfig, PollerHandle, StatusMap, Workspace};
+use crate::source::{self, PollerCmd, PollerConfig, PollerHandle, ReportMap, Workspace};
 use crate::status::{self, ApplyState, Published};
 use crate::util;
 
@@ -96,7 +96,7 @@ pub async fn run(config_path: PathBuf) -> anyhow::Result<Ending> {
 
     let (shutdown_tx, shutdown_rx) = watch::channel(false);
     let (config_tx, config_rx) = watch::channel(Arc::clone(&cfg));
-    let statuses: Arc<StatusMap> = Arc::new(watch::channel(BTreeMap::new()).0);
+    let statuses: Arc<ReportMap> = Arc::new(watch::channel(BTreeMap::new()).0);
     let workspace = Workspace::new(cfg.state_dir.clone());
     let (published_tx, published_rx) = watch::channel(Published::default());
     let (commands_tx, commands_rx) = mpsc::channel(32);
@@ -557,7 +557,7 @@ struct Sources {
     /// Command channels of the running pollers, shared with the control socket.
     channels: Arc<Mutex<BTreeMap<String, mpsc::Sender<PollerCmd>>>>,
     workspace: Arc<Workspace>,
-    statuses: Arc<StatusMap>,
+    statuses: Arc<ReportMap>,
     shutdown: watch::Receiver<bool>,
     metrics: Arc<Metrics>,
 }

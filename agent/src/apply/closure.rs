@@ -371,9 +371,29 @@ fn closure_size(json: &serde_json::Value, path: &str) -> Option<u64> {
     entry["closureSize"].as_u64()
 }
 
+/// Fetches, checks and activates the closure, step by step, filling in what `info` learns on
+/// the way.
 fn steps(a: &Args, info: &mut ClosureInfo) -> Result<(), Refused> {
     check_store_path(&a.path).map_err(|e| refused(e, true))?;
-    // 1. Realise, signatures required.
+    realise(a, info)?;
+    check_nixos_system(&a.path)?;
+    info.closure_size = measure_closure(a);
+    // `build` stops here (fetched, nothing activated); `test` and `dry-activate` activate
+    // without making it the boot default, so the profile is left alone, as NixOS does.
+    if a.goal == Goal::Build {
+        return Ok(());
+    }
+    let sets_profile = matches!(a.goal, Goal::Switch | Goal::Boot);
+    let before = profile_generation(&a.profile);
+    if sets_profile {
+        set_profile(a)?;
+    }
+    switch(a, sets_profile, before)
+}
+
+/// Step 1: realises the closure from the substituters, signatures required, rooted at the
+/// gcroot. A signature refusal is permanent; anything else may pass on a retry.
+fn realise(a: &Args, info: &mut ClosureInfo) -> Result<(), Refused> {
     if let Some(dir) = a.gcroot.parent() {
         std::fs::create_dir_all(dir)
             .map_err(|e| refused(format!("cannot create {}: {e}", dir.display()), false))?;
@@ -400,40 +420,45 @@ fn steps(a: &Args, info: &mut ClosureInfo) -> Result<(), Refused> {
     let (code, tail) = run_step(cmd, Some(a.realise_timeout)).map_err(|e| refused(e, false))?;
     info.realise_seconds = Some(start.elapsed().as_secs_f64());
     match code {
-        Some(0) => {}
-        None => {
-            return Err(refused(
-                format!(
-                    "nix-store --realise {} did not finish within apply.closure.realise_timeout",
-                    a.path
-                ),
-                false,
-            ));
-        }
+        Some(0) => Ok(()),
+        None => Err(refused(
+            format!(
+                "nix-store --realise {} did not finish within apply.closure.realise_timeout",
+                a.path
+            ),
+            false,
+        )),
         Some(c) => {
             let why = realise_problem(&tail);
             let permanent = why.as_deref().is_some_and(|w| w.contains("signature"));
-            return Err(refused(
+            Err(refused(
                 format!(
                     "nix-store --realise {} failed (exit {c}): {}",
                     a.path,
                     why.unwrap_or_else(|| "see the output".into())
                 ),
                 permanent,
-            ));
+            ))
         }
     }
-    // 2. A NixOS system.
-    let root = Path::new(&a.path);
+}
+
+/// Step 2: the realised path is a NixOS system, one that can be switched to.
+fn check_nixos_system(path: &str) -> Result<(), Refused> {
+    let root = Path::new(path);
     for need in ["nixos-version", "bin/switch-to-configuration"] {
         if !root.join(need).exists() {
             return Err(refused(
-                format!("{} is not a NixOS system: it has no {need}", a.path),
+                format!("{path} is not a NixOS system: it has no {need}"),
                 true,
             ));
         }
     }
-    // 3. Its size (a figure, never a reason to fail).
+    Ok(())
+}
+
+/// Step 3: the closure's size, a figure for status; never a reason to fail.
+fn measure_closure(a: &Args) -> Option<u64> {
     let mut cmd = Command::new(&a.nix);
     cmd.args([
         "--extra-experimental-features",
@@ -443,46 +468,39 @@ fn steps(a: &Args, info: &mut ClosureInfo) -> Result<(), Refused> {
         "--json",
     ])
     .arg(&a.path);
-    if let Ok(out) = cmd.stdin(Stdio::null()).output()
-        && out.status.success()
-        && let Ok(v) = serde_json::from_slice::<serde_json::Value>(&out.stdout)
-    {
-        info.closure_size = closure_size(&v, &a.path);
+    let out = cmd.stdin(Stdio::null()).output().ok()?;
+    if !out.status.success() {
+        return None;
     }
-    // `build` stops here (fetched, nothing activated); `test` and `dry-activate` activate
-    // without making it the boot default, so the profile is left alone, as NixOS does.
-    if a.goal == Goal::Build {
-        return Ok(());
-    }
-    let sets_profile = matches!(a.goal, Goal::Switch | Goal::Boot);
-    // 4. The profile.
-    let before = profile_generation(&a.profile);
+    let v = serde_json::from_slice::<serde_json::Value>(&out.stdout).ok()?;
+    closure_size(&v, &a.path)
+}
+
+/// Step 4 (`switch` and `boot`): points the system profile at the closure.
+fn set_profile(a: &Args) -> Result<(), Refused> {
     let mut cmd = Command::new(&a.nix_env);
     cmd.arg("--profile")
         .arg(&a.profile)
         .arg("--set")
         .arg(&a.path);
-    match sets_profile
-        .then(|| run_step(cmd, None))
-        .transpose()
-        .map_err(|e| refused(e, false))?
-        .map_or(Some(0), |r| r.0)
-    {
-        Some(0) => {}
-        c => {
-            return Err(refused(
-                format!(
-                    "nix-env --profile {} --set {} failed ({})",
-                    a.profile.display(),
-                    a.path,
-                    c.map_or_else(|| "killed".to_owned(), |c| format!("exit {c}"))
-                ),
-                false,
-            ));
-        }
+    match run_step(cmd, None).map_err(|e| refused(e, false))?.0 {
+        Some(0) => Ok(()),
+        c => Err(refused(
+            format!(
+                "nix-env --profile {} --set {} failed ({})",
+                a.profile.display(),
+                a.path,
+                c.map_or_else(|| "killed".to_owned(), |c| format!("exit {c}"))
+            ),
+            false,
+        )),
     }
-    // 5. The switch; on failure the profile goes back before the attempt ends.
-    let stc = root.join("bin/switch-to-configuration");
+}
+
+/// Step 5: activates the closure for the goal. On failure the profile goes back to generation
+/// `before` (when this attempt moved it) before the attempt ends.
+fn switch(a: &Args, sets_profile: bool, before: Option<u64>) -> Result<(), Refused> {
+    let stc = Path::new(&a.path).join("bin/switch-to-configuration");
     let mut cmd = Command::new(&stc);
     cmd.arg(a.goal.as_str());
     let failed = match run_step(cmd, None) {

@@ -313,31 +313,14 @@ impl Recorder {
         let node = self.config.borrow().node_name().to_owned();
         let mut book = Book::new(&node, Instant::now());
         let mut wake: Option<Instant> = None;
-        let mut failures: u32 = 0;
-        let mut said_refused = false;
+        let mut writer = Writer {
+            metrics: Arc::clone(&self.metrics),
+            failures: 0,
+            said_refused: false,
+        };
         loop {
-            let sleep = async {
-                match wake {
-                    Some(t) => tokio::time::sleep_until(t.into()).await,
-                    None => std::future::pending().await,
-                }
-            };
-            tokio::select! {
-                n = self.notices.recv() => match n {
-                    Ok(n) => {
-                        if self.config.borrow().kubernetes.events {
-                            book.note(&n, Instant::now());
-                        }
-                    }
-                    Err(broadcast::error::RecvError::Lagged(k)) => {
-                        self.metrics.events("dropped", k);
-                        tracing::debug!(dropped = k, "node Events fell behind the notices");
-                    }
-                    Err(broadcast::error::RecvError::Closed) => return,
-                },
-                () = sleep => {}
-                r = self.clients.changed() => if r.is_err() { return; },
-                _ = self.shutdown.changed() => return,
+            if !self.wait(&mut book, wake).await {
+                return;
             }
             let dropped = book.take_dropped();
             if dropped > 0 {
@@ -350,61 +333,115 @@ impl Recorder {
                 continue;
             };
             let api: Api<Event> = Api::namespaced(client, NAMESPACE);
-            wake = loop {
-                let now = Instant::now();
-                let write = match book.next(now) {
-                    Ok(w) => w,
-                    Err(at) => break at,
-                };
-                let Some((name, event)) = book.event(&write) else {
-                    book.refused(&write);
-                    continue;
-                };
-                let result = match &write {
-                    Write::Create(_) => api.create(&post_params(), &event).await.map(|_| "created"),
-                    Write::Patch(_) => {
-                        let body = serde_json::json!({ "series": event.series });
-                        api.patch(&name, &patch_params(), &Patch::Merge(&body))
-                            .await
-                            .map(|_| "patched")
-                    }
-                };
-                match result {
-                    Ok(what) => {
-                        failures = 0;
-                        book.written(&write, Instant::now());
-                        self.metrics.events(what, 1);
-                    }
-                    Err(e)
-                        if matches!(write, Write::Patch(_))
-                            && crate::types::api::code(&e) == Some(404) =>
-                    {
-                        book.recreate(&write);
-                    }
-                    Err(e) if unavailable(&e) => {
-                        book.retry();
-                        failures += 1;
-                        tracing::debug!(error = %describe(&e), "cannot write a node Event yet");
-                        break Some(
-                            Instant::now()
-                                + crate::util::backoff(
-                                    RETRY_BASE,
-                                    Duration::from_secs(60),
-                                    failures,
-                                ),
-                        );
-                    }
-                    Err(e) => {
-                        book.refused(&write);
-                        self.metrics.events("failed", 1);
-                        if !said_refused {
-                            said_refused = true;
-                            tracing::warn!(error = %refusal("create", "events.k8s.io events in default", &e),
-                                "cannot write node Events (said once)");
-                        }
+            wake = writer.flush(&api, &mut book).await;
+        }
+    }
+
+    /// Waits for a notice (noted in `book` while Events are on), for `wake`, or for new
+    /// clients. `false`: the recorder is to stop.
+    async fn wait(&mut self, book: &mut Book, wake: Option<Instant>) -> bool {
+        let sleep = async {
+            match wake {
+                Some(t) => tokio::time::sleep_until(t.into()).await,
+                None => std::future::pending().await,
+            }
+        };
+        tokio::select! {
+            n = self.notices.recv() => match n {
+                Ok(n) => {
+                    if self.config.borrow().kubernetes.events {
+                        book.note(&n, Instant::now());
                     }
                 }
+                Err(broadcast::error::RecvError::Lagged(k)) => {
+                    self.metrics.events("dropped", k);
+                    tracing::debug!(dropped = k, "node Events fell behind the notices");
+                }
+                Err(broadcast::error::RecvError::Closed) => return false,
+            },
+            () = sleep => {}
+            r = self.clients.changed() => if r.is_err() { return false; },
+            _ = self.shutdown.changed() => return false,
+        }
+        true
+    }
+}
+
+/// Writes the Events a [`Book`] has due, remembering between flushes how writing went.
+struct Writer {
+    metrics: Arc<Metrics>,
+    /// Consecutive writes the API was not there for.
+    failures: u32,
+    /// A refusal was logged already: it is said once, not per Event.
+    said_refused: bool,
+}
+
+impl Writer {
+    /// Writes everything `book` has due now. Returns when to come back: the next write's time,
+    /// a backoff while the API is away, `None` when nothing waits.
+    async fn flush(&mut self, api: &Api<Event>, book: &mut Book) -> Option<Instant> {
+        loop {
+            let write = match book.next(Instant::now()) {
+                Ok(w) => w,
+                Err(at) => return at,
             };
+            let Some((name, event)) = book.event(&write) else {
+                book.refused(&write);
+                continue;
+            };
+            match send(api, &write, &name, &event).await {
+                Ok(what) => {
+                    self.failures = 0;
+                    book.written(&write, Instant::now());
+                    self.metrics.events(what, 1);
+                }
+                Err(e)
+                    if matches!(write, Write::Patch(_))
+                        && crate::types::api::code(&e) == Some(404) =>
+                {
+                    book.recreate(&write);
+                }
+                Err(e) if unavailable(&e) => {
+                    book.retry();
+                    self.failures += 1;
+                    tracing::debug!(error = %describe(&e), "cannot write a node Event yet");
+                    return Some(
+                        Instant::now()
+                            + crate::util::backoff(
+                                RETRY_BASE,
+                                Duration::from_secs(60),
+                                self.failures,
+                            ),
+                    );
+                }
+                Err(e) => {
+                    book.refused(&write);
+                    self.metrics.events("failed", 1);
+                    if !self.said_refused {
+                        self.said_refused = true;
+                        tracing::warn!(error = %refusal("create", "events.k8s.io events in default", &e),
+                            "cannot write node Events (said once)");
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// Creates `event`, or patches its series into the Event `name`; says which it did.
+async fn send(
+    api: &Api<Event>,
+    write: &Write,
+    name: &str,
+    event: &Event,
+) -> Result<&'static str, kube::Error> {
+    match write {
+        Write::Create(_) => api.create(&post_params(), event).await.map(|_| "created"),
+        Write::Patch(_) => {
+            let body = serde_json::json!({ "series": event.series });
+            api.patch(name, &patch_params(), &Patch::Merge(&body))
+                .await
+                .map(|_| "patched")
         }
     }
 }

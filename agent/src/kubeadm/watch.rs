@@ -4,7 +4,6 @@
 //! reachable, report how the rendered ClusterConfiguration differs from the cluster's
 //! `kube-system/kubeadm-config`.
 
-use std::collections::BTreeMap;
 use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
@@ -15,9 +14,9 @@ use tokio::sync::watch;
 
 use super::{facts, render};
 use crate::config::Config;
-use crate::status::{KubeadmStatus, SourceStatus};
-use crate::types::Revision;
+use crate::status::KubeadmStatus;
 use crate::types::api::{self, KubeClients};
+use crate::types::{Revision, SourceReports};
 use crate::util;
 
 /// How often the cluster's kubeadm-config is compared again when nothing changed here.
@@ -28,7 +27,7 @@ pub type ReadFile = Arc<dyn Fn(&str, &Revision, &Path) -> Result<Vec<u8>, String
 
 pub struct Watcher {
     pub config: watch::Receiver<Arc<Config>>,
-    pub sources: watch::Receiver<BTreeMap<String, SourceStatus>>,
+    pub sources: watch::Receiver<SourceReports>,
     /// Reads a file of a source at a revision; the daemon hands in the sources' workspace.
     pub read_file: ReadFile,
     pub kube: watch::Receiver<Option<KubeClients>>,

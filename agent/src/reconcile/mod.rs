@@ -38,8 +38,8 @@ use crate::apply::{Exit, Finished};
 use crate::config::Config;
 use crate::source::{Pin, Workspace};
 use crate::state::{self, Attempt, AttemptKind, History, State};
-use crate::status::{Drift, Published, SourceStatus, StateWriteError};
-use crate::types::Revision;
+use crate::status::{Drift, Published, StateWriteError};
+use crate::types::{Revision, SourceReports};
 use crate::util;
 
 pub use self::core::{Core, Decision, Desired, Ending, RetryPolicy};
@@ -81,7 +81,7 @@ pub struct Reconciler {
     history_path: PathBuf,
     attempts_dir: PathBuf,
     config: watch::Receiver<Arc<Config>>,
-    sources: watch::Receiver<BTreeMap<String, SourceStatus>>,
+    sources: watch::Receiver<SourceReports>,
     workspace: Arc<Workspace>,
     commands: mpsc::Receiver<Command>,
     published: watch::Sender<Published>,
@@ -135,7 +135,7 @@ pub struct Wiring {
     /// Where what happens is told (Events, webhooks).
     pub notices: crate::types::Notices,
     pub config: watch::Receiver<Arc<Config>>,
-    pub sources: watch::Receiver<BTreeMap<String, SourceStatus>>,
+    pub sources: watch::Receiver<SourceReports>,
     pub workspace: Arc<Workspace>,
     pub commands: mpsc::Receiver<Command>,
     pub published: watch::Sender<Published>,

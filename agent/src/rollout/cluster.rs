@@ -23,7 +23,7 @@ use kube::api::ListParams;
 use super::fleet::Fleet;
 use super::lease::GROUP_LABEL;
 use super::slots::Observed;
-use crate::config::Config;
+use crate::config::{Config, KubernetesConfig};
 use crate::status::{ClusterNode, ClusterView, FleetState, RevisionCounts};
 use crate::types::Role;
 use crate::types::api::{code, describe};
@@ -96,6 +96,9 @@ pub async fn view(
     Ok(build(&nodes, &leases, state, cfg, crate::util::now(), &age))
 }
 
+/// How long a Lease has been seen unchanged (`None`: not known yet).
+type LeaseAge<'a> = &'a dyn Fn(&Lease) -> Option<Duration>;
+
 /// The view of `nodes`, `leases` and `fleet` at `now`; `age` says how long a Lease has been
 /// seen unchanged (`None`: not known yet).
 pub fn build(
@@ -104,19 +107,44 @@ pub fn build(
     fleet: FleetState,
     cfg: &Config,
     now: Timestamp,
-    age: &dyn Fn(&Lease) -> Option<Duration>,
+    age: LeaseAge<'_>,
 ) -> ClusterView {
     let k = &cfg.kubernetes;
-    let prefix = k.annotation_prefix.as_str();
     let by_name: BTreeMap<&str, &Lease> = leases
         .iter()
         .filter_map(|l| Some((l.metadata.name.as_deref()?, l)))
         .collect();
+    let (slots, held) = held_slots(&by_name, age);
+    let mut out: Vec<ClusterNode> = nodes
+        .iter()
+        .filter_map(|node| registered_node(node, k, &by_name, &held, age))
+        .collect();
+    let seen: BTreeSet<String> = out.iter().map(|n| n.name.clone()).collect();
+    out.extend(unregistered_nodes(
+        &k.lease_name,
+        &by_name,
+        &held,
+        seen,
+        age,
+    ));
+    out.sort_by(|a, b| a.name.cmp(&b.name));
+    ClusterView {
+        revisions: revision_counts(&out),
+        nodes: out,
+        slots,
+        fleet,
+        at: Some(now),
+    }
+}
 
-    // Held slots: group/slot → holder, and holder → its slots.
+/// The slots held by a live holder, as `group/slot` → holder, and each holder's slots.
+fn held_slots(
+    by_name: &BTreeMap<&str, &Lease>,
+    age: LeaseAge<'_>,
+) -> (BTreeMap<String, String>, BTreeMap<String, Vec<String>>) {
     let mut slots = BTreeMap::new();
     let mut held: BTreeMap<String, Vec<String>> = BTreeMap::new();
-    for (name, lease) in &by_name {
+    for (name, lease) in by_name {
         let Some((group, slot)) = slot_of(name, lease) else {
             continue;
         };
@@ -126,71 +154,87 @@ pub fn build(
             slots.insert(key, holder);
         }
     }
+    (slots, held)
+}
 
-    let mut out = Vec::new();
-    let mut seen = BTreeSet::new();
-    for node in nodes {
-        let Some(name) = node.metadata.name.as_deref() else {
-            continue;
-        };
-        let annotations = node.metadata.annotations.clone().unwrap_or_default();
-        let annotation = |key: &str| annotations.get(&format!("{prefix}{key}")).cloned();
-        let heartbeat = by_name.get(k.lease_name_for(name).as_str()).copied();
-        let control_plane = node
-            .metadata
-            .labels
-            .as_ref()
-            .is_some_and(|l| l.contains_key(CONTROL_PLANE_LABEL));
-        let reported = annotation("version").is_some() || heartbeat.is_some();
-        if !(reported || control_plane) {
-            continue;
-        }
-        let role = if control_plane {
-            Some(Role::ControlPlane)
-        } else {
-            match annotation("role").as_deref() {
-                Some("control-plane") => Some(Role::ControlPlane),
-                Some("worker") => Some(Role::Worker),
-                _ => None,
-            }
-        };
-        let conditions = node
-            .status
-            .as_ref()
-            .and_then(|s| s.conditions.as_deref())
-            .unwrap_or_default();
-        let condition = |t: &str| conditions.iter().find(|c| c.type_ == t);
-        let ready = condition("Ready").and_then(|c| match c.status.as_str() {
-            "True" => Some(true),
-            "False" => Some(false),
-            _ => None,
-        });
-        let healthy = condition(&k.condition_type);
-        seen.insert(name.to_owned());
-        out.push(ClusterNode {
-            name: name.to_owned(),
-            role,
-            ready,
-            healthy: healthy.map(|c| c.status.clone()),
-            health_reason: healthy.and_then(|c| c.reason.clone()),
-            applied_revision: annotation("applied-revision"),
-            target_revision: annotation("target-revision"),
-            apply_state: annotation("apply-state"),
-            rollout_phase: annotation("rollout-phase"),
-            heartbeat_age_secs: heartbeat.and_then(|l| age_secs(age(l))),
-            slot: held.get(name).map(|s| s.join(",")),
-            waiting_for: annotation("waiting-for"),
-            quarantined: annotation("quarantined"),
-            group: annotation("rollout-group"),
-        });
+/// The entry of a registered Node: one ginx reports on (a `version` annotation or a heartbeat)
+/// or a control-plane node; `None` for any other node.
+fn registered_node(
+    node: &Node,
+    k: &KubernetesConfig,
+    by_name: &BTreeMap<&str, &Lease>,
+    held: &BTreeMap<String, Vec<String>>,
+    age: LeaseAge<'_>,
+) -> Option<ClusterNode> {
+    let name = node.metadata.name.as_deref()?;
+    let prefix = k.annotation_prefix.as_str();
+    let annotations = node.metadata.annotations.clone().unwrap_or_default();
+    let annotation = |key: &str| annotations.get(&format!("{prefix}{key}")).cloned();
+    let heartbeat = by_name.get(k.lease_name_for(name).as_str()).copied();
+    let control_plane = node
+        .metadata
+        .labels
+        .as_ref()
+        .is_some_and(|l| l.contains_key(CONTROL_PLANE_LABEL));
+    let reported = annotation("version").is_some() || heartbeat.is_some();
+    if !(reported || control_plane) {
+        return None;
     }
-    // A ginx whose kubelet has not registered the Node yet (a node being set up) still
-    // renews its heartbeat: it is part of the fleet.
-    for (name, lease) in &by_name {
+    let role = if control_plane {
+        Some(Role::ControlPlane)
+    } else {
+        match annotation("role").as_deref() {
+            Some("control-plane") => Some(Role::ControlPlane),
+            Some("worker") => Some(Role::Worker),
+            _ => None,
+        }
+    };
+    let conditions = node
+        .status
+        .as_ref()
+        .and_then(|s| s.conditions.as_deref())
+        .unwrap_or_default();
+    let condition = |t: &str| conditions.iter().find(|c| c.type_ == t);
+    let ready = condition("Ready").and_then(|c| match c.status.as_str() {
+        "True" => Some(true),
+        "False" => Some(false),
+        _ => None,
+    });
+    let healthy = condition(&k.condition_type);
+    Some(ClusterNode {
+        name: name.to_owned(),
+        role,
+        ready,
+        healthy: healthy.map(|c| c.status.clone()),
+        health_reason: healthy.and_then(|c| c.reason.clone()),
+        applied_revision: annotation("applied-revision"),
+        target_revision: annotation("target-revision"),
+        apply_state: annotation("apply-state"),
+        rollout_phase: annotation("rollout-phase"),
+        heartbeat_age_secs: heartbeat.and_then(|l| age_secs(age(l))),
+        slot: held.get(name).map(|s| s.join(",")),
+        waiting_for: annotation("waiting-for"),
+        quarantined: annotation("quarantined"),
+        group: annotation("rollout-group"),
+    })
+}
+
+/// The nodes known only by their heartbeat Lease, not in `seen`: a ginx whose kubelet has not
+/// registered the Node yet (a node being set up) still renews its heartbeat, and is part of
+/// the fleet.
+fn unregistered_nodes(
+    lease_name: &str,
+    by_name: &BTreeMap<&str, &Lease>,
+    held: &BTreeMap<String, Vec<String>>,
+    mut seen: BTreeSet<String>,
+    age: LeaseAge<'_>,
+) -> Vec<ClusterNode> {
+    let mut out = Vec::new();
+    for (name, lease) in by_name {
         if slot_of(name, lease).is_some() {
             continue;
         }
-        let Some(node) = heartbeat_node(&k.lease_name, name, lease) else {
+        let Some(node) = heartbeat_node(lease_name, name, lease) else {
             continue;
         };
         if !seen.insert(node.to_owned()) {
@@ -203,14 +247,7 @@ pub fn build(
             ..ClusterNode::default()
         });
     }
-    out.sort_by(|a, b| a.name.cmp(&b.name));
-    ClusterView {
-        revisions: revision_counts(&out),
-        nodes: out,
-        slots,
-        fleet,
-        at: Some(now),
-    }
+    out
 }
 
 /// Each target revision's nodes by where they are with it: from the rollout phase each node

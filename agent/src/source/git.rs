@@ -15,8 +15,7 @@ use serde::{Deserialize, Serialize};
 
 use super::auth::Auth;
 use super::verify::Policy;
-use crate::status::Signed;
-use crate::types::{RemoteUrl, Revision};
+use crate::types::{AcceptedSignature, RemoteUrl, Revision};
 
 /// Where ginx keeps the last deployed (or accepted) commit of the tracked branch. New heads
 /// must descend from it.
@@ -112,7 +111,7 @@ pub struct Candidate {
     pub revision: Revision,
     pub branch: String,
     pub testing: bool,
-    pub signed: Option<Signed>,
+    pub signed: Option<AcceptedSignature>,
 }
 
 /// The clone of one source.
@@ -583,7 +582,7 @@ fn sign_check(
     repo: &Repository,
     rev: &Revision,
     policy: &Policy,
-) -> Result<Option<Signed>, String> {
+) -> Result<Option<AcceptedSignature>, String> {
     if !policy.is_required() {
         return Ok(None);
     }
@@ -640,22 +639,14 @@ fn pack_index_count(path: &Path) -> std::io::Result<usize> {
     usize::try_from(count).map_err(|_| invalid())
 }
 
+/// Fetches the branch (and the testing branch) of `spec` from `url` into their tracking refs.
+/// Returns the branch's head and the testing branch's, `None` when upstream has none.
 fn fetch_one(
     repo: &Repository,
     url: &RemoteUrl,
     spec: &FetchSpec<'_>,
 ) -> Result<(Revision, Option<Revision>), GitError> {
-    let fetch_err = |e: &git2::Error| {
-        let message = if e.class() == ErrorClass::Callback && spec.cancel.load(Ordering::Relaxed) {
-            "fetch cancelled (fetch_timeout)".to_owned()
-        } else {
-            classify(e)
-        };
-        GitError::Fetch {
-            url: url.to_string(),
-            message: url.scrub(&message),
-        }
-    };
+    let fetch_err = |e: &git2::Error| fetch_error(url, spec.cancel, e);
     // libgit2 takes a missing directory for an unknown protocol.
     if let Some(path) = url.local_path()
         && !path.exists()
@@ -670,49 +661,14 @@ fn fetch_one(
         .map_err(|e| fetch_err(&e))?;
     let mut branches = vec![spec.branch];
     branches.extend(spec.testing);
-    let refspecs: Vec<String> = branches
-        .iter()
-        .map(|b| format!("+refs/heads/{b}:{}", tracking_ref(b)))
-        .collect();
-    let result = {
-        // https://, http:// and ssh:// go through source/transport.rs, which takes the
-        // credentials of this fetch from here.
-        let _transport = super::transport::scope(spec.auth);
-        let mut callbacks = git2::RemoteCallbacks::new();
-        let cancel = spec.cancel;
-        callbacks.transfer_progress(move |_| !cancel.load(Ordering::Relaxed));
-        callbacks.sideband_progress(move |_| !cancel.load(Ordering::Relaxed));
-        let mut opts = FetchOptions::new();
-        opts.remote_callbacks(callbacks)
-            .download_tags(AutotagOption::None);
-        // A download, not `fetch`: libgit2's tip update (1.9) truncates FETCH_HEAD on every
-        // fetch, even told not to write it, so an idle node would rewrite a file in the clone
-        // every interval. The tracking refs are updated below, and only when they move.
-        // Disconnected whether or not the download worked, as `fetch` does.
-        let downloaded = remote.download(&refspecs, Some(&mut opts));
-        let disconnected = remote.disconnect();
-        downloaded.and(disconnected)
-    };
-    result.map_err(|e| fetch_err(&e))?;
+    download(&mut remote, &branches, spec).map_err(|e| fetch_err(&e))?;
     let advertised: Vec<(String, git2::Oid)> = remote
         .list()
         .map_err(|e| fetch_err(&e))?
         .iter()
         .map(|h| (h.name().to_owned(), h.oid()))
         .collect();
-    for b in &branches {
-        let name = format!("refs/heads/{b}");
-        let Some((_, oid)) = advertised.iter().find(|(n, _)| *n == name) else {
-            continue;
-        };
-        let tracking = tracking_ref(b);
-        // Forced, not compared-and-swapped: one fetch per clone runs at a time (the poller's
-        // busy flag, and the state dir's lock between processes).
-        if repo.refname_to_id(&tracking).ok() != Some(*oid) {
-            repo.reference(&tracking, *oid, true, "ginx: fetch")
-                .map_err(|e| fetch_err(&e))?;
-        }
-    }
+    update_tracking(repo, &branches, &advertised).map_err(|e| fetch_err(&e))?;
     let has = |b: &str| {
         advertised
             .iter()
@@ -748,6 +704,72 @@ fn fetch_one(
         None => None,
     };
     Ok((main, testing))
+}
+
+/// A fetch's libgit2 error as the fetch of `url` failing, its credentials scrubbed; an error
+/// from the progress callback after `cancel` is the timeout's doing.
+fn fetch_error(url: &RemoteUrl, cancel: &AtomicBool, e: &git2::Error) -> GitError {
+    let message = if e.class() == ErrorClass::Callback && cancel.load(Ordering::Relaxed) {
+        "fetch cancelled (fetch_timeout)".to_owned()
+    } else {
+        classify(e)
+    };
+    GitError::Fetch {
+        url: url.to_string(),
+        message: url.scrub(&message),
+    }
+}
+
+/// Downloads the objects of `branches` from `remote`, without tags, given up when the
+/// fetch's `cancel` is set. Touches no ref: see [`update_tracking`].
+fn download(
+    remote: &mut git2::Remote<'_>,
+    branches: &[&str],
+    spec: &FetchSpec<'_>,
+) -> Result<(), git2::Error> {
+    let refspecs: Vec<String> = branches
+        .iter()
+        .map(|b| format!("+refs/heads/{b}:{}", tracking_ref(b)))
+        .collect();
+    // https://, http:// and ssh:// go through source/transport.rs, which takes the
+    // credentials of this fetch from here.
+    let _transport = super::transport::scope(spec.auth);
+    let mut callbacks = git2::RemoteCallbacks::new();
+    let cancel = spec.cancel;
+    callbacks.transfer_progress(move |_| !cancel.load(Ordering::Relaxed));
+    callbacks.sideband_progress(move |_| !cancel.load(Ordering::Relaxed));
+    let mut opts = FetchOptions::new();
+    opts.remote_callbacks(callbacks)
+        .download_tags(AutotagOption::None);
+    // A download, not `fetch`: libgit2's tip update (1.9) truncates FETCH_HEAD on every
+    // fetch, even told not to write it, so an idle node would rewrite a file in the clone
+    // every interval. The tracking refs are updated after, and only when they move.
+    // Disconnected whether or not the download worked, as `fetch` does.
+    let downloaded = remote.download(&refspecs, Some(&mut opts));
+    let disconnected = remote.disconnect();
+    downloaded.and(disconnected)
+}
+
+/// Points the tracking ref of each of `branches` the remote `advertised` at its head, writing
+/// only the refs that move.
+fn update_tracking(
+    repo: &Repository,
+    branches: &[&str],
+    advertised: &[(String, git2::Oid)],
+) -> Result<(), git2::Error> {
+    for b in branches {
+        let name = format!("refs/heads/{b}");
+        let Some((_, oid)) = advertised.iter().find(|(n, _)| *n == name) else {
+            continue;
+        };
+        let tracking = tracking_ref(b);
+        // Forced, not compared-and-swapped: one fetch per clone runs at a time (the poller's
+        // busy flag, and the state dir's lock between processes).
+        if repo.refname_to_id(&tracking).ok() != Some(*oid) {
+            repo.reference(&tracking, *oid, true, "ginx: fetch")?;
+        }
+    }
+    Ok(())
 }
 
 pub fn tracking_ref(branch: &str) -> String {

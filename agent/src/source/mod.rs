@@ -4,11 +4,11 @@
 //!
 //! One [`Poller`] task per source fetches on `interval` (±10% jitter) or at once on a sync
 //! request, backs off exponentially with jitter on failure (capped at the interval), and
-//! publishes a [`SourceStatus`] into the shared status map. A revision is published only once
+//! publishes a [`SourceReport`] into the shared [`ReportMap`]. A revision is published only once
 //! its tree is complete on disk. A fetch that outlives `fetch_timeout` is abandoned: the poller
 //! moves on and nothing else waits for it.
 //!
-//! A worker (layer 5): imports `types`, `config`, `status`, `metrics`, `state`, `util`, never
+//! A worker (layer 5): imports `types`, `config`, `metrics`, `state`, `util`, never
 //! another worker. Who else needs a source's files gets them from the daemon. Not here:
 //! deciding what to apply (see `reconcile`).
 
@@ -18,7 +18,7 @@ pub mod transport;
 pub mod trees;
 pub mod verify;
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
@@ -29,8 +29,7 @@ use tokio::sync::{mpsc, oneshot, watch};
 
 use crate::config::SourceConfig;
 use crate::state::{self, Anchors};
-use crate::status::{Refused, RemoteStatus, SourceStatus};
-use crate::types::Revision;
+use crate::types::{RefusedHead, RemoteReport, Revision, SourceReport, SourceReports};
 use crate::util;
 
 pub use git::{GitError, RemoteResult};
@@ -49,18 +48,18 @@ pub struct SyncOutcome {
     pub refused: bool,
 }
 
-/// The status of the remote shown as `url` after a fetch that tried `results`.
-fn remote_after(url: String, results: &[RemoteResult]) -> RemoteStatus {
+/// How the remote `url` fared in a fetch that tried `results`.
+fn remote_after(url: String, results: &[RemoteResult]) -> RemoteReport {
     let tried = results.iter().find(|r| r.url == url);
-    RemoteStatus {
+    RemoteReport {
         ok: tried.map(|r| r.error.is_none()),
         error: tried.and_then(|r| r.error.clone()),
         url,
     }
 }
 
-/// Statuses of all sources, by name; every poller writes its own entry.
-pub type StatusMap = watch::Sender<BTreeMap<String, SourceStatus>>;
+/// What every source's poller reports, by source name; each poller writes its own entry.
+pub type ReportMap = watch::Sender<SourceReports>;
 
 /// Requests to a poller.
 #[derive(Debug)]
@@ -237,7 +236,7 @@ pub fn spawn_poller(
     name: String,
     config: PollerConfig,
     workspace: &Arc<Workspace>,
-    statuses: Arc<StatusMap>,
+    reports: Arc<ReportMap>,
     metrics: Arc<crate::metrics::Metrics>,
     shutdown: watch::Receiver<bool>,
 ) -> PollerHandle {
@@ -249,7 +248,7 @@ pub fn spawn_poller(
         name,
         config: config_rx,
         commands: cmd_rx,
-        statuses,
+        reports,
         metrics,
         shutdown,
         head: None,
@@ -267,7 +266,7 @@ struct Poller {
     name: String,
     config: watch::Receiver<PollerConfig>,
     commands: mpsc::Receiver<PollerCmd>,
-    statuses: Arc<StatusMap>,
+    reports: Arc<ReportMap>,
     metrics: Arc<crate::metrics::Metrics>,
     workspace: Arc<Workspace>,
     trees: Arc<Trees>,
@@ -352,9 +351,9 @@ impl Poller {
             s.branch = cfg.branch.clone();
             s.remotes = remotes
                 .iter()
-                .map(|u| RemoteStatus {
+                .map(|u| RemoteReport {
                     url: u.to_string(),
-                    ..RemoteStatus::default()
+                    ..RemoteReport::default()
                 })
                 .collect();
         });
@@ -387,6 +386,8 @@ impl Poller {
         Ok(rev)
     }
 
+    /// One fetch of the source, answered as a sync request is: on success the new head is
+    /// published (or refused) and the report updated, on failure the previous revision stays.
     async fn fetch_once(&mut self) -> SyncOutcome {
         let cfg = self.config.borrow().clone();
         let previous = self.head.as_ref().map(|p| p.revision().clone());
@@ -399,6 +400,22 @@ impl Poller {
                 None,
             );
         }
+        match self.run_round(&cfg, previous.is_some()).await {
+            Ok(round) => self.succeeded(&cfg, previous, round),
+            Err(e) => {
+                let per_remote = match &e {
+                    GitError::AllRemotes(r) => Some(r.clone()),
+                    _ => None,
+                };
+                self.failed(previous, e.to_string(), per_remote)
+            }
+        }
+    }
+
+    /// Runs [`round`] on a blocking thread, abandoned (and told to cancel) after the source's
+    /// `fetch_timeout`. `busy` is cleared when the thread ends, not when it is abandoned, so
+    /// no second fetch of this clone starts while the first still runs.
+    async fn run_round(&self, cfg: &PollerConfig, have_published: bool) -> Result<Round, GitError> {
         let cancel = Arc::new(AtomicBool::new(false));
         let timeout = cfg.source.fetch_timeout;
         let job = {
@@ -407,7 +424,6 @@ impl Poller {
             let name = self.name.clone();
             let busy = Arc::clone(&self.busy);
             let cancel = Arc::clone(&cancel);
-            let have_published = previous.is_some();
             let cfg = cfg.clone();
             tokio::task::spawn_blocking(move || {
                 // Cleared however the round ends, a panic included.
@@ -421,89 +437,63 @@ impl Poller {
                 round(&workspace, &trees, &name, &cfg, &cancel, have_published)
             })
         };
-        let result = match tokio::time::timeout(timeout.get(), job).await {
+        match tokio::time::timeout(timeout.get(), job).await {
             Ok(Ok(r)) => r,
             Ok(Err(e)) => Err(GitError::Fetch {
-                url: self.status().url,
+                url: self.report().url,
                 message: format!("fetch task failed: {e}"),
             }),
             Err(_) => {
                 cancel.store(true, Ordering::SeqCst);
                 Err(GitError::Fetch {
-                    url: self.status().url,
+                    url: self.report().url,
                     message: format!(
                         "timed out after {timeout} (sources.{}.fetch_timeout)",
                         self.name
                     ),
                 })
             }
-        };
+        }
+    }
+
+    /// Records a fetch that worked: publishes its accepted revision, if any, and reports how
+    /// every remote fared and whether the head was refused.
+    fn succeeded(
+        &mut self,
+        cfg: &PollerConfig,
+        previous: Option<Revision>,
+        round: Round,
+    ) -> SyncOutcome {
         let now = util::now();
-        let round = match result {
-            Ok(r) => r,
-            Err(e) => {
-                let per_remote = match &e {
-                    GitError::AllRemotes(r) => Some(r.clone()),
-                    _ => None,
-                };
-                return self.failed(previous, e.to_string(), per_remote);
-            }
-        };
         if self.failures > 0 {
             tracing::info!(source = %self.name, served_by = %round.fetched.served_by, "fetching works again");
         }
         self.failures = 0;
-        let configured = cfg.source.remotes();
-        let remotes: Vec<RemoteStatus> = configured
+        let remotes: Vec<RemoteReport> = cfg
+            .source
+            .remotes()
             .iter()
             .map(|u| remote_after(u.to_string(), &round.fetched.remotes))
             .collect();
-        let mut changed = false;
-        if let Some((candidate, pin)) = round.published {
-            changed = previous.as_ref() != Some(&candidate.revision);
-            if changed {
-                tracing::info!(source = %self.name, revision = %candidate.revision.short(),
-                    branch = %candidate.branch, "new revision");
-            }
-            let tree = pin.path().to_owned();
-            self.head = Some(pin);
-            self.update(|s| {
-                s.revision = Some(candidate.revision.clone());
-                s.revision_branch = Some(candidate.branch.clone());
-                s.testing = candidate.testing;
-                s.signature = candidate.signed.clone();
-                s.tree = Some(tree);
-            });
-        }
-        self.metrics.fetched(
-            &self.name,
-            if round.refused.is_some() {
-                "refused"
-            } else {
-                "ok"
-            },
-            Some(now),
-        );
-        let refusal = round.refused.map(|(rev, why)| Refused {
+        let changed = match round.published {
+            Some((candidate, pin)) => self.publish(previous.as_ref(), &candidate, pin),
+            None => false,
+        };
+        let outcome = if round.refused.is_some() {
+            "refused"
+        } else {
+            "ok"
+        };
+        self.metrics.fetched(&self.name, outcome, Some(now));
+        let refusal = round.refused.map(|(rev, why)| RefusedHead {
             revision: rev,
             reason: why,
         });
-        let previous_error = self.status().error;
         let error = refusal.as_ref().map(|r| r.reason.clone());
         let refused = refusal.is_some();
-        if error != previous_error {
-            match &error {
-                Some(why) => {
-                    tracing::warn!(source = %self.name, "refusing the fetched head: {why}")
-                }
-                None if previous_error.is_some() => {
-                    tracing::info!(source = %self.name, "source healthy again")
-                }
-                None => {}
-            }
-        }
-        let served_by = round.fetched.served_by.clone();
-        let anchor = round.anchor.clone();
+        self.log_refusal_change(error.as_deref());
+        let served_by = round.fetched.served_by;
+        let anchor = round.anchor;
         self.update(|s| {
             s.url = served_by;
             s.remotes = remotes;
@@ -526,6 +516,49 @@ impl Poller {
         }
     }
 
+    /// Makes `candidate`, whose tree `pin` keeps, the revision this source offers. Returns
+    /// whether it differs from `previous`.
+    fn publish(
+        &mut self,
+        previous: Option<&Revision>,
+        candidate: &git::Candidate,
+        pin: Pin,
+    ) -> bool {
+        let changed = previous != Some(&candidate.revision);
+        if changed {
+            tracing::info!(source = %self.name, revision = %candidate.revision.short(),
+                branch = %candidate.branch, "new revision");
+        }
+        let tree = pin.path().to_owned();
+        self.head = Some(pin);
+        self.update(|s| {
+            s.revision = Some(candidate.revision.clone());
+            s.revision_branch = Some(candidate.branch.clone());
+            s.testing = candidate.testing;
+            s.signature = candidate.signed.clone();
+            s.tree = Some(tree);
+        });
+        changed
+    }
+
+    /// One log line when the source starts or stops refusing its fetched head (`error` is the
+    /// refusal now), not one per fetch.
+    fn log_refusal_change(&self, error: Option<&str>) {
+        let previous_error = self.report().error;
+        if error == previous_error.as_deref() {
+            return;
+        }
+        match error {
+            Some(why) => {
+                tracing::warn!(source = %self.name, "refusing the fetched head: {why}")
+            }
+            None if previous_error.is_some() => {
+                tracing::info!(source = %self.name, "source healthy again")
+            }
+            None => {}
+        }
+    }
+
     fn failed(
         &mut self,
         previous: Option<Revision>,
@@ -534,7 +567,7 @@ impl Poller {
     ) -> SyncOutcome {
         let now = util::now();
         // One line per change of state, not one per retry.
-        if self.status().error.as_deref() != Some(message.as_str()) {
+        if self.report().error.as_deref() != Some(message.as_str()) {
             tracing::warn!(source = %self.name, error = %message,
                 "fetch failed; keeping the previous revision and retrying with backoff");
         }
@@ -566,16 +599,16 @@ impl Poller {
         }
     }
 
-    fn status(&self) -> SourceStatus {
-        self.statuses
+    fn report(&self) -> SourceReport {
+        self.reports
             .borrow()
             .get(&self.name)
             .cloned()
             .unwrap_or_default()
     }
 
-    fn update(&self, f: impl FnOnce(&mut SourceStatus)) {
-        self.statuses
+    fn update(&self, f: impl FnOnce(&mut SourceReport)) {
+        self.reports
             .send_modify(|map| f(map.entry(self.name.clone()).or_default()));
     }
 }

@@ -293,6 +293,7 @@ impl HttpInner {
     }
 
     /// The advertisement (`post` false) or one round of negotiation (`post`, with `body`).
+    /// Credentials are sent only after the configured host asks for them.
     fn request(&self, post: bool, body: Vec<u8>) -> io::Result<reqwest::Response> {
         let (base, host, credentials, mut authenticate) = {
             let s = self.state.lock().unwrap_or_else(|e| e.into_inner());
@@ -310,34 +311,12 @@ impl HttpInner {
         };
         let same_host = url.host_str().map(|h| (h.to_owned(), url.port())) == host;
         loop {
-            let mut req = if post {
-                self.client
-                    .post(url.clone())
-                    .header("Content-Type", "application/x-git-upload-pack-request")
-                    .header("Accept", "application/x-git-upload-pack-result")
-                    .body(body.clone())
-            } else {
-                self.client
-                    .get(url.clone())
-                    .header("Accept", "application/x-git-upload-pack-advertisement")
-            };
+            let mut req = self.build(post, &url, &body);
             if authenticate && let Some((user, password)) = &credentials {
                 req = req.basic_auth(user, Some(password));
             }
-            let what = if post { "negotiation" } else { "request" };
-            let resp = self.rt.wait(what, req.send())?.map_err(|e| {
-                let said = crate::util::http_error(&e.without_url());
-                io::Error::other(if said.contains("certificate") {
-                    format!(
-                        "{said}; the server's certificate is not trusted: add its CA to the \
-                         system's roots (or point SSL_CERT_FILE at a bundle that has it)"
-                    )
-                } else {
-                    said
-                })
-            })?;
-            let status = resp.status();
-            if status == reqwest::StatusCode::UNAUTHORIZED {
+            let resp = self.send(post, req)?;
+            if resp.status() == reqwest::StatusCode::UNAUTHORIZED {
                 if credentials.is_some() && !authenticate && same_host {
                     authenticate = true;
                     self.state
@@ -346,68 +325,125 @@ impl HttpInner {
                         .authenticate = true;
                     continue;
                 }
-                return Err(io::Error::new(
-                    io::ErrorKind::PermissionDenied,
-                    if !same_host {
-                        format!(
-                            "authentication failed: redirected to {}, which asks for \
-                             credentials; ginx sends them only to the host configured",
-                            url.host_str().unwrap_or("?")
-                        )
-                    } else if credentials.is_some() {
-                        "authentication failed: the server rejected the configured credentials \
-                         (token_file)"
-                            .to_owned()
-                    } else {
-                        "authentication failed: the server requires authentication; configure \
-                         token_file"
-                            .to_owned()
-                    },
-                ));
+                return Err(unauthorized(&url, same_host, credentials.is_some()));
             }
-            if !status.is_success() {
-                let hint = match status.as_u16() {
-                    403 => " (check token_file and the deploy token's access)",
-                    404 => " (check the repository's URL)",
-                    _ => "",
-                };
-                return Err(io::Error::other(format!(
-                    "the server answered {status}{hint}"
-                )));
-            }
-            let wanted = if post {
-                "application/x-git-upload-pack-result"
-            } else {
-                "application/x-git-upload-pack-advertisement"
-            };
-            let content_type = resp
-                .headers()
-                .get("content-type")
-                .and_then(|v| v.to_str().ok())
-                .unwrap_or("");
-            if !content_type.starts_with(wanted) {
-                return Err(io::Error::other(format!(
-                    "the server did not answer with Git's smart HTTP protocol (Content-Type \
-                     {content_type:?}, not {wanted}); is the URL a Git repository?"
-                )));
-            }
+            check_answer(post, &resp)?;
             if !post && resp.url().path().ends_with("/info/refs") && resp.url() != &url {
                 // Redirected: the next requests go where the repository now is.
-                let mut moved = resp.url().clone();
-                let path = moved.path().trim_end_matches("/info/refs").to_owned();
-                moved.set_path(&path);
-                let query: Vec<String> = moved
-                    .query_pairs()
-                    .filter(|(k, _)| k != "service")
-                    .map(|(k, v)| format!("{k}={v}"))
-                    .collect();
-                moved.set_query((!query.is_empty()).then_some(query.join("&").as_str()));
+                let moved = moved_base(resp.url());
                 tracing::info!(to = %shown(&moved), "the remote's URL redirects; following it for this fetch");
                 self.state.lock().unwrap_or_else(|e| e.into_inner()).base = Some(moved);
             }
             return Ok(resp);
         }
     }
+
+    /// The request for `url`: a GET of the advertisement, or a POST of `body` (`post`).
+    fn build(&self, post: bool, url: &url::Url, body: &[u8]) -> reqwest::RequestBuilder {
+        if post {
+            self.client
+                .post(url.clone())
+                .header("Content-Type", "application/x-git-upload-pack-request")
+                .header("Accept", "application/x-git-upload-pack-result")
+                .body(body.to_vec())
+        } else {
+            self.client
+                .get(url.clone())
+                .header("Accept", "application/x-git-upload-pack-advertisement")
+        }
+    }
+
+    /// Sends `req`, waiting at most the network timeout; an error says what the client saw
+    /// (never the URL), with a hint when the server's certificate is not trusted.
+    fn send(&self, post: bool, req: reqwest::RequestBuilder) -> io::Result<reqwest::Response> {
+        let what = if post { "negotiation" } else { "request" };
+        self.rt.wait(what, req.send())?.map_err(|e| {
+            let said = crate::util::http_error(&e.without_url());
+            io::Error::other(if said.contains("certificate") {
+                format!(
+                    "{said}; the server's certificate is not trusted: add its CA to the \
+                     system's roots (or point SSL_CERT_FILE at a bundle that has it)"
+                )
+            } else {
+                said
+            })
+        })
+    }
+}
+
+/// Why a 401 ends the request: the credentials were withheld from another host, rejected, or
+/// there are none.
+fn unauthorized(url: &url::Url, same_host: bool, have_credentials: bool) -> io::Error {
+    io::Error::new(
+        io::ErrorKind::PermissionDenied,
+        if !same_host {
+            format!(
+                "authentication failed: redirected to {}, which asks for \
+                 credentials; ginx sends them only to the host configured",
+                url.host_str().unwrap_or("?")
+            )
+        } else if have_credentials {
+            "authentication failed: the server rejected the configured credentials \
+             (token_file)"
+                .to_owned()
+        } else {
+            "authentication failed: the server requires authentication; configure \
+             token_file"
+                .to_owned()
+        },
+    )
+}
+
+/// The answer is a success in Git's smart HTTP protocol, of the kind asked for.
+fn check_answer(post: bool, resp: &reqwest::Response) -> io::Result<()> {
+    let content_type = resp
+        .headers()
+        .get("content-type")
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or("");
+    match answer_problem(post, resp.status(), content_type) {
+        Some(why) => Err(io::Error::other(why)),
+        None => Ok(()),
+    }
+}
+
+/// What is wrong with an answer of `status` and `content_type` (not a 401, handled before);
+/// `None` when it is the smart HTTP answer a GET (`post` false) or a POST expects.
+fn answer_problem(post: bool, status: reqwest::StatusCode, content_type: &str) -> Option<String> {
+    if !status.is_success() {
+        let hint = match status.as_u16() {
+            403 => " (check token_file and the deploy token's access)",
+            404 => " (check the repository's URL)",
+            _ => "",
+        };
+        return Some(format!("the server answered {status}{hint}"));
+    }
+    let wanted = if post {
+        "application/x-git-upload-pack-result"
+    } else {
+        "application/x-git-upload-pack-advertisement"
+    };
+    (!content_type.starts_with(wanted)).then(|| {
+        format!(
+            "the server did not answer with Git's smart HTTP protocol (Content-Type \
+             {content_type:?}, not {wanted}); is the URL a Git repository?"
+        )
+    })
+}
+
+/// The repository's URL after the advertisement at `answered` (`…/info/refs?service=…`) was
+/// redirected there: without `/info/refs`, its other query parameters kept.
+fn moved_base(answered: &url::Url) -> url::Url {
+    let mut moved = answered.clone();
+    let path = moved.path().trim_end_matches("/info/refs").to_owned();
+    moved.set_path(&path);
+    let query: Vec<String> = moved
+        .query_pairs()
+        .filter(|(k, _)| k != "service")
+        .map(|(k, v)| format!("{k}={v}"))
+        .collect();
+    moved.set_query((!query.is_empty()).then_some(query.join("&").as_str()));
+    moved
 }
 
 /// A URL fit for a log: scheme, host and port only.
@@ -962,5 +998,45 @@ mod tests {
         );
         assert!(quote_option(Path::new("/tmp/a%b")).is_err());
         assert!(quote_option(Path::new("/tmp/a\"b")).is_err());
+    }
+
+    #[test]
+    fn a_redirected_advertisement_moves_the_repository_base() {
+        let answered = url::Url::parse(
+            "https://new.example/g/h.git/info/refs?private=1&service=git-upload-pack",
+        )
+        .unwrap();
+        assert_eq!(
+            moved_base(&answered).as_str(),
+            "https://new.example/g/h.git?private=1"
+        );
+        let answered =
+            url::Url::parse("https://new.example/h.git/info/refs?service=git-upload-pack").unwrap();
+        assert_eq!(moved_base(&answered).as_str(), "https://new.example/h.git");
+    }
+
+    #[test]
+    fn only_a_smart_http_success_of_the_kind_asked_for_is_an_answer() {
+        use reqwest::StatusCode;
+        let adv = "application/x-git-upload-pack-advertisement";
+        let result = "application/x-git-upload-pack-result";
+        assert_eq!(answer_problem(false, StatusCode::OK, adv), None);
+        assert_eq!(answer_problem(true, StatusCode::OK, result), None);
+        let not_git = answer_problem(false, StatusCode::OK, "text/html").unwrap();
+        assert!(
+            not_git.contains("is the URL a Git repository?"),
+            "{not_git}"
+        );
+        assert!(answer_problem(true, StatusCode::OK, adv).is_some());
+        assert_eq!(
+            answer_problem(false, StatusCode::NOT_FOUND, adv).as_deref(),
+            Some("the server answered 404 Not Found (check the repository's URL)")
+        );
+        assert_eq!(
+            answer_problem(true, StatusCode::FORBIDDEN, result).as_deref(),
+            Some(
+                "the server answered 403 Forbidden (check token_file and the deploy token's access)"
+            )
+        );
     }
 }

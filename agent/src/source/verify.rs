@@ -12,7 +12,7 @@ use pgp::composed::{Deserializable, DetachedSignature, SignedPublicKey};
 use pgp::types::KeyDetails;
 use ssh_key::{HashAlg, PublicKey, SshSig};
 
-use crate::status::Signed;
+use crate::types::AcceptedSignature;
 
 /// The namespace git signs commits in.
 const GIT_NAMESPACE: &str = "git";
@@ -40,7 +40,7 @@ impl Policy {
     }
 
     /// Checks the signature of commit `oid`.
-    pub fn check(&self, repo: &Repository, oid: Oid) -> Result<Signed, Refusal> {
+    pub fn check(&self, repo: &Repository, oid: Oid) -> Result<AcceptedSignature, Refusal> {
         let refuse = |key: Option<String>, reason: String| Refusal {
             commit: oid.to_string(),
             key,
@@ -101,7 +101,7 @@ fn check_ssh(
     armored: &str,
     data: &[u8],
     committed: Timestamp,
-) -> Result<Signed, Failure> {
+) -> Result<AcceptedSignature, Failure> {
     let sig = SshSig::from_pem(armored)
         .map_err(|e| (None, format!("its SSH signature cannot be parsed: {e}")))?;
     let key = PublicKey::from(sig.public_key().clone());
@@ -163,14 +163,14 @@ fn check_ssh(
     key.verify(GIT_NAMESPACE, data, &sig).map_err(|_| {
         fail("its SSH signature does not verify: the commit or the signature was altered".into())
     })?;
-    Ok(Signed {
+    Ok(AcceptedSignature {
         format: "ssh".into(),
         key: fingerprint,
         signer: principal,
     })
 }
 
-fn check_openpgp(file: &Path, armored: &str, data: &[u8]) -> Result<Signed, Failure> {
+fn check_openpgp(file: &Path, armored: &str, data: &[u8]) -> Result<AcceptedSignature, Failure> {
     let (sig, _) = DetachedSignature::from_armor_single(Cursor::new(armored.as_bytes()))
         .map_err(|e| (None, format!("its OpenPGP signature cannot be parsed: {e}")))?;
     let issuer = sig
@@ -203,7 +203,7 @@ fn check_openpgp(file: &Path, armored: &str, data: &[u8]) -> Result<Signed, Fail
             .map(|u| String::from_utf8_lossy(u.id.id()).into_owned())
             .unwrap_or_default();
         if sig.verify(key, data).is_ok() {
-            return Ok(Signed {
+            return Ok(AcceptedSignature {
                 format: "openpgp".into(),
                 key: format!("{:X}", key.fingerprint()),
                 signer,
@@ -215,7 +215,7 @@ fn check_openpgp(file: &Path, armored: &str, data: &[u8]) -> Result<Signed, Fail
             .filter(|s| s.verify_bindings(key).is_ok())
         {
             if sig.verify(sub, data).is_ok() {
-                return Ok(Signed {
+                return Ok(AcceptedSignature {
                     format: "openpgp".into(),
                     key: format!("{:X}", sub.fingerprint()),
                     signer,

@@ -1,5 +1,6 @@
 //! The one [`Status`] value (what `ginxctl status --json` prints) and every part's status type.
-//! Producers fill in their part through a watch: the pollers [`SourceStatus`], the reconciler
+//! Producers fill in their part through a watch: the pollers their
+//! [`SourceReport`](crate::types::SourceReport) (shown as [`SourceStatus`]), the reconciler
 //! [`Published`] ([`ApplyStatus`], [`SystemStatus`]), the probes [`HealthMap`], the reporter
 //! [`KubeStatus`], the kubeadm watcher [`KubeadmStatus`]. [`Parts`] assembles them; the socket,
 //! metrics, sd-notify STATUS and the cluster report only read the result.
@@ -36,7 +37,7 @@ pub use rollout::{
 pub use source::{Refused, RemoteStatus, Signed, SourceStatus};
 
 use crate::config::Config;
-use crate::types::Role;
+use crate::types::{Role, SourceReports};
 
 /// The `health` entry that says the state file cannot be written.
 pub const STATE_HEALTH: &str = "state";
@@ -77,7 +78,8 @@ pub struct Status {
 #[derive(Clone)]
 pub struct Parts {
     pub config: watch::Receiver<Arc<Config>>,
-    pub sources: watch::Receiver<BTreeMap<String, SourceStatus>>,
+    /// What the pollers report; shown as [`SourceStatus`].
+    pub sources: watch::Receiver<SourceReports>,
     pub published: watch::Receiver<Published>,
     pub health: watch::Receiver<HealthMap>,
     pub kubernetes: watch::Receiver<KubeStatus>,
@@ -112,7 +114,12 @@ impl Parts {
             role: cfg.node.role,
             version: crate::version().to_owned(),
             suspended: published.suspended,
-            sources: self.sources.borrow().clone(),
+            sources: self
+                .sources
+                .borrow()
+                .iter()
+                .map(|(name, report)| (name.clone(), SourceStatus::from(report)))
+                .collect(),
             apply: published.apply.clone(),
             system: published.system.clone(),
             health: health.clone(),

@@ -1,7 +1,8 @@
 //! Value types that several layers share, below everything else in the crate: commit ids
 //! ([`Revision`]), Git remotes ([`RemoteUrl`], [`Transport`]), probe endpoints
-//! ([`EndpointUrl`]), the apply goal ([`Goal`]), the node's [`Role`], a system [`Generation`], and the Kubernetes API clients handed to workers
-//! ([`api`]).
+//! ([`EndpointUrl`]), the apply goal ([`Goal`]), the node's [`Role`], a system [`Generation`],
+//! what a source's poller reports ([`SourceReport`]), and the Kubernetes API clients handed to
+//! workers ([`api`]).
 //!
 //! Owns: their parsing, validation and how they print. Must not import anything else of the
 //! crate; `config`, `status`, `state` and the workers take these from here.
@@ -11,6 +12,7 @@ mod closure;
 mod endpoint;
 pub mod notice;
 mod remote;
+mod source;
 
 use std::fmt;
 use std::path::PathBuf;
@@ -21,6 +23,7 @@ pub use closure::{ClosureInfo, ClosureOrigin, STORE_DIR, check_store_path};
 pub use endpoint::EndpointUrl;
 pub use notice::{Notice, Notices, Reason};
 pub use remote::{RemoteUrl, Revision, Transport, unfit_for_ssh_option};
+pub use source::{AcceptedSignature, RefusedHead, RemoteReport, SourceReport, SourceReports};
 
 /// The node's role in the cluster (`node.role`).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
