@@ -5,7 +5,7 @@ use std::fmt::Write;
 use jiff::Timestamp;
 
 use crate::control::protocol::{AcceptReport, ClearReport, FleetReport, HistoryReport, SyncReport};
-use crate::state::{AttemptKind, Stream};
+use crate::state::{Attempt, AttemptKind, Stream};
 use crate::status::{ClusterNode, ClusterView, KubeState, Pause, Status};
 use crate::types::Generation;
 use crate::util::age;
@@ -333,39 +333,7 @@ pub fn history(h: &HistoryReport, output: bool) -> String {
         "GENERATION"
     );
     for a in &h.attempts {
-        let exit = a
-            .exit_code
-            .map_or_else(|| "-".to_owned(), |c| c.to_string());
-        let took = duration(a.started_at, a.finished_at);
-        let goal = match a.kind {
-            AttemptKind::Apply => a.goal.as_str(),
-            AttemptKind::Rollback => "rollback",
-            AttemptKind::Build => "prebuild",
-        };
-        let generation = |g: &Option<Generation>| {
-            g.as_ref()
-                .and_then(|g| g.number)
-                .map_or_else(|| "?".to_owned(), |n| n.to_string())
-        };
-        let generations = match (&a.generation_before, &a.generation_after) {
-            (None, None) => "-".to_owned(),
-            (b, f) if b == f => generation(b),
-            (b, f) => format!("{}→{}", generation(b), generation(f)),
-        };
-        let _ = writeln!(
-            o,
-            "{:<5} {:<20} {:<12} {:<13} {:<9} {:<12} {:<5} {:<9} {:<11} {}",
-            a.id,
-            a.started_at.strftime("%Y-%m-%d %H:%M:%S").to_string(),
-            a.source,
-            a.revision.short(),
-            goal,
-            a.outcome.as_str(),
-            exit,
-            took,
-            generations,
-            printable(a.error.as_deref().unwrap_or(""))
-        );
+        let _ = writeln!(o, "{}", attempt_row(a));
         if let Some(c) = &a.closure {
             let _ = writeln!(o, "      closure {}", printable(&closure_line(c)));
         }
@@ -380,6 +348,42 @@ pub fn history(h: &HistoryReport, output: bool) -> String {
         }
     }
     o
+}
+
+/// One attempt's row of `ginxctl history`, under the header `history` writes.
+fn attempt_row(a: &Attempt) -> String {
+    let exit = a
+        .exit_code
+        .map_or_else(|| "-".to_owned(), |c| c.to_string());
+    let took = duration(a.started_at, a.finished_at);
+    let goal = match a.kind {
+        AttemptKind::Apply => a.goal.as_str(),
+        AttemptKind::Rollback => "rollback",
+        AttemptKind::Build => "prebuild",
+    };
+    let generation = |g: &Option<Generation>| {
+        g.as_ref()
+            .and_then(|g| g.number)
+            .map_or_else(|| "?".to_owned(), |n| n.to_string())
+    };
+    let generations = match (&a.generation_before, &a.generation_after) {
+        (None, None) => "-".to_owned(),
+        (b, f) if b == f => generation(b),
+        (b, f) => format!("{}→{}", generation(b), generation(f)),
+    };
+    format!(
+        "{:<5} {:<20} {:<12} {:<13} {:<9} {:<12} {:<5} {:<9} {:<11} {}",
+        a.id,
+        a.started_at.strftime("%Y-%m-%d %H:%M:%S").to_string(),
+        a.source,
+        a.revision.short(),
+        goal,
+        a.outcome.as_str(),
+        exit,
+        took,
+        generations,
+        printable(a.error.as_deref().unwrap_or(""))
+    )
 }
 
 /// `ginxctl rollout pause`.
@@ -776,6 +780,24 @@ waiting: quinn\u{fffd}[2J (after control-plane)
         });
         assert!(empty.starts_with("no nodes:"), "{empty}");
         assert!(empty.ends_with("not paused\nnobody waits\n"), "{empty}");
+    }
+
+    /// Columns as wide as their widest cell, two spaces apart; the last column unpadded and no
+    /// trailing spaces, even when the last cells are empty.
+    #[test]
+    fn a_table_pads_every_column_but_the_last() {
+        let rows = [
+            [
+                "lucy".to_owned(),
+                "yes".to_owned(),
+                "control-plane/0".to_owned(),
+            ],
+            ["quinn\u{fffd}".to_owned(), String::new(), String::new()],
+        ];
+        assert_eq!(
+            table(&["NODE", "READY", "SLOT"], &rows),
+            "NODE    READY  SLOT\nlucy    yes    control-plane/0\nquinn\u{fffd}\n"
+        );
     }
 
     #[test]
