@@ -283,15 +283,7 @@ async fn start(cfg: &Arc<Config>, config: watch::Receiver<Arc<Config>>) -> anyho
     } = apply_loop(&shared, &cfg.state_dir)?;
     let listener = server::bind(&cfg.socket, &cfg.control.group)?;
 
-    let mut sources = Sources {
-        running: BTreeMap::new(),
-        channels: Arc::clone(&shared.pollers),
-        workspace: Arc::clone(&shared.workspace),
-        statuses: Arc::clone(&shared.statuses),
-        shutdown: shared.shutdown.clone(),
-        metrics: Arc::clone(&shared.metrics),
-    };
-    sources.reconcile(cfg);
+    let sources = Sources::start(&shared, cfg);
 
     let (kube_status_tx, kube_status_rx) = watch::channel(status::KubeStatus::default());
     let (kubeadm_tx, kubeadm_rx) = watch::channel(None);
@@ -329,24 +321,10 @@ async fn start(cfg: &Arc<Config>, config: watch::Receiver<Arc<Config>>) -> anyho
         Arc::clone(&shared.metrics),
         shared.shutdown.clone(),
     ));
-    crate::health::spawn(
-        crate::health::Context {
-            config: shared.config.clone(),
-            kube: shared.kube.clone(),
-            fast: fast_probes_rx,
-        },
-        Arc::clone(&shared.health),
-        shared.shutdown.clone(),
-    );
+    spawn_health_probes(&shared, fast_probes_rx);
     spawn_reporter(&shared, parts.clone(), kube_clients_tx, kube_status_tx);
     if let Some(l) = metrics_listener {
-        tracing::info!(listen = ?l.local_addr().ok(), "serving metrics");
-        tokio::spawn(control::metrics::serve(
-            l,
-            Arc::new(parts),
-            Arc::clone(&shared.metrics),
-            shared.shutdown.clone(),
-        ));
+        spawn_metrics_server(&shared, l, parts);
     }
     let server_task = tokio::spawn(server::serve(
         listener,
@@ -441,6 +419,30 @@ fn spawn_event_recorder(shared: &Shared, notices: tokio::sync::broadcast::Receiv
         }
         .run(),
     );
+}
+
+/// Starts the health probes; `fast` says how often they must run while a gate is open.
+fn spawn_health_probes(shared: &Shared, fast: watch::Receiver<Option<Duration>>) {
+    crate::health::spawn(
+        crate::health::Context {
+            config: shared.config.clone(),
+            kube: shared.kube.clone(),
+            fast,
+        },
+        Arc::clone(&shared.health),
+        shared.shutdown.clone(),
+    );
+}
+
+/// Serves the metrics on `listener`, the state gauges read from `parts` at each scrape.
+fn spawn_metrics_server(shared: &Shared, listener: tokio::net::TcpListener, parts: status::Parts) {
+    tracing::info!(listen = ?listener.local_addr().ok(), "serving metrics");
+    tokio::spawn(control::metrics::serve(
+        listener,
+        Arc::new(parts),
+        Arc::clone(&shared.metrics),
+        shared.shutdown.clone(),
+    ));
 }
 
 /// Starts the reporter: it builds the API clients the other parts get through `clients`,
@@ -609,6 +611,7 @@ impl Pending {
     }
 }
 
+/// What the daemon tells systemd.
 enum Note {
     Ready,
     Status(String),
@@ -725,6 +728,20 @@ struct Sources {
 }
 
 impl Sources {
+    /// Starts a poller for every source of `cfg`.
+    fn start(shared: &Shared, cfg: &Config) -> Self {
+        let mut sources = Self {
+            running: BTreeMap::new(),
+            channels: Arc::clone(&shared.pollers),
+            workspace: Arc::clone(&shared.workspace),
+            statuses: Arc::clone(&shared.statuses),
+            shutdown: shared.shutdown.clone(),
+            metrics: Arc::clone(&shared.metrics),
+        };
+        sources.reconcile(cfg);
+        sources
+    }
+
     /// Starts pollers for new sources, stops removed ones, hands changed settings over.
     fn reconcile(&mut self, cfg: &Config) {
         let removed: Vec<String> = self
@@ -791,11 +808,6 @@ impl Sources {
     }
 }
 
-struct Reloader {
-    path: PathBuf,
-    config: watch::Sender<Arc<Config>>,
-}
-
 /// Reads the configuration on a blocking thread: a slow disk or a large file never stalls the
 /// socket, the pollers or the apply loop, which share the runtime thread.
 async fn load_config(path: &Path) -> Result<config::Loaded, config::ConfigError> {
@@ -811,7 +823,15 @@ async fn load_config(path: &Path) -> Result<config::Loaded, config::ConfigError>
         })
 }
 
+/// Reloads the configuration from `path` and hands it to every part through `config`.
+struct Reloader {
+    path: PathBuf,
+    config: watch::Sender<Arc<Config>>,
+}
+
 impl Reloader {
+    /// Loads the files again; a configuration that does not load, or does not change, leaves
+    /// the running one in force. What only a restart changes keeps its running value.
     async fn reload(&mut self, sources: &mut Sources) {
         let mut new = match load_config(&self.path).await {
             Ok(l) => l.config,
