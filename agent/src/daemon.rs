@@ -22,12 +22,14 @@ use crate::metrics::Metrics;
 use crate::reconcile::{self, Reconciler, Wiring};
 use crate::source::{self, PollerCmd, PollerConfig, PollerHandle, ReportMap, Workspace};
 use crate::status::{self, ApplyState, Published};
+use crate::types::api::KubeClients;
+use crate::types::{Notice, Notices};
 use crate::util;
 
-/// Holds `<state_dir>/lock` for as long as the daemon runs.
 /// How long a start waits for the state directory's lock before it says another ginx runs.
 const LOCK_PATIENCE: std::time::Duration = std::time::Duration::from_secs(2);
 
+/// Takes `<state_dir>/lock`, held for as long as the returned guard lives (the daemon's run).
 fn lock_state_dir(dir: &Path) -> anyhow::Result<nix::fcntl::Flock<std::fs::File>> {
     let path = dir.join("lock");
     let file = std::fs::OpenOptions::new()
@@ -71,14 +73,81 @@ pub enum Ending {
     Restart(crate::reconcile::SelfRestart),
 }
 
-/// Runs the daemon until SIGTERM/SIGINT, or until a new version of ginx must take over.
 /// How long after start ginx gives back the code pages start-up touched
 /// ([`util::memory::release_code_pages`]): by then the first fetches and apply are usually done.
 pub const RELEASE_CODE_PAGES_AFTER: Duration = Duration::from_secs(120);
 
+/// The command channels of the running pollers, by source name.
+type PollerChannels = Arc<Mutex<BTreeMap<String, mpsc::Sender<PollerCmd>>>>;
+
+/// Runs the daemon until SIGTERM/SIGINT, or until a new version of ginx must take over.
 /// Errors are start-up failures.
 pub async fn run(config_path: PathBuf) -> anyhow::Result<Ending> {
-    let loaded = load_config(&config_path).await?;
+    let cfg = load_at_start(&config_path).await?;
+    private_state_dir(&cfg.state_dir)?;
+    // Before anything touches the state: a second ginx on the same state_dir must not, say,
+    // stop the first one's running apply as if it were left over.
+    let _lock = lock_state_dir(&cfg.state_dir)?;
+    let (config_tx, config_rx) = watch::channel(Arc::clone(&cfg));
+    let started = start(&cfg, config_rx).await?;
+    let Started {
+        shutdown,
+        sources,
+        restart,
+        backend,
+        commands,
+        reconciler_task,
+        server_task,
+    } = started;
+
+    let notifier = Notifier::start();
+    notifier.send(Note::Ready);
+    tracing::info!(socket = %cfg.socket.display(), "ready");
+    tokio::spawn(report_status(
+        Arc::clone(&backend),
+        notifier.clone(),
+        shutdown.subscribe(),
+    ));
+    if let Some(period) = sd_notify::watchdog_enabled() {
+        tokio::spawn(watchdog(
+            period,
+            commands,
+            notifier.clone(),
+            shutdown.subscribe(),
+        ));
+    }
+
+    let (changes_tx, changes_rx) = mpsc::channel::<()>(16);
+    let mut reloads = Reloads {
+        watcher: ConfigWatcher::new(&config_path, changes_tx),
+        changes: changes_rx,
+        reloader: Reloader {
+            path: config_path,
+            config: config_tx,
+        },
+        sources,
+    };
+    let ending = reloads.until_ending(restart).await?;
+
+    notifier.send(Note::Stopping);
+    notifier.send(Note::Status("stopping".into()));
+    tracing::info!("stopping: no more fetches; waiting for a running apply");
+    let _ = shutdown.send(true);
+    drop(reloads.watcher);
+    reloads.sources.stop_all();
+    if let Err(e) = reconciler_task.await {
+        tracing::error!(error = %e, "apply loop ended abnormally");
+    }
+    let _ = server_task.await;
+    notifier.flush();
+    tracing::info!("stopped");
+    Ok(ending)
+}
+
+/// Loads the configuration for a start, says what starts, and sets what the configuration
+/// sets process-wide (the network timeout of the fetches).
+async fn load_at_start(config_path: &Path) -> anyhow::Result<Arc<Config>> {
+    let loaded = load_config(config_path).await?;
     let cfg = Arc::new(loaded.config);
     tracing::info!(
         node = cfg.node_name(),
@@ -89,35 +158,212 @@ pub async fn run(config_path: PathBuf) -> anyhow::Result<Ending> {
     if let Some(t) = cfg.sources.values().map(|s| s.fetch_timeout.get()).min() {
         source::set_network_timeout(t);
     }
-    private_state_dir(&cfg.state_dir)?;
-    // Before anything touches the state: a second ginx on the same state_dir must not, say,
-    // stop the first one's running apply as if it were left over.
-    let _lock = lock_state_dir(&cfg.state_dir)?;
+    Ok(cfg)
+}
 
-    let (shutdown_tx, shutdown_rx) = watch::channel(false);
-    let (config_tx, config_rx) = watch::channel(Arc::clone(&cfg));
-    let statuses: Arc<ReportMap> = Arc::new(watch::channel(BTreeMap::new()).0);
-    let workspace = Workspace::new(cfg.state_dir.clone());
+/// What [`start`] hands back to [`run`]: what it needs to wait for the end and to stop.
+struct Started {
+    /// Set to `true` to stop every task.
+    shutdown: watch::Sender<bool>,
+    sources: Sources,
+    /// Set by the apply loop when a new version of ginx must take over.
+    restart: watch::Receiver<Option<crate::reconcile::SelfRestart>>,
+    backend: Arc<Backend>,
+    /// The apply loop's command channel (the watchdog pings it).
+    commands: mpsc::Sender<reconcile::Command>,
+    reconciler_task: tokio::task::JoinHandle<()>,
+    server_task: tokio::task::JoinHandle<()>,
+}
+
+/// What most parts of the daemon are handed, made once at start.
+struct Shared {
+    config: watch::Receiver<Arc<Config>>,
+    shutdown: watch::Receiver<bool>,
+    metrics: Arc<Metrics>,
+    notices: Notices,
+    statuses: Arc<ReportMap>,
+    health: Arc<watch::Sender<status::HealthMap>>,
+    kube: watch::Receiver<Option<KubeClients>>,
+    observed: Arc<Mutex<crate::rollout::slots::Observed>>,
+    /// The sources' clones.
+    workspace: Arc<Workspace>,
+    pollers: PollerChannels,
+}
+
+/// The apply loop, not started yet, and the other ends of its channels.
+struct ApplyLoop {
+    reconciler: Reconciler,
+    commands: mpsc::Sender<reconcile::Command>,
+    published: watch::Receiver<Published>,
+    /// Set when a new version of ginx must take over.
+    restart: watch::Receiver<Option<crate::reconcile::SelfRestart>>,
+    /// Set while a health gate is open: how often the probes must run.
+    fast_probes: watch::Receiver<Option<Duration>>,
+}
+
+/// Makes the apply loop, which loads the state from `state_dir` (the error says so).
+fn apply_loop(shared: &Shared, state_dir: &Path) -> anyhow::Result<ApplyLoop> {
     let (published_tx, published_rx) = watch::channel(Published::default());
     let (commands_tx, commands_rx) = mpsc::channel(32);
+    let (restart_tx, restart_rx) = watch::channel(None);
+    let (fast_probes_tx, fast_probes_rx) = watch::channel(None);
+    let reconciler = Reconciler::new(Wiring {
+        rollout: crate::rollout::Wiring {
+            config: shared.config.clone(),
+            kube: shared.kube.clone(),
+            health: shared.health.subscribe(),
+            fast_probes: fast_probes_tx,
+            reach_source: Some(reach_apply_source(
+                shared.config.clone(),
+                Arc::clone(&shared.pollers),
+            )),
+            observed: Arc::clone(&shared.observed),
+            metrics: Arc::clone(&shared.metrics),
+            later: Some(later_in(
+                shared.config.clone(),
+                Arc::clone(&shared.workspace),
+            )),
+            notices: shared.notices.clone(),
+        },
+        metrics: Arc::clone(&shared.metrics),
+        notices: shared.notices.clone(),
+        config: shared.config.clone(),
+        sources: shared.statuses.subscribe(),
+        workspace: Arc::clone(&shared.workspace),
+        commands: commands_rx,
+        published: published_tx,
+        shutdown: shared.shutdown.clone(),
+        restart: restart_tx,
+    })
+    .with_context(|| format!("loading state from {}", state_dir.display()))?;
+    Ok(ApplyLoop {
+        reconciler,
+        commands: commands_tx,
+        published: published_rx,
+        restart: restart_rx,
+        fast_probes: fast_probes_rx,
+    })
+}
 
+/// Starts every part of the daemon, from the pollers to the control socket: everything that
+/// runs until shutdown.
+async fn start(cfg: &Arc<Config>, config: watch::Receiver<Arc<Config>>) -> anyhow::Result<Started> {
+    let (shutdown_tx, shutdown_rx) = watch::channel(false);
+    let workspace = Workspace::new(cfg.state_dir.clone());
     let metrics = Metrics::new();
     // What happens on this node, for the Events and the webhooks (subscribed before anything
     // can emit, so that nothing is missed).
-    let notices = crate::types::Notices::new();
-    if let Some(mut rx) = notices.subscribe() {
-        let metrics = Arc::clone(&metrics);
-        tokio::spawn(async move {
-            loop {
-                match rx.recv().await {
-                    Ok(n) => metrics.noticed(n.reason.as_str()),
-                    Err(tokio::sync::broadcast::error::RecvError::Lagged(_)) => {}
-                    Err(tokio::sync::broadcast::error::RecvError::Closed) => return,
-                }
-            }
-        });
+    let notices = Notices::new();
+    spawn_notice_counter(&notices, &metrics);
+    spawn_code_page_release();
+    let events_rx = notices.subscribe();
+    let metrics_listener = match cfg.metrics.listen {
+        Some(addr) => Some(control::metrics::bind(addr).await?),
+        None => None,
+    };
+    let (kube_clients_tx, kube_clients_rx) = watch::channel(None);
+    let shared = Shared {
+        config,
+        shutdown: shutdown_rx,
+        metrics,
+        notices,
+        statuses: Arc::new(watch::channel(BTreeMap::new()).0),
+        health: Arc::new(watch::channel(status::HealthMap::new()).0),
+        kube: kube_clients_rx,
+        observed: Arc::new(Mutex::new(crate::rollout::slots::Observed::default())),
+        workspace,
+        pollers: Arc::new(Mutex::new(BTreeMap::new())),
+    };
+    let ApplyLoop {
+        reconciler,
+        commands: commands_tx,
+        published: published_rx,
+        restart: restart_rx,
+        fast_probes: fast_probes_rx,
+    } = apply_loop(&shared, &cfg.state_dir)?;
+    let listener = server::bind(&cfg.socket, &cfg.control.group)?;
+
+    let sources = Sources::start(&shared, cfg);
+
+    let (kube_status_tx, kube_status_rx) = watch::channel(status::KubeStatus::default());
+    let (kubeadm_tx, kubeadm_rx) = watch::channel(None);
+    let bootstrap_file = cfg.state_dir.join("bootstrap.json");
+    let (bootstrap_tx, bootstrap_rx) = watch::channel(server::load_bootstrap(&bootstrap_file));
+    let parts = status::Parts {
+        config: shared.config.clone(),
+        sources: shared.statuses.subscribe(),
+        published: published_rx,
+        health: shared.health.subscribe(),
+        kubernetes: kube_status_rx,
+        kubeadm: kubeadm_rx,
+        bootstrap: bootstrap_rx,
+        metrics_listen: metrics_listener.as_ref().and_then(|l| l.local_addr().ok()),
+        started_at: util::now(),
+    };
+    let backend = Arc::new(Backend {
+        parts: parts.clone(),
+        reconciler: commands_tx.clone(),
+        pollers: Arc::clone(&shared.pollers),
+        workspace: Arc::clone(&shared.workspace),
+        kube: shared.kube.clone(),
+        bootstrap: bootstrap_tx,
+        bootstrap_file,
+        observed: Arc::clone(&shared.observed),
+        notices: shared.notices.clone(),
+    });
+    spawn_kubeadm_watcher(&shared, kubeadm_tx);
+    if let Some(rx) = events_rx {
+        spawn_event_recorder(&shared, rx);
     }
-    // Start-up is over by then: give back the code pages only it touched.
+    tokio::spawn(crate::notify::run(
+        shared.config.clone(),
+        shared.notices.clone(),
+        Arc::clone(&shared.metrics),
+        shared.shutdown.clone(),
+    ));
+    spawn_health_probes(&shared, fast_probes_rx);
+    spawn_reporter(&shared, parts.clone(), kube_clients_tx, kube_status_tx);
+    if let Some(l) = metrics_listener {
+        spawn_metrics_server(&shared, l, parts);
+    }
+    let server_task = tokio::spawn(server::serve(
+        listener,
+        cfg.socket.clone(),
+        Arc::clone(&backend),
+        shared.shutdown.clone(),
+    ));
+    let reconciler_task = tokio::spawn(reconciler.run());
+    Ok(Started {
+        shutdown: shutdown_tx,
+        sources,
+        restart: restart_rx,
+        backend,
+        commands: commands_tx,
+        reconciler_task,
+        server_task,
+    })
+}
+
+/// Counts every notice in the metrics, for as long as notices are sent.
+fn spawn_notice_counter(notices: &Notices, metrics: &Arc<Metrics>) {
+    let Some(mut rx) = notices.subscribe() else {
+        return;
+    };
+    let metrics = Arc::clone(metrics);
+    tokio::spawn(async move {
+        loop {
+            match rx.recv().await {
+                Ok(n) => metrics.noticed(n.reason.as_str()),
+                Err(tokio::sync::broadcast::error::RecvError::Lagged(_)) => {}
+                Err(tokio::sync::broadcast::error::RecvError::Closed) => return,
+            }
+        }
+    });
+}
+
+/// Once start-up is over ([`RELEASE_CODE_PAGES_AFTER`]), gives back the code pages only it
+/// touched.
+fn spawn_code_page_release() {
     tokio::spawn(async {
         tokio::time::sleep(RELEASE_CODE_PAGES_AFTER).await;
         let before = util::memory::resident_kib();
@@ -137,81 +383,12 @@ pub async fn run(config_path: PathBuf) -> anyhow::Result<Ending> {
             Err(_) => {}
         }
     });
-    let events_rx = notices.subscribe();
-    let metrics_listener = match cfg.metrics.listen {
-        Some(addr) => Some(control::metrics::bind(addr).await?),
-        None => None,
-    };
-    let (restart_tx, mut restart_rx) = watch::channel(None);
-    let health = Arc::new(watch::channel(status::HealthMap::new()).0);
-    let (kube_clients_tx, kube_clients_rx) = watch::channel(None);
-    let (fast_probes_tx, fast_probes_rx) = watch::channel(None);
-    let observed = Arc::new(Mutex::new(crate::rollout::slots::Observed::default()));
-    let pollers: Arc<Mutex<BTreeMap<String, mpsc::Sender<PollerCmd>>>> =
-        Arc::new(Mutex::new(BTreeMap::new()));
-    let reconciler = Reconciler::new(Wiring {
-        rollout: crate::rollout::Wiring {
-            config: config_rx.clone(),
-            kube: kube_clients_rx.clone(),
-            health: health.subscribe(),
-            fast_probes: fast_probes_tx,
-            reach_source: Some(reach_apply_source(config_rx.clone(), Arc::clone(&pollers))),
-            observed: Arc::clone(&observed),
-            metrics: Arc::clone(&metrics),
-            later: Some(later_in(config_rx.clone(), Arc::clone(&workspace))),
-            notices: notices.clone(),
-        },
-        metrics: Arc::clone(&metrics),
-        notices: notices.clone(),
-        config: config_rx.clone(),
-        sources: statuses.subscribe(),
-        workspace: Arc::clone(&workspace),
-        commands: commands_rx,
-        published: published_tx,
-        shutdown: shutdown_rx.clone(),
-        restart: restart_tx,
-    })
-    .with_context(|| format!("loading state from {}", cfg.state_dir.display()))?;
-    let listener = server::bind(&cfg.socket, &cfg.control.group)?;
+}
 
-    let mut sources = Sources {
-        running: BTreeMap::new(),
-        channels: pollers,
-        workspace,
-        statuses: Arc::clone(&statuses),
-        shutdown: shutdown_rx.clone(),
-        metrics: Arc::clone(&metrics),
-    };
-    sources.reconcile(&cfg);
-
-    let (kube_status_tx, kube_status_rx) = watch::channel(status::KubeStatus::default());
-    let (kubeadm_tx, kubeadm_rx) = watch::channel(None);
-    let bootstrap_file = cfg.state_dir.join("bootstrap.json");
-    let (bootstrap_tx, bootstrap_rx) = watch::channel(server::load_bootstrap(&bootstrap_file));
-
-    let parts = status::Parts {
-        config: config_rx.clone(),
-        sources: statuses.subscribe(),
-        published: published_rx.clone(),
-        health: health.subscribe(),
-        kubernetes: kube_status_rx,
-        kubeadm: kubeadm_rx,
-        bootstrap: bootstrap_rx,
-        metrics_listen: metrics_listener.as_ref().and_then(|l| l.local_addr().ok()),
-        started_at: util::now(),
-    };
-    let backend = Arc::new(Backend {
-        parts: parts.clone(),
-        reconciler: commands_tx.clone(),
-        pollers: Arc::clone(&sources.channels),
-        workspace: Arc::clone(&sources.workspace),
-        kube: kube_clients_rx.clone(),
-        bootstrap: bootstrap_tx,
-        bootstrap_file,
-        observed: Arc::clone(&observed),
-        notices: notices.clone(),
-    });
-    let workspace = Arc::clone(&sources.workspace);
+/// Starts the kubeadm watcher, which reads the kubeadm configuration from the sources'
+/// clones.
+fn spawn_kubeadm_watcher(shared: &Shared, status: watch::Sender<Option<status::KubeadmStatus>>) {
+    let workspace = Arc::clone(&shared.workspace);
     let read_file: crate::kubeadm::watch::ReadFile = Arc::new(move |name, revision, path| {
         workspace
             .read_file(name, revision, path)
@@ -219,141 +396,126 @@ pub async fn run(config_path: PathBuf) -> anyhow::Result<Ending> {
     });
     tokio::spawn(
         crate::kubeadm::watch::Watcher {
-            config: config_rx.clone(),
-            sources: statuses.subscribe(),
+            config: shared.config.clone(),
+            sources: shared.statuses.subscribe(),
             read_file,
-            kube: kube_clients_rx.clone(),
-            status: kubeadm_tx,
-            shutdown: shutdown_rx.clone(),
+            kube: shared.kube.clone(),
+            status,
+            shutdown: shared.shutdown.clone(),
         }
         .run(),
     );
-    if let Some(rx) = events_rx {
-        tokio::spawn(
-            crate::kube::events::Recorder {
-                config: config_rx.clone(),
-                clients: kube_clients_rx.clone(),
-                notices: rx,
-                metrics: Arc::clone(&metrics),
-                shutdown: shutdown_rx.clone(),
-            }
-            .run(),
-        );
-    }
-    tokio::spawn(crate::notify::run(
-        config_rx.clone(),
-        notices.clone(),
-        Arc::clone(&metrics),
-        shutdown_rx.clone(),
-    ));
-    crate::health::spawn(
-        crate::health::Context {
-            config: config_rx.clone(),
-            kube: kube_clients_rx,
-            fast: fast_probes_rx,
-        },
-        health,
-        shutdown_rx.clone(),
-    );
-    tokio::spawn(
-        crate::kube::reporter::Reporter {
-            config: config_rx.clone(),
-            parts: parts.clone(),
-            clients: kube_clients_tx,
-            status: kube_status_tx,
-            metrics: Arc::clone(&metrics),
-            shutdown: shutdown_rx.clone(),
-        }
-        .run(),
-    );
-    if let Some(l) = metrics_listener {
-        tracing::info!(listen = ?l.local_addr().ok(), "serving metrics");
-        tokio::spawn(control::metrics::serve(
-            l,
-            Arc::new(parts.clone()),
-            Arc::clone(&metrics),
-            shutdown_rx.clone(),
-        ));
-    }
-    let server_task = tokio::spawn(server::serve(
-        listener,
-        cfg.socket.clone(),
-        Arc::clone(&backend),
-        shutdown_rx.clone(),
-    ));
-    let reconciler_task = tokio::spawn(reconciler.run());
-
-    let notifier = Notifier::start();
-    notifier.send(Note::Ready);
-    tracing::info!(socket = %cfg.socket.display(), "ready");
-    tokio::spawn(report_status(
-        Arc::clone(&backend),
-        notifier.clone(),
-        shutdown_rx.clone(),
-    ));
-    if let Some(period) = sd_notify::watchdog_enabled() {
-        tokio::spawn(watchdog(
-            period,
-            commands_tx.clone(),
-            notifier.clone(),
-            shutdown_rx.clone(),
-        ));
-    }
-
-    let mut sigterm = signal(SignalKind::terminate()).context("installing the SIGTERM handler")?;
-    let mut sigint = signal(SignalKind::interrupt()).context("installing the SIGINT handler")?;
-    let mut sighup = signal(SignalKind::hangup()).context("installing the SIGHUP handler")?;
-    let (changes_tx, mut changes_rx) = mpsc::channel::<()>(16);
-    let mut watcher = ConfigWatcher::new(&config_path, changes_tx);
-
-    let mut reloader = Reloader {
-        path: config_path,
-        config: config_tx,
-    };
-    let ending = loop {
-        tokio::select! {
-            _ = sigterm.recv() => break Ending::Stopped,
-            _ = sigint.recv() => break Ending::Stopped,
-            changed = restart_rx.changed() => {
-                if changed.is_ok()
-                    && let Some(why) = restart_rx.borrow_and_update().clone()
-                {
-                    break Ending::Restart(why);
-                }
-            }
-            _ = sighup.recv() => {
-                tracing::info!("SIGHUP: reloading the configuration");
-                reloader.reload(&mut sources).await;
-            }
-            Some(()) = changes_rx.recv() => {
-                // Editors write in several steps; let them finish.
-                tokio::time::sleep(Duration::from_millis(250)).await;
-                while changes_rx.try_recv().is_ok() {}
-                if let Some(w) = watcher.as_mut() {
-                    w.refresh();
-                }
-                reloader.reload(&mut sources).await;
-            }
-        }
-    };
-
-    notifier.send(Note::Stopping);
-    notifier.send(Note::Status("stopping".into()));
-    tracing::info!("stopping: no more fetches; waiting for a running apply");
-    let _ = shutdown_tx.send(true);
-    drop(watcher);
-    sources.stop_all();
-    if let Err(e) = reconciler_task.await {
-        tracing::error!(error = %e, "apply loop ended abnormally");
-    }
-    let _ = server_task.await;
-    notifier.flush();
-    tracing::info!("stopped");
-    Ok(ending)
 }
 
-/// The gate's check that the apply source can still be fetched: a sync of its poller (a real
-/// fetch), answered with its error if it failed.
+/// Starts the recorder that turns this node's notices into Kubernetes Events.
+fn spawn_event_recorder(shared: &Shared, notices: tokio::sync::broadcast::Receiver<Notice>) {
+    tokio::spawn(
+        crate::kube::events::Recorder {
+            config: shared.config.clone(),
+            clients: shared.kube.clone(),
+            notices,
+            metrics: Arc::clone(&shared.metrics),
+            shutdown: shared.shutdown.clone(),
+        }
+        .run(),
+    );
+}
+
+/// Starts the health probes; `fast` says how often they must run while a gate is open.
+fn spawn_health_probes(shared: &Shared, fast: watch::Receiver<Option<Duration>>) {
+    crate::health::spawn(
+        crate::health::Context {
+            config: shared.config.clone(),
+            kube: shared.kube.clone(),
+            fast,
+        },
+        Arc::clone(&shared.health),
+        shared.shutdown.clone(),
+    );
+}
+
+/// Serves the metrics on `listener`, the state gauges read from `parts` at each scrape.
+fn spawn_metrics_server(shared: &Shared, listener: tokio::net::TcpListener, parts: status::Parts) {
+    tracing::info!(listen = ?listener.local_addr().ok(), "serving metrics");
+    tokio::spawn(control::metrics::serve(
+        listener,
+        Arc::new(parts),
+        Arc::clone(&shared.metrics),
+        shared.shutdown.clone(),
+    ));
+}
+
+/// Starts the reporter: it builds the API clients the other parts get through `clients`,
+/// and writes the node report and the heartbeat.
+fn spawn_reporter(
+    shared: &Shared,
+    parts: status::Parts,
+    clients: watch::Sender<Option<KubeClients>>,
+    status: watch::Sender<status::KubeStatus>,
+) {
+    tokio::spawn(
+        crate::kube::reporter::Reporter {
+            config: shared.config.clone(),
+            parts,
+            clients,
+            status,
+            metrics: Arc::clone(&shared.metrics),
+            shutdown: shared.shutdown.clone(),
+        }
+        .run(),
+    );
+}
+
+/// What reloads the configuration while the daemon runs, and the pollers it keeps in line.
+struct Reloads {
+    watcher: Option<ConfigWatcher>,
+    /// A configuration file changed (sent by `watcher`).
+    changes: mpsc::Receiver<()>,
+    reloader: Reloader,
+    sources: Sources,
+}
+
+impl Reloads {
+    /// Reloads on SIGHUP and on changed files until SIGTERM/SIGINT or a restart into a new
+    /// version; says which ended it. Errors if a signal handler cannot be installed.
+    async fn until_ending(
+        &mut self,
+        mut restart: watch::Receiver<Option<crate::reconcile::SelfRestart>>,
+    ) -> anyhow::Result<Ending> {
+        let mut sigterm =
+            signal(SignalKind::terminate()).context("installing the SIGTERM handler")?;
+        let mut sigint =
+            signal(SignalKind::interrupt()).context("installing the SIGINT handler")?;
+        let mut sighup = signal(SignalKind::hangup()).context("installing the SIGHUP handler")?;
+        loop {
+            tokio::select! {
+                _ = sigterm.recv() => return Ok(Ending::Stopped),
+                _ = sigint.recv() => return Ok(Ending::Stopped),
+                changed = restart.changed() => {
+                    if changed.is_ok()
+                        && let Some(why) = restart.borrow_and_update().clone()
+                    {
+                        return Ok(Ending::Restart(why));
+                    }
+                }
+                _ = sighup.recv() => {
+                    tracing::info!("SIGHUP: reloading the configuration");
+                    self.reloader.reload(&mut self.sources).await;
+                }
+                Some(()) = self.changes.recv() => {
+                    // Editors write in several steps; let them finish.
+                    tokio::time::sleep(Duration::from_millis(250)).await;
+                    while self.changes.try_recv().is_ok() {}
+                    if let Some(w) = self.watcher.as_mut() {
+                        w.refresh();
+                    }
+                    self.reloader.reload(&mut self.sources).await;
+                }
+            }
+        }
+    }
+}
+
 /// `rollout.after`'s "a later revision": whether one revision descends from another in the
 /// apply source's clone (a revision not fetched here yet is not later).
 fn later_in(
@@ -376,9 +538,11 @@ fn later_in(
     })
 }
 
+/// The gate's check that the apply source can still be fetched: a sync of its poller (a real
+/// fetch), answered with its error if it failed.
 fn reach_apply_source(
     config: watch::Receiver<Arc<Config>>,
-    pollers: Arc<Mutex<BTreeMap<String, mpsc::Sender<PollerCmd>>>>,
+    pollers: PollerChannels,
 ) -> crate::rollout::Reach {
     Arc::new(move || {
         let source = config.borrow().apply.source.clone();
@@ -407,8 +571,8 @@ fn reach_apply_source(
 /// Talks to systemd from a thread of its own: a notify socket that nobody reads (a full
 /// queue blocks `sendmsg`) must never stall the daemon, nor make it hold more memory. What is
 /// waiting to go out is kept as one note of each kind, the newest status line only, however
-/// long the socket stays blocked: the soak of issue 19 found the notes of a stalled socket
-/// queued without end, about 1 KiB every 31 notes, for as long as the process lived.
+/// long the socket stays blocked: a queue of every note would grow without end (about 1 KiB
+/// every 31 notes, a soak test found) for as long as the socket stays stalled.
 #[derive(Clone)]
 struct Notifier {
     handle: Arc<NotifierHandle>,
@@ -447,6 +611,7 @@ impl Pending {
     }
 }
 
+/// What the daemon tells systemd.
 enum Note {
     Ready,
     Status(String),
@@ -555,7 +720,7 @@ impl Drop for NotifierHandle {
 struct Sources {
     running: BTreeMap<String, PollerHandle>,
     /// Command channels of the running pollers, shared with the control socket.
-    channels: Arc<Mutex<BTreeMap<String, mpsc::Sender<PollerCmd>>>>,
+    channels: PollerChannels,
     workspace: Arc<Workspace>,
     statuses: Arc<ReportMap>,
     shutdown: watch::Receiver<bool>,
@@ -563,6 +728,20 @@ struct Sources {
 }
 
 impl Sources {
+    /// Starts a poller for every source of `cfg`.
+    fn start(shared: &Shared, cfg: &Config) -> Self {
+        let mut sources = Self {
+            running: BTreeMap::new(),
+            channels: Arc::clone(&shared.pollers),
+            workspace: Arc::clone(&shared.workspace),
+            statuses: Arc::clone(&shared.statuses),
+            shutdown: shared.shutdown.clone(),
+            metrics: Arc::clone(&shared.metrics),
+        };
+        sources.reconcile(cfg);
+        sources
+    }
+
     /// Starts pollers for new sources, stops removed ones, hands changed settings over.
     fn reconcile(&mut self, cfg: &Config) {
         let removed: Vec<String> = self
@@ -629,11 +808,6 @@ impl Sources {
     }
 }
 
-struct Reloader {
-    path: PathBuf,
-    config: watch::Sender<Arc<Config>>,
-}
-
 /// Reads the configuration on a blocking thread: a slow disk or a large file never stalls the
 /// socket, the pollers or the apply loop, which share the runtime thread.
 async fn load_config(path: &Path) -> Result<config::Loaded, config::ConfigError> {
@@ -649,7 +823,15 @@ async fn load_config(path: &Path) -> Result<config::Loaded, config::ConfigError>
         })
 }
 
+/// Reloads the configuration from `path` and hands it to every part through `config`.
+struct Reloader {
+    path: PathBuf,
+    config: watch::Sender<Arc<Config>>,
+}
+
 impl Reloader {
+    /// Loads the files again; a configuration that does not load, or does not change, leaves
+    /// the running one in force. What only a restart changes keeps its running value.
     async fn reload(&mut self, sources: &mut Sources) {
         let mut new = match load_config(&self.path).await {
             Ok(l) => l.config,

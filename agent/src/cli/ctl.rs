@@ -103,7 +103,7 @@ pub enum CtlCommand {
     },
     /// kubeadm and kube-vip: render the documents, initialise or join the cluster.
     #[command(subcommand)]
-    Kubeadm(super::kubeadm::KubeadmCommand),
+    Kubeadm(super::run_kubeadm::KubeadmCommand),
     /// Show past apply attempts, newest first.
     History {
         /// Print the attempts as JSON (with their output tails).
@@ -172,7 +172,7 @@ pub fn main(args: CtlArgs) -> ExitCode {
     }
     let client = Client::new(&socket, args.timeout.get());
     if let CtlCommand::Kubeadm(cmd) = args.command {
-        return super::kubeadm::main(&args.config, &client, cmd);
+        return super::run_kubeadm::main(&args.config, &client, cmd);
     }
     if let CtlCommand::Cluster {
         json,
@@ -201,7 +201,7 @@ pub fn main(args: CtlArgs) -> ExitCode {
         );
     }
     if let CtlCommand::Bootstrap { dry_run, stage } = args.command {
-        return super::bootstrap::main(&args.config, &client, dry_run, stage);
+        return super::run_bootstrap::main(&args.config, &client, dry_run, stage);
     }
     match run(&client, args.command) {
         Ok(code) => code,

@@ -3,12 +3,12 @@
 //!
 //! Layer 8: may import anything; nothing but the binaries imports it.
 
-mod bootstrap;
 mod ctl;
 mod fleet;
-mod kubeadm;
 mod operator;
 pub mod render;
+mod run_bootstrap;
+mod run_kubeadm;
 
 use std::path::PathBuf;
 use std::process::ExitCode;

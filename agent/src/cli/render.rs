@@ -5,13 +5,13 @@ use std::fmt::Write;
 use jiff::Timestamp;
 
 use crate::control::protocol::{AcceptReport, ClearReport, FleetReport, HistoryReport, SyncReport};
-use crate::state::{AttemptKind, Stream};
-use crate::status::{ClusterView, KubeState, Pause, Status};
+use crate::state::{Attempt, AttemptKind, Stream};
+use crate::status::{ClusterNode, ClusterView, KubeState, Pause, Status};
 use crate::types::Generation;
 use crate::util::age;
 
+/// `ginxctl status`: one screen, from the apply down to the health probes.
 pub fn status(s: &Status) -> String {
-    let now = s.now;
     let mut o = String::new();
     let _ = writeln!(
         o,
@@ -19,8 +19,39 @@ pub fn status(s: &Status) -> String {
         s.version,
         s.node,
         s.role,
-        age(s.started_at, now).trim_end_matches(" ago")
+        age(s.started_at, s.now).trim_end_matches(" ago")
     );
+    apply_lines(&mut o, s);
+    rollout_lines(&mut o, s);
+    system_lines(&mut o, s);
+    reboot_lines(&mut o, s);
+    source_lines(&mut o, s);
+    kubernetes_lines(&mut o, s);
+    if let Some(b) = &s.bootstrap {
+        let when = b
+            .finished_at
+            .filter(|_| !b.phase.running())
+            .map(|t| format!(" ({})", age(t, s.now)))
+            .unwrap_or_default();
+        let _ = writeln!(o, "bootstrap  {}{when}", printable(&b.line()));
+    }
+    if !s.health.is_empty() {
+        let _ = writeln!(o, "health     {}", s.health_overall.as_str());
+        for (probe, p) in &s.health {
+            let _ = writeln!(
+                o,
+                "  {probe:<12} {:<9} {}",
+                p.status.as_str(),
+                printable(&p.message)
+            );
+        }
+    }
+    o
+}
+
+/// The `apply` line of `status`, with what was applied, the error and the next try under it.
+fn apply_lines(o: &mut String, s: &Status) {
+    let now = s.now;
     let a = &s.apply;
     let rev = a.revision.as_ref().map_or("-", |r| r.short());
     let mut line = format!(
@@ -56,6 +87,10 @@ pub fn status(s: &Status) -> String {
     } else if let Some(reason) = &a.reason {
         let _ = writeln!(o, "           {reason}");
     }
+}
+
+/// What holds this node's applies back in `status`: suspended, quarantined, the window.
+fn rollout_lines(o: &mut String, s: &Status) {
     let _ = writeln!(
         o,
         "suspended  {}",
@@ -83,8 +118,12 @@ pub fn status(s: &Status) -> String {
         };
         let _ = writeln!(o, "window     {line}");
     }
-    let sys = &s.system;
-    if let Some(g) = &sys.generation {
+}
+
+/// The running system in `status`: its generation and the closure applied.
+fn system_lines(o: &mut String, s: &Status) {
+    let a = &s.apply;
+    if let Some(g) = &s.system.generation {
         let n = g.number.map_or_else(|| "?".to_owned(), |n| n.to_string());
         let _ = writeln!(
             o,
@@ -96,6 +135,11 @@ pub fn status(s: &Status) -> String {
     if let Some(c) = &a.closure {
         let _ = writeln!(o, "closure    {}", printable(&closure_line(c)));
     }
+}
+
+/// Whether a reboot is due and where it stands in `status`, then a drifted system.
+fn reboot_lines(o: &mut String, s: &Status) {
+    let sys = &s.system;
     let rb = &s.rollout.reboot;
     if sys.reboot_required {
         let _ = writeln!(o, "reboot     required: {}", sys.reboot_reasons.join("; "));
@@ -121,9 +165,15 @@ pub fn status(s: &Status) -> String {
             "drift      the running system {} is not the one ginx produced ({}), since {}",
             d.current.display(),
             d.expected.display(),
-            age(d.since, now)
+            age(d.since, s.now)
         );
     }
+}
+
+/// The `sources` block of `status`: one line a source, then its testing branch, refusal,
+/// signature and remotes under it.
+fn source_lines(o: &mut String, s: &Status) {
+    let now = s.now;
     let _ = writeln!(o, "sources");
     let width = s.sources.keys().map(String::len).max().unwrap_or(0);
     for (name, src) in &s.sources {
@@ -177,6 +227,11 @@ pub fn status(s: &Status) -> String {
             }
         }
     }
+}
+
+/// The `kubernetes` line of `status`: connected or why not, and a failing node report.
+fn kubernetes_lines(o: &mut String, s: &Status) {
+    let now = s.now;
     let k = &s.kubernetes;
     let kline = match (k.state, &k.error) {
         (KubeState::NotConfigured, None) => "not configured".to_owned(),
@@ -204,26 +259,6 @@ pub fn status(s: &Status) -> String {
     if let Some(e) = &k.report_error {
         let _ = writeln!(o, "  node report: {}", printable(e));
     }
-    if let Some(b) = &s.bootstrap {
-        let when = b
-            .finished_at
-            .filter(|_| !b.phase.running())
-            .map(|t| format!(" ({})", age(t, now)))
-            .unwrap_or_default();
-        let _ = writeln!(o, "bootstrap  {}{when}", printable(&b.line()));
-    }
-    if !s.health.is_empty() {
-        let _ = writeln!(o, "health     {}", s.health_overall.as_str());
-        for (probe, p) in &s.health {
-            let _ = writeln!(
-                o,
-                "  {probe:<12} {:<9} {}",
-                p.status.as_str(),
-                printable(&p.message)
-            );
-        }
-    }
-    o
 }
 
 /// `ginxctl health`: every probe with its details.
@@ -298,39 +333,7 @@ pub fn history(h: &HistoryReport, output: bool) -> String {
         "GENERATION"
     );
     for a in &h.attempts {
-        let exit = a
-            .exit_code
-            .map_or_else(|| "-".to_owned(), |c| c.to_string());
-        let took = duration(a.started_at, a.finished_at);
-        let goal = match a.kind {
-            AttemptKind::Apply => a.goal.as_str(),
-            AttemptKind::Rollback => "rollback",
-            AttemptKind::Build => "prebuild",
-        };
-        let generation = |g: &Option<Generation>| {
-            g.as_ref()
-                .and_then(|g| g.number)
-                .map_or_else(|| "?".to_owned(), |n| n.to_string())
-        };
-        let generations = match (&a.generation_before, &a.generation_after) {
-            (None, None) => "-".to_owned(),
-            (b, f) if b == f => generation(b),
-            (b, f) => format!("{}→{}", generation(b), generation(f)),
-        };
-        let _ = writeln!(
-            o,
-            "{:<5} {:<20} {:<12} {:<13} {:<9} {:<12} {:<5} {:<9} {:<11} {}",
-            a.id,
-            a.started_at.strftime("%Y-%m-%d %H:%M:%S").to_string(),
-            a.source,
-            a.revision.short(),
-            goal,
-            a.outcome.as_str(),
-            exit,
-            took,
-            generations,
-            printable(a.error.as_deref().unwrap_or(""))
-        );
+        let _ = writeln!(o, "{}", attempt_row(a));
         if let Some(c) = &a.closure {
             let _ = writeln!(o, "      closure {}", printable(&closure_line(c)));
         }
@@ -345,6 +348,42 @@ pub fn history(h: &HistoryReport, output: bool) -> String {
         }
     }
     o
+}
+
+/// One attempt's row of `ginxctl history`, under the header `history` writes.
+fn attempt_row(a: &Attempt) -> String {
+    let exit = a
+        .exit_code
+        .map_or_else(|| "-".to_owned(), |c| c.to_string());
+    let took = duration(a.started_at, a.finished_at);
+    let goal = match a.kind {
+        AttemptKind::Apply => a.goal.as_str(),
+        AttemptKind::Rollback => "rollback",
+        AttemptKind::Build => "prebuild",
+    };
+    let generation = |g: &Option<Generation>| {
+        g.as_ref()
+            .and_then(|g| g.number)
+            .map_or_else(|| "?".to_owned(), |n| n.to_string())
+    };
+    let generations = match (&a.generation_before, &a.generation_after) {
+        (None, None) => "-".to_owned(),
+        (b, f) if b == f => generation(b),
+        (b, f) => format!("{}→{}", generation(b), generation(f)),
+    };
+    format!(
+        "{:<5} {:<20} {:<12} {:<13} {:<9} {:<12} {:<5} {:<9} {:<11} {}",
+        a.id,
+        a.started_at.strftime("%Y-%m-%d %H:%M:%S").to_string(),
+        a.source,
+        a.revision.short(),
+        goal,
+        a.outcome.as_str(),
+        exit,
+        took,
+        generations,
+        printable(a.error.as_deref().unwrap_or(""))
+    )
 }
 
 /// `ginxctl rollout pause`.
@@ -389,7 +428,6 @@ fn time(t: Timestamp) -> String {
     t.strftime("%Y-%m-%dT%H:%M:%SZ").to_string()
 }
 
-/// `ginxctl cluster`: a table of the nodes, then the halts, the pause and who waits.
 /// JSON as `--json` prints it: indented, one trailing newline.
 pub fn pretty(v: &serde_json::Value) -> String {
     let mut s = serde_json::to_string_pretty(v).unwrap_or_default();
@@ -397,93 +435,140 @@ pub fn pretty(v: &serde_json::Value) -> String {
     s
 }
 
+/// The columns of `ginxctl cluster`'s node table.
+const CLUSTER_HEADER: [&str; 9] = [
+    "NODE",
+    "ROLE",
+    "READY",
+    "HEALTHY",
+    "APPLIED",
+    "TARGET",
+    "STATE/PHASE",
+    "HEARTBEAT",
+    "SLOT",
+];
+
+/// `ginxctl cluster`: a table of the nodes, then the halts, the pause and who waits.
 pub fn cluster(v: &ClusterView) -> String {
     let now = v.at.unwrap_or_else(crate::util::now);
     let mut o = String::new();
-    let dash = || "-".to_owned();
-    let cell = |s: &Option<String>| s.as_deref().map_or_else(dash, printable);
-    let short = |s: &Option<String>| {
-        s.as_deref()
-            .map_or_else(dash, |r| printable(&r.chars().take(12).collect::<String>()))
-    };
-    let header = [
-        "NODE",
-        "ROLE",
-        "READY",
-        "HEALTHY",
-        "APPLIED",
-        "TARGET",
-        "STATE/PHASE",
-        "HEARTBEAT",
-        "SLOT",
-    ];
-    let rows: Vec<[String; 9]> = v
-        .nodes
-        .iter()
-        .map(|n| {
-            let healthy = match (n.healthy.as_deref(), n.health_reason.as_deref()) {
-                (Some("True"), _) => "yes".to_owned(),
-                (Some(s), r) => {
-                    let s = if s == "False" { "no" } else { "unknown" };
-                    match r.filter(|r| !r.is_empty()) {
-                        Some(r) => format!("{s}: {}", printable(r)),
-                        None => s.to_owned(),
-                    }
-                }
-                (None, _) => dash(),
-            };
-            let phase = match (&n.apply_state, &n.rollout_phase) {
-                (None, None) => dash(),
-                (s, p) => format!("{}/{}", cell(s), cell(p)),
-            };
-            [
-                printable(&n.name),
-                n.role.map_or_else(dash, |r| r.to_string()),
-                match n.ready {
-                    Some(true) => "yes".to_owned(),
-                    Some(false) => "no".to_owned(),
-                    None => dash(),
-                },
-                healthy,
-                short(&n.applied_revision),
-                short(&n.target_revision),
-                phase,
-                n.heartbeat_age_secs
-                    .map_or_else(dash, |s| age(now - jiff::SignedDuration::from_secs(s), now)),
-                cell(&n.slot),
-            ]
-        })
-        .collect();
+    let rows: Vec<[String; 9]> = v.nodes.iter().map(|n| cluster_row(n, now)).collect();
     if rows.is_empty() {
         o.push_str(
             "no nodes: none has a ginx heartbeat Lease or ginx annotations, and there is no \
              control-plane node\n",
         );
     } else {
-        let mut widths = header.map(str::len);
-        for r in &rows {
-            for (w, c) in widths.iter_mut().zip(r) {
-                *w = (*w).max(c.chars().count());
+        o.push_str(&table(&CLUSTER_HEADER, &rows));
+    }
+    fleet_lines(&mut o, v, now);
+    revision_lines(&mut o, v);
+    for n in v.nodes.iter().filter(|n| n.quarantined.is_some()) {
+        let _ = writeln!(
+            o,
+            "quarantined: {} on {} (rolled back; `ginxctl retry` there, or a new revision, ends it)",
+            printable(&n.name),
+            short_revision(&n.quarantined)
+        );
+    }
+    let waiting: Vec<String> = v
+        .nodes
+        .iter()
+        .filter(|n| n.rollout_phase.as_deref() == Some("waiting"))
+        .map(|n| match &n.waiting_for {
+            Some(w) => format!("{} ({})", printable(&n.name), printable(w)),
+            None => printable(&n.name),
+        })
+        .collect();
+    if waiting.is_empty() {
+        o.push_str("nobody waits\n");
+    } else {
+        let _ = writeln!(o, "waiting: {}", waiting.join(", "));
+    }
+    o
+}
+
+fn dash() -> String {
+    "-".to_owned()
+}
+
+/// A cell of `ginxctl cluster`: the text made printable, or "-" when there is none.
+fn cell(s: &Option<String>) -> String {
+    s.as_deref().map_or_else(dash, printable)
+}
+
+/// A revision in a cell of `ginxctl cluster`: its first 12 characters, or "-".
+fn short_revision(s: &Option<String>) -> String {
+    s.as_deref()
+        .map_or_else(dash, |r| printable(&r.chars().take(12).collect::<String>()))
+}
+
+/// One node's row of `ginxctl cluster`, in the order of [`CLUSTER_HEADER`].
+fn cluster_row(n: &ClusterNode, now: Timestamp) -> [String; 9] {
+    let healthy = match (n.healthy.as_deref(), n.health_reason.as_deref()) {
+        (Some("True"), _) => "yes".to_owned(),
+        (Some(s), r) => {
+            let s = if s == "False" { "no" } else { "unknown" };
+            match r.filter(|r| !r.is_empty()) {
+                Some(r) => format!("{s}: {}", printable(r)),
+                None => s.to_owned(),
             }
         }
-        let line = |cells: &[&str]| {
-            let mut l = String::new();
-            for (i, (c, w)) in cells.iter().zip(widths).enumerate() {
-                if i + 1 == cells.len() {
-                    l.push_str(c);
-                } else {
-                    let _ = write!(l, "{c:<w$}  ");
-                }
-            }
-            l.truncate(l.trim_end().len());
-            l.push('\n');
-            l
-        };
-        o.push_str(&line(&header));
-        for r in &rows {
-            o.push_str(&line(&r.each_ref().map(String::as_str)));
+        (None, _) => dash(),
+    };
+    let phase = match (&n.apply_state, &n.rollout_phase) {
+        (None, None) => dash(),
+        (s, p) => format!("{}/{}", cell(s), cell(p)),
+    };
+    [
+        printable(&n.name),
+        n.role.map_or_else(dash, |r| r.to_string()),
+        match n.ready {
+            Some(true) => "yes".to_owned(),
+            Some(false) => "no".to_owned(),
+            None => dash(),
+        },
+        healthy,
+        short_revision(&n.applied_revision),
+        short_revision(&n.target_revision),
+        phase,
+        n.heartbeat_age_secs
+            .map_or_else(dash, |s| age(now - jiff::SignedDuration::from_secs(s), now)),
+        cell(&n.slot),
+    ]
+}
+
+/// `rows` under `header`, every column as wide as its widest cell, two spaces between them;
+/// the last column is not padded and no line ends in spaces.
+fn table<const N: usize>(header: &[&str; N], rows: &[[String; N]]) -> String {
+    let mut widths = header.map(str::len);
+    for r in rows {
+        for (w, c) in widths.iter_mut().zip(r) {
+            *w = (*w).max(c.chars().count());
         }
     }
+    let line = |cells: &[&str]| {
+        let mut l = String::new();
+        for (i, (c, w)) in cells.iter().zip(widths).enumerate() {
+            if i + 1 == cells.len() {
+                l.push_str(c);
+            } else {
+                let _ = write!(l, "{c:<w$}  ");
+            }
+        }
+        l.truncate(l.trim_end().len());
+        l.push('\n');
+        l
+    };
+    let mut o = line(header);
+    for r in rows {
+        o.push_str(&line(&r.each_ref().map(String::as_str)));
+    }
+    o
+}
+
+/// The fleet-wide halts (with their failing probes) and the pause, under the node table.
+fn fleet_lines(o: &mut String, v: &ClusterView, now: Timestamp) {
     for h in v.fleet.halted.values() {
         let _ = writeln!(
             o,
@@ -503,6 +588,10 @@ pub fn cluster(v: &ClusterView) -> String {
         }
         None => o.push_str("not paused\n"),
     }
+}
+
+/// How far each revision being rolled out has come, and whose failures count against it.
+fn revision_lines(o: &mut String, v: &ClusterView) {
     for (revision, c) in &v.revisions {
         let total =
             c.building + c.waiting + c.activating + c.verifying + c.done + c.failed + c.quarantined;
@@ -530,34 +619,8 @@ pub fn cluster(v: &ClusterView) -> String {
             );
         }
     }
-    for n in v.nodes.iter().filter(|n| n.quarantined.is_some()) {
-        let _ = writeln!(
-            o,
-            "quarantined: {} on {} (rolled back; `ginxctl retry` there, or a new revision, ends it)",
-            printable(&n.name),
-            short(&n.quarantined)
-        );
-    }
-    let waiting: Vec<String> = v
-        .nodes
-        .iter()
-        .filter(|n| n.rollout_phase.as_deref() == Some("waiting"))
-        .map(|n| match &n.waiting_for {
-            Some(w) => format!("{} ({})", printable(&n.name), printable(w)),
-            None => printable(&n.name),
-        })
-        .collect();
-    if waiting.is_empty() {
-        o.push_str("nobody waits\n");
-    } else {
-        let _ = writeln!(o, "waiting: {}", waiting.join(", "));
-    }
-    o
 }
 
-/// Text from commands and remotes, with control characters (terminal escapes) made visible.
-/// `s` for one line of a terminal: control characters (escape sequences from a hostile remote's
-/// error text, line breaks that would break the layout) become U+FFFD.
 /// A closure in short: path, size, time to fetch, where the pointer came from.
 fn closure_line(c: &crate::types::ClosureInfo) -> String {
     let mut l = c.short_path();
@@ -584,6 +647,8 @@ pub fn one_line(s: &str) -> String {
     printable(s)
 }
 
+/// `s` for one terminal row: control characters (escape sequences in a hostile remote's error
+/// text, line breaks that would break the layout) become U+FFFD.
 fn printable(s: &str) -> String {
     without_controls(s, false)
 }
@@ -620,7 +685,7 @@ mod tests {
     use std::collections::BTreeMap;
 
     use super::*;
-    use crate::status::{ClusterNode, FleetState, Halt};
+    use crate::status::{FleetState, Halt};
     use crate::types::Role;
 
     #[test]
@@ -715,6 +780,24 @@ waiting: quinn\u{fffd}[2J (after control-plane)
         });
         assert!(empty.starts_with("no nodes:"), "{empty}");
         assert!(empty.ends_with("not paused\nnobody waits\n"), "{empty}");
+    }
+
+    /// Columns as wide as their widest cell, two spaces apart; the last column unpadded and no
+    /// trailing spaces, even when the last cells are empty.
+    #[test]
+    fn a_table_pads_every_column_but_the_last() {
+        let rows = [
+            [
+                "lucy".to_owned(),
+                "yes".to_owned(),
+                "control-plane/0".to_owned(),
+            ],
+            ["quinn\u{fffd}".to_owned(), String::new(), String::new()],
+        ];
+        assert_eq!(
+            table(&["NODE", "READY", "SLOT"], &rows),
+            "NODE    READY  SLOT\nlucy    yes    control-plane/0\nquinn\u{fffd}\n"
+        );
     }
 
     #[test]

@@ -441,7 +441,7 @@ impl ApplyConfig {
 mod tests {
     use super::*;
 
-    /// Issue 11.8: the stop bound is one kill_grace after shutdown_grace (plus a margin), the
+    /// The stop bound is one kill_grace after shutdown_grace (plus a margin), the
     /// figure README, the unit and the module use.
     #[test]
     fn the_stop_timeout_is_shutdown_grace_plus_one_kill_grace_plus_margin() {

@@ -205,90 +205,10 @@ impl BootstrapConfig {
     ) -> Result<(), ConfigError> {
         let mut names = std::collections::BTreeSet::new();
         for (i, s) in self.stages.iter().enumerate() {
-            let key = |k: &str| format!("bootstrap.stages[{i}].{k}");
-            if s.name.trim().is_empty() || !names.insert(s.name.clone()) {
-                return Err(ctx.error(
-                    &key("name"),
-                    format!("{:?}: every stage needs a name of its own", s.name),
-                ));
-            }
-            match &s.source {
-                Some(src) if !sources.contains_key(src) => {
-                    return Err(ctx.error(&key("source"), format!("{src:?} names no source")));
-                }
-                Some(_) if s.path.starts_with('/') || s.path.split('/').any(|p| p == "..") => {
-                    return Err(ctx.error(
-                        &key("path"),
-                        format!(
-                            "{:?} must be relative to the source's checkout, without ..",
-                            s.path
-                        ),
-                    ));
-                }
-                None if !s.path.starts_with('/') => {
-                    return Err(ctx.error(
-                        &key("path"),
-                        format!(
-                            "{:?}: without `source` the path must be absolute (a file the \
-                             system puts in place)",
-                            s.path
-                        ),
-                    ));
-                }
-                _ => {}
-            }
-            for (j, w) in s.wait.iter().enumerate() {
-                if let Err(e) = Wait::parse(w) {
-                    return Err(ctx.error(&format!("bootstrap.stages[{i}].wait[{j}]"), e));
-                }
-            }
-            bounds::STAGE_TIMEOUT.check_at(ctx, &key("timeout"), s.timeout)?;
+            check_stage(i, s, &mut names, sources, ctx)?;
         }
         if let Some(f) = &self.flux {
-            if !sources.contains_key(&f.source) {
-                return Err(ctx.error(
-                    "bootstrap.flux.source",
-                    format!(
-                        "{:?} names no source; Flux syncs from a configured source",
-                        f.source
-                    ),
-                ));
-            }
-            // The URL goes into the FluxInstance as written, which anyone who can read the
-            // cluster's custom resources sees, and into check-config's output: credentials go
-            // into the pull secret (the source's token_file or deploy key), never into it.
-            if let Some(url) = &f.url {
-                let parsed = url.parse::<crate::types::RemoteUrl>().map_err(|e| {
-                    ctx.error(
-                        "bootstrap.flux.url",
-                        format!("is not a Git URL Flux can use: {e}"),
-                    )
-                })?;
-                if parsed.has_inline_credentials() {
-                    return Err(ctx.error(
-                        "bootstrap.flux.url",
-                        format!(
-                            "{parsed} carries credentials (a password, a user name over HTTP(S), \
-                             a query or a fragment): they would be readable in the FluxInstance; \
-                             drop them, the pull secret carries the source's token_file or \
-                             deploy key"
-                        ),
-                    ));
-                }
-            }
-            if f.path.trim().is_empty() || f.path.starts_with('/') {
-                return Err(ctx.error(
-                    "bootstrap.flux.path",
-                    "must be a path in the repository, like \"clusters/lab\"",
-                ));
-            }
-            if names.contains("flux") {
-                return Err(ctx.error(
-                    "bootstrap.flux",
-                    "generates the stage \"flux\"; rename the configured stage of that name",
-                ));
-            }
-            bounds::FLUX_TIMEOUT.check(ctx, f.timeout)?;
+            check_flux(f, &names, sources, ctx)?;
         }
         if self.after_init && !self.configured() {
             return Err(ctx.error(
@@ -307,6 +227,111 @@ impl BootstrapConfig {
             .filter_map(|w| Wait::parse(w).ok())
             .collect()
     }
+}
+
+/// Stage `i`: a name of its own (added to `names`), a manifest where its source says, waits
+/// that parse, a timeout in bounds.
+fn check_stage(
+    i: usize,
+    s: &Stage,
+    names: &mut std::collections::BTreeSet<String>,
+    sources: &std::collections::BTreeMap<String, super::SourceConfig>,
+    ctx: &Ctx<'_>,
+) -> Result<(), ConfigError> {
+    let key = |k: &str| format!("bootstrap.stages[{i}].{k}");
+    if s.name.trim().is_empty() || !names.insert(s.name.clone()) {
+        return Err(ctx.error(
+            &key("name"),
+            format!("{:?}: every stage needs a name of its own", s.name),
+        ));
+    }
+    match &s.source {
+        Some(src) if !sources.contains_key(src) => {
+            return Err(ctx.error(&key("source"), format!("{src:?} names no source")));
+        }
+        Some(_) if s.path.starts_with('/') || s.path.split('/').any(|p| p == "..") => {
+            return Err(ctx.error(
+                &key("path"),
+                format!(
+                    "{:?} must be relative to the source's checkout, without ..",
+                    s.path
+                ),
+            ));
+        }
+        None if !s.path.starts_with('/') => {
+            return Err(ctx.error(
+                &key("path"),
+                format!(
+                    "{:?}: without `source` the path must be absolute (a file the \
+                     system puts in place)",
+                    s.path
+                ),
+            ));
+        }
+        _ => {}
+    }
+    for (j, w) in s.wait.iter().enumerate() {
+        if let Err(e) = Wait::parse(w) {
+            return Err(ctx.error(&format!("bootstrap.stages[{i}].wait[{j}]"), e));
+        }
+    }
+    bounds::STAGE_TIMEOUT.check_at(ctx, &key("timeout"), s.timeout)?;
+    Ok(())
+}
+
+/// `[bootstrap.flux]`: a configured source, a URL without credentials, a path in the
+/// repository, and no configured stage (of `stage_names`) taking the name of the one it makes.
+fn check_flux(
+    f: &FluxConfig,
+    stage_names: &std::collections::BTreeSet<String>,
+    sources: &std::collections::BTreeMap<String, super::SourceConfig>,
+    ctx: &Ctx<'_>,
+) -> Result<(), ConfigError> {
+    if !sources.contains_key(&f.source) {
+        return Err(ctx.error(
+            "bootstrap.flux.source",
+            format!(
+                "{:?} names no source; Flux syncs from a configured source",
+                f.source
+            ),
+        ));
+    }
+    // The URL goes into the FluxInstance as written, which anyone who can read the
+    // cluster's custom resources sees, and into check-config's output: credentials go
+    // into the pull secret (the source's token_file or deploy key), never into it.
+    if let Some(url) = &f.url {
+        let parsed = url.parse::<crate::types::RemoteUrl>().map_err(|e| {
+            ctx.error(
+                "bootstrap.flux.url",
+                format!("is not a Git URL Flux can use: {e}"),
+            )
+        })?;
+        if parsed.has_inline_credentials() {
+            return Err(ctx.error(
+                "bootstrap.flux.url",
+                format!(
+                    "{parsed} carries credentials (a password, a user name over HTTP(S), \
+                     a query or a fragment): they would be readable in the FluxInstance; \
+                     drop them, the pull secret carries the source's token_file or \
+                     deploy key"
+                ),
+            ));
+        }
+    }
+    if f.path.trim().is_empty() || f.path.starts_with('/') {
+        return Err(ctx.error(
+            "bootstrap.flux.path",
+            "must be a path in the repository, like \"clusters/lab\"",
+        ));
+    }
+    if stage_names.contains("flux") {
+        return Err(ctx.error(
+            "bootstrap.flux",
+            "generates the stage \"flux\"; rename the configured stage of that name",
+        ));
+    }
+    bounds::FLUX_TIMEOUT.check(ctx, f.timeout)?;
+    Ok(())
 }
 
 #[cfg(test)]

@@ -1,5 +1,5 @@
-//! The floor and ceiling of every duration and count in the configuration (issue 30.5), in one
-//! table. Each section checks its values against its entries here; the manual's table of bounds (docs/src/configuration.md) is
+//! The floor and ceiling of every duration and count in the configuration, in one table: a
+//! value past what ginx can compute with must be refused at load, where it is written. Each section checks its values against its entries here; the manual's table of bounds (docs/src/configuration.md) is
 //! compared with it by a test; and every value the loader accepts survives the arithmetic ginx
 //! does with it ([`arithmetic`]), which the property test and the fuzz target check.
 //!
@@ -655,7 +655,7 @@ mod tests {
         format!("\"{d}\"")
     }
 
-    /// Issue 30.5: every duration is accepted at its floor and its ceiling and refused just
+    /// Every duration is accepted at its floor and its ceiling and refused just
     /// past them, naming the key, where it is written, and the bound.
     #[test]
     fn every_duration_is_accepted_at_its_bounds_and_refused_past_them() {
@@ -774,7 +774,7 @@ mod tests {
         DURATIONS.iter().copied().find(|b| b.key == g)
     }
 
-    /// Values at, around and far past the bounds, and the extremes the issue found.
+    /// Values at, around and far past the bounds, and the extremes seen in the field.
     fn candidates(b: &DurationBound) -> Vec<String> {
         let mut v: Vec<String> = [
             "0s",
@@ -808,7 +808,7 @@ mod tests {
         v
     }
 
-    /// Issue 30.6: what the loader accepts survives the arithmetic ginx does with it. For every
+    /// What the loader accepts survives the arithmetic ginx does with it. For every
     /// duration key, values at, around and far past its bounds go through the loader (with and
     /// without the settings that keep cross-key checks quiet); every configuration accepted has
     /// each of its durations run through [`arithmetic`] and a tokio deadline, and agrees with

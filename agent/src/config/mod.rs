@@ -1137,7 +1137,7 @@ url = "ssh://git@git.example.com/infra/hephaestus.git"
         );
     }
 
-    /// Issue 30.5: a lease_duration longer than the default lock_ttl is lease_duration's
+    /// A lease_duration longer than the default lock_ttl is lease_duration's
     /// error, at its place, saying how it relates to the default.
     #[test]
     fn a_long_lease_duration_blames_itself_not_the_default_lock_ttl() {
@@ -1204,9 +1204,9 @@ url = "ssh://git@git.example.com/infra/hephaestus.git"
         }
     }
 
-    /// Issue 30.6: the dangerous values seen are refused, each at its place with its bound.
+    /// The dangerous values seen in the field are refused, each at its place with its bound.
     #[test]
-    fn the_dangerous_values_of_issue_30_are_refused() {
+    fn the_dangerous_values_seen_are_refused() {
         for (body, expected) in [
             (
                 "[rollout.gate]\ninterval = \"1ns\"\n",
@@ -1291,7 +1291,7 @@ url = "ssh://git@git.example.com/infra/hephaestus.git"
         }
     }
 
-    /// Issue 30.6: a typo in the gate command is refused at load (and so at reload), naming
+    /// A typo in the gate command is refused at load (and so at reload), naming
     /// the key and what to do; a program found through PATH, like the tests' `sh`, loads.
     #[test]
     fn a_gate_command_that_cannot_run_is_refused() {

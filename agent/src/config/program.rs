@@ -1,6 +1,6 @@
 //! Whether a configured program can be run: the one check of the configuration that looks at
-//! the file system beyond the configuration files (issue 30.5: a typo in `rollout.gate.command`
-//! must be refused at load and at reload, not found by a gate that then passes).
+//! the file system beyond the configuration files. A typo in `rollout.gate.command` must be
+//! refused at load and at reload: a gate whose command cannot run would pass without it.
 
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};

@@ -161,6 +161,24 @@ fn cell(s: &str) -> String {
     s.replace('|', "\\|").replace('\n', " ")
 }
 
+/// What the reference says before its first table.
+const PREAMBLE: &str = "# Configuration reference\n\n\
+     <!-- Generated from agent/src/config/*.rs by config::reference (the test \
+     `the_reference_is_current` fails when this file is stale; GINX_BLESS=1 cargo test -p \
+     ginx --lib reference writes it). Do not edit by hand. -->\n\n\
+     Every key ginx reads, by table, with its default and, for durations and counts, the \
+     floor and ceiling ginx accepts (a value outside is an error naming the file, line and \
+     column). `/etc/ginx/config.toml` and the drop-ins in `/etc/ginx/config.d/*.toml` are \
+     merged in lexical order, later wins; unknown keys are errors. Durations are written \
+     like `\"30s\"`, `\"10m\"`, `\"1h\"`.\n";
+
+/// Where a table's defaults are: a value and the path to the table in it.
+type Defaults = Option<(toml::Value, Vec<String>)>;
+
+/// A table still to write: its TOML header, its key prefix, where its defaults are, and the
+/// name of its struct.
+type Item = (String, String, Defaults, String);
+
 /// Undocumented keys are errors: `Err` lists them. `entries` gives the defaults of the tables
 /// that are entries of a list or a map (`sources.<name>.`, `notify[].`), by key prefix: an
 /// entry made with only its required keys, which are left out.
@@ -172,111 +190,110 @@ pub fn render(
     let known = structs(files);
     let defaults =
         toml::Value::try_from(defaults).unwrap_or(toml::Value::Table(Default::default()));
-    let entry_defaults = |prefix: &str| -> Option<(toml::Value, Vec<String>)> {
-        let (_, v, required) = entries.iter().find(|(p, _, _)| *p == prefix)?;
-        let mut v = v.clone();
-        if let Some(t) = v.as_table_mut() {
-            for r in *required {
-                t.remove(*r);
-            }
-        }
-        Some((v, Vec::new()))
-    };
-    let mut out = String::from(
-        "# Configuration reference\n\n\
-         <!-- Generated from agent/src/config/*.rs by config::reference (the test \
-         `the_reference_is_current` fails when this file is stale; GINX_BLESS=1 cargo test -p \
-         ginx --lib reference writes it). Do not edit by hand. -->\n\n\
-         Every key ginx reads, by table, with its default and, for durations and counts, the \
-         floor and ceiling ginx accepts (a value outside is an error naming the file, line and \
-         column). `/etc/ginx/config.toml` and the drop-ins in `/etc/ginx/config.d/*.toml` are \
-         merged in lexical order, later wins; unknown keys are errors. Durations are written \
-         like `\"30s\"`, `\"10m\"`, `\"1h\"`.\n",
-    );
+    let mut out = String::from(PREAMBLE);
     let mut missing = Vec::new();
-    // (TOML header, key prefix for bounds, default path, struct)
-    // (TOML header, key prefix, where the defaults are: a value and a path in it, struct)
-    type Item = (String, String, Option<(toml::Value, Vec<String>)>, String);
     let mut queue: Vec<Item> = vec![(
         String::new(),
         String::new(),
-        Some((defaults.clone(), Vec::new())),
+        Some((defaults, Vec::new())),
         "Config".to_owned(),
     )];
-    while let Some((header, prefix, path, name)) = queue.pop() {
-        let Some(s) = known.get(&name) else {
+    while let Some(item) = queue.pop() {
+        let Some(s) = known.get(&item.3) else {
             continue;
         };
-        let title = if header.is_empty() {
-            "Top level".to_owned()
-        } else {
-            format!("`{header}`")
-        };
-        let _ = write!(out, "\n## {title}\n\n");
-        if !s.doc.is_empty() && !header.is_empty() {
-            let _ = write!(out, "{}\n\n", s.doc);
-        }
-        let mut rows = Vec::new();
-        let mut nested = Vec::new();
-        for f in &s.fields {
-            let key = format!("{prefix}{}", f.name);
-            let fpath = path.clone().map(|(root, mut p)| {
-                p.push(f.name.clone());
-                (root, p)
-            });
-            let sub = |h: String, k: String, p: Option<(toml::Value, Vec<String>)>, t: &str| {
-                (h, k, p, t.to_owned())
-            };
-            match shape(&f.ty, &known) {
-                Shape::Table(t) => {
-                    nested.push(sub(format!("[{}]", key), format!("{key}."), fpath, t))
-                }
-                Shape::Tables(t) => {
-                    let prefix = format!("{key}[].");
-                    let d = entry_defaults(&prefix);
-                    nested.push(sub(format!("[[{}]]", key), prefix, d, t))
-                }
-                Shape::Named(t) => {
-                    let label = "<name>";
-                    let prefix = format!("{key}.{label}.");
-                    let d = entry_defaults(&prefix);
-                    nested.push(sub(format!("[{key}.{label}]"), prefix, d, t))
-                }
-                Shape::Value => {
-                    if f.doc.is_empty() {
-                        missing.push(key.clone());
-                    }
-                    let default = fpath
-                        .as_ref()
-                        .map_or_else(|| "-".to_owned(), |(root, p)| default_of(root, p));
-                    let bounds = bounds_of(&key).unwrap_or_default();
-                    rows.push(format!(
-                        "| `{}` | `{}` | {} | {} |",
-                        f.name,
-                        cell(&default),
-                        cell(&bounds),
-                        cell(&f.doc)
-                    ));
-                }
-            }
-        }
-        if !rows.is_empty() {
-            out.push_str("| key | default | bounds | |\n| --- | --- | --- | --- |\n");
-            for r in rows {
-                out.push_str(&r);
-                out.push('\n');
-            }
-        }
+        let nested = section(&mut out, &mut missing, s, item, &known, entries);
         // In the order written (the queue is a stack).
-        for n in nested.into_iter().rev() {
-            queue.push(n);
-        }
+        queue.extend(nested.into_iter().rev());
     }
     if missing.is_empty() {
         Ok(out)
     } else {
         Err(missing)
     }
+}
+
+/// The defaults of an entry of a list or a map whose keys start with `prefix`, without its
+/// required keys (see [`render`]).
+fn entry_defaults(entries: &[(&str, toml::Value, &[&str])], prefix: &str) -> Defaults {
+    let (_, v, required) = entries.iter().find(|(p, _, _)| *p == prefix)?;
+    let mut v = v.clone();
+    if let Some(t) = v.as_table_mut() {
+        for r in *required {
+            t.remove(*r);
+        }
+    }
+    Some((v, Vec::new()))
+}
+
+/// Writes the table `s` (described by `item`) to `out`: its title, its doc, a row per key.
+/// Keys without a doc go to `missing`; the tables nested in it are returned, in the order
+/// written.
+fn section(
+    out: &mut String,
+    missing: &mut Vec<String>,
+    s: &Struct,
+    (header, prefix, path, _): Item,
+    known: &BTreeMap<String, Struct>,
+    entries: &[(&str, toml::Value, &[&str])],
+) -> Vec<Item> {
+    let title = if header.is_empty() {
+        "Top level".to_owned()
+    } else {
+        format!("`{header}`")
+    };
+    let _ = write!(out, "\n## {title}\n\n");
+    if !s.doc.is_empty() && !header.is_empty() {
+        let _ = write!(out, "{}\n\n", s.doc);
+    }
+    let mut rows = Vec::new();
+    let mut nested = Vec::new();
+    for f in &s.fields {
+        let key = format!("{prefix}{}", f.name);
+        let fpath = path.clone().map(|(root, mut p)| {
+            p.push(f.name.clone());
+            (root, p)
+        });
+        let sub = |h: String, k: String, p: Defaults, t: &str| (h, k, p, t.to_owned());
+        match shape(&f.ty, known) {
+            Shape::Table(t) => nested.push(sub(format!("[{}]", key), format!("{key}."), fpath, t)),
+            Shape::Tables(t) => {
+                let prefix = format!("{key}[].");
+                let d = entry_defaults(entries, &prefix);
+                nested.push(sub(format!("[[{}]]", key), prefix, d, t))
+            }
+            Shape::Named(t) => {
+                let label = "<name>";
+                let prefix = format!("{key}.{label}.");
+                let d = entry_defaults(entries, &prefix);
+                nested.push(sub(format!("[{key}.{label}]"), prefix, d, t))
+            }
+            Shape::Value => {
+                if f.doc.is_empty() {
+                    missing.push(key.clone());
+                }
+                let default = fpath
+                    .as_ref()
+                    .map_or_else(|| "-".to_owned(), |(root, p)| default_of(root, p));
+                let bounds = bounds_of(&key).unwrap_or_default();
+                rows.push(format!(
+                    "| `{}` | `{}` | {} | {} |",
+                    f.name,
+                    cell(&default),
+                    cell(&bounds),
+                    cell(&f.doc)
+                ));
+            }
+        }
+    }
+    if !rows.is_empty() {
+        out.push_str("| key | default | bounds | |\n| --- | --- | --- | --- |\n");
+        for r in rows {
+            out.push_str(&r);
+            out.push('\n');
+        }
+    }
+    nested
 }
 
 #[cfg(test)]

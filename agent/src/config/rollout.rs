@@ -226,6 +226,30 @@ impl RolloutConfig {
     }
 
     pub(super) fn validate(&self, ctx: &Ctx<'_>) -> Result<(), ConfigError> {
+        self.check_group(ctx)?;
+        bounds::MAX_CONCURRENT.check(ctx, self.max_concurrent)?;
+        bounds::ROLLOUT_LEASE_DURATION.check(ctx, self.lease_duration)?;
+        bounds::ROLLOUT_SOAK.check(ctx, self.soak)?;
+        bounds::HALT_AFTER.check(ctx, self.halt_after)?;
+        self.check_after(ctx)?;
+        if !super::is_dns_subdomain(&self.configmap) {
+            return Err(ctx.error(
+                "rollout.configmap",
+                "must be a valid Kubernetes object name",
+            ));
+        }
+        check_gate(&self.gate, ctx)?;
+        self.check_lock(ctx)?;
+        super::window::validate(
+            &self.windows,
+            "rollout.windows",
+            &bounds::ROLLOUT_WINDOW_LENGTH,
+            ctx,
+        )
+    }
+
+    /// `rollout.group`: it names the slot Leases, so it must fit in their names.
+    fn check_group(&self, ctx: &Ctx<'_>) -> Result<(), ConfigError> {
         if let Some(g) = &self.group
             && (!is_dns_label(g) || g.len() > MAX_GROUP_LEN)
         {
@@ -237,10 +261,11 @@ impl RolloutConfig {
                 ),
             ));
         }
-        bounds::MAX_CONCURRENT.check(ctx, self.max_concurrent)?;
-        bounds::ROLLOUT_LEASE_DURATION.check(ctx, self.lease_duration)?;
-        bounds::ROLLOUT_SOAK.check(ctx, self.soak)?;
-        bounds::HALT_AFTER.check(ctx, self.halt_after)?;
+        Ok(())
+    }
+
+    /// `rollout.after`: a few groups, each a name `rollout.group` could have.
+    fn check_after(&self, ctx: &Ctx<'_>) -> Result<(), ConfigError> {
         if self.after.len() > MAX_AFTER {
             return Err(ctx.error(
                 "rollout.after",
@@ -258,61 +283,11 @@ impl RolloutConfig {
                 ));
             }
         }
-        if !super::is_dns_subdomain(&self.configmap) {
-            return Err(ctx.error(
-                "rollout.configmap",
-                "must be a valid Kubernetes object name",
-            ));
-        }
-        let g = &self.gate;
-        for (bound, d) in [
-            (&bounds::GATE_SETTLE, g.settle),
-            (&bounds::GATE_TIMEOUT, g.timeout),
-            (&bounds::GATE_INTERVAL, g.interval),
-            (&bounds::GATE_COMMAND_TIMEOUT, g.command_timeout),
-        ] {
-            bound.check(ctx, d)?;
-        }
-        if g.settle >= g.timeout {
-            let (settle, timeout) = ("rollout.gate.settle", "rollout.gate.timeout");
-            return Err(if ctx.written(settle) || !ctx.written(timeout) {
-                ctx.error(
-                    settle,
-                    format!(
-                        "must be shorter than {timeout} ({}), or the gate can never pass",
-                        ctx.shown(timeout, g.timeout)
-                    ),
-                )
-            } else {
-                ctx.error(
-                    timeout,
-                    format!(
-                        "{} is not longer than {settle} ({}), so the gate can never pass; \
-                         make it longer, or set {settle} shorter",
-                        g.timeout,
-                        ctx.shown(settle, g.settle)
-                    ),
-                )
-            });
-        }
-        if let Some(c) = &g.command {
-            let Some(program) = c.first().filter(|a| !a.trim().is_empty()) else {
-                return Err(ctx.error(
-                    "rollout.gate.command",
-                    "must be an argv with a program first, like [\"/etc/ginx/check\"]",
-                ));
-            };
-            if let Err(why) = super::program::find(program) {
-                return Err(ctx.error(
-                    "rollout.gate.command[0]",
-                    format!(
-                        "{why}; a gate command that cannot run fails the baseline too, and the \
-                         no-regression gate would then pass without it: give the program's \
-                         absolute path, or install it"
-                    ),
-                ));
-            }
-        }
+        Ok(())
+    }
+
+    /// The lock backend: FleetLock needs its table, whose group and machine id must be usable.
+    fn check_lock(&self, ctx: &Ctx<'_>) -> Result<(), ConfigError> {
         match (&self.lock, &self.fleetlock) {
             (LockBackend::Fleetlock, None) => {
                 return Err(ctx.error(
@@ -334,11 +309,60 @@ impl RolloutConfig {
             }
             _ => {}
         }
-        super::window::validate(
-            &self.windows,
-            "rollout.windows",
-            &bounds::ROLLOUT_WINDOW_LENGTH,
-            ctx,
-        )
+        Ok(())
     }
+}
+
+/// `rollout.gate`: its durations in bounds, a settle shorter than the timeout, and a command
+/// that can run.
+fn check_gate(g: &GateConfig, ctx: &Ctx<'_>) -> Result<(), ConfigError> {
+    for (bound, d) in [
+        (&bounds::GATE_SETTLE, g.settle),
+        (&bounds::GATE_TIMEOUT, g.timeout),
+        (&bounds::GATE_INTERVAL, g.interval),
+        (&bounds::GATE_COMMAND_TIMEOUT, g.command_timeout),
+    ] {
+        bound.check(ctx, d)?;
+    }
+    if g.settle >= g.timeout {
+        let (settle, timeout) = ("rollout.gate.settle", "rollout.gate.timeout");
+        return Err(if ctx.written(settle) || !ctx.written(timeout) {
+            ctx.error(
+                settle,
+                format!(
+                    "must be shorter than {timeout} ({}), or the gate can never pass",
+                    ctx.shown(timeout, g.timeout)
+                ),
+            )
+        } else {
+            ctx.error(
+                timeout,
+                format!(
+                    "{} is not longer than {settle} ({}), so the gate can never pass; \
+                     make it longer, or set {settle} shorter",
+                    g.timeout,
+                    ctx.shown(settle, g.settle)
+                ),
+            )
+        });
+    }
+    if let Some(c) = &g.command {
+        let Some(program) = c.first().filter(|a| !a.trim().is_empty()) else {
+            return Err(ctx.error(
+                "rollout.gate.command",
+                "must be an argv with a program first, like [\"/etc/ginx/check\"]",
+            ));
+        };
+        if let Err(why) = super::program::find(program) {
+            return Err(ctx.error(
+                "rollout.gate.command[0]",
+                format!(
+                    "{why}; a gate command that cannot run fails the baseline too, and the \
+                     no-regression gate would then pass without it: give the program's \
+                     absolute path, or install it"
+                ),
+            ));
+        }
+    }
+    Ok(())
 }

@@ -151,6 +151,15 @@ impl SourceConfig {
         ] {
             bound.check_at(ctx, &join_key(key, field), d)?;
         }
+        self.resolve_url_or_urls(key, ctx)?;
+        self.check_credentials(key, ctx)?;
+        self.check_testing_branch(key, node, ctx)?;
+        self.check_path(key, ctx)
+    }
+
+    /// Exactly one of `url` and `urls`: when both are set in different files, the later file's
+    /// wins (and the other is dropped); both in one file, or neither, is an error.
+    fn resolve_url_or_urls(&mut self, key: &str, ctx: &Ctx<'_>) -> Result<(), ConfigError> {
         match (&self.url, self.urls.is_empty()) {
             (Some(_), false) => {
                 // Set in different files, the later one wins like any other key.
@@ -179,6 +188,12 @@ impl SourceConfig {
             }
             _ => {}
         }
+        Ok(())
+    }
+
+    /// The credential files: each set only when a remote uses it, fit to hand to ssh, and
+    /// absolute (as are the signature keys and the known hosts).
+    fn check_credentials(&self, key: &str, ctx: &Ctx<'_>) -> Result<(), ConfigError> {
         let remotes = self.remotes();
         if self.ssh_key_file.is_some() && !remotes.iter().any(|r| r.transport() == Transport::Ssh) {
             return Err(ctx.error(
@@ -228,6 +243,16 @@ impl SourceConfig {
                 ));
             }
         }
+        Ok(())
+    }
+
+    /// The testing branch this node follows, if any: a valid branch name, not the main one.
+    fn check_testing_branch(
+        &self,
+        key: &str,
+        node: &str,
+        ctx: &Ctx<'_>,
+    ) -> Result<(), ConfigError> {
         if let Some(testing) = self.testing_branch_for(node) {
             let valid = !testing.is_empty()
                 && git2::Reference::is_valid_name(&format!("refs/heads/{testing}"));
@@ -241,6 +266,11 @@ impl SourceConfig {
                 return Err(ctx.error(&join_key(key, "testing_branch"), "must differ from branch"));
             }
         }
+        Ok(())
+    }
+
+    /// `path`, the hive's directory: relative, inside the repository.
+    fn check_path(&self, key: &str, ctx: &Ctx<'_>) -> Result<(), ConfigError> {
         if let Some(p) = &self.path {
             let ok = p.is_relative()
                 && p.components().all(|c| {

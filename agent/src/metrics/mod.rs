@@ -203,187 +203,230 @@ impl Metrics {
             rendering: std::sync::Mutex::new(()),
             registry: Registry::default(),
         };
+        m.register_source_families(&mut registry);
+        m.register_apply_families(&mut registry);
+        m.register_health_and_api_families(&mut registry);
+        m.register_rollout_families(&mut registry);
+        m.register_reboot_families(&mut registry);
+        m.register_node_families(&mut registry);
+        m.register_notice_families(&mut registry);
+        m.start_counters_at_zero();
+        Arc::new(Self { registry, ..m })
+    }
+
+    /// This ginx's version, the fetches and what each source offers.
+    fn register_source_families(&self, registry: &mut Registry) {
         registry.register(
             "build",
             "Version of this ginx",
             Info::new(vec![("version", crate::version())]),
         );
-        registry.register("fetches", "Fetches by source and result", m.fetches.clone());
+        registry.register(
+            "fetches",
+            "Fetches by source and result",
+            self.fetches.clone(),
+        );
         registry.register(
             "fetch_last_success_timestamp_seconds",
             "When a fetch of the source last succeeded",
-            m.fetch_last_success.clone(),
+            self.fetch_last_success.clone(),
         );
         registry.register(
             "source_revision",
             "The revision each source offers (value 1)",
-            m.revision.clone(),
+            self.revision.clone(),
         );
-        registry.register("applies", "Apply attempts by result", m.applies.clone());
+    }
+
+    /// The apply attempts and the state they leave the node in.
+    fn register_apply_families(&self, registry: &mut Registry) {
+        registry.register("applies", "Apply attempts by result", self.applies.clone());
         registry.register(
             "apply_duration_seconds",
             "Duration of apply attempts",
-            m.apply_duration.clone(),
+            self.apply_duration.clone(),
         );
         registry.register(
             "apply_state",
             "The apply state (1 for the current one)",
-            m.apply_state.clone(),
+            self.apply_state.clone(),
         );
         registry.register(
             "suspended",
             "1 while applying is suspended",
-            m.suspended.clone(),
+            self.suspended.clone(),
         );
         registry.register(
             "reboot_required",
             "1 when the booted system is not the activated one",
-            m.reboot_required.clone(),
+            self.reboot_required.clone(),
         );
+    }
+
+    /// The health probes, and the node's traffic with the Kubernetes API.
+    fn register_health_and_api_families(&self, registry: &mut Registry) {
         registry.register(
             "probe_status",
             "Health probe status (1 for the current one)",
-            m.probes.clone(),
+            self.probes.clone(),
         );
         registry.register(
             "kubernetes_requests",
             "Kubernetes API requests by verb and HTTP status",
-            m.kube_requests.clone(),
+            self.kube_requests.clone(),
         );
         registry.register(
             "heartbeat_last_success_timestamp_seconds",
             "When the heartbeat Lease was last renewed",
-            m.heartbeat_last_success.clone(),
+            self.heartbeat_last_success.clone(),
         );
+    }
+
+    /// The rollout: slots, gates, quarantines, rollbacks and halts.
+    fn register_rollout_families(&self, registry: &mut Registry) {
         registry.register(
             "rollout_lock_held",
             "1 while this node holds a rollout slot (or the FleetLock)",
-            m.rollout_lock_held.clone(),
+            self.rollout_lock_held.clone(),
         );
         registry.register(
             "rollout_slot_lost",
             "1 while the slot this node took was lost (taken by another node, or not renewed for its duration): nothing new starts until a slot is taken again",
-            m.rollout_slot_lost.clone(),
+            self.rollout_slot_lost.clone(),
         );
         registry.register(
             "rollout_slots_lost",
             "Rollout slots this node lost while holding them",
-            m.rollout_slots_lost.clone(),
+            self.rollout_slots_lost.clone(),
         );
         registry.register(
             "rollout_lock_wait_seconds",
             "How long the node waited for a rollout slot before it got one",
-            m.rollout_lock_wait.clone(),
+            self.rollout_lock_wait.clone(),
         );
         registry.register(
             "rollout_slot_held_seconds",
             "How long this node held a rollout slot, from taking it to releasing it (with prebuild: the activation and its gate)",
-            m.rollout_slot_held.clone(),
+            self.rollout_slot_held.clone(),
         );
         registry.register(
             "rollout_quarantines",
             "Failed gates of this node counted below the failure budget (rollout.halt_after): quarantined, the rollout went on",
-            m.rollout_quarantines.clone(),
+            self.rollout_quarantines.clone(),
         );
         registry.register(
             "rollout_gates",
             "Health gates by result (passed, failed; rollback- for the rolled-back system)",
-            m.rollout_gates.clone(),
+            self.rollout_gates.clone(),
         );
         registry.register(
             "rollout_rollbacks",
             "Automatic rollbacks after a failed health gate",
-            m.rollout_rollbacks.clone(),
+            self.rollout_rollbacks.clone(),
         );
         registry.register(
             "rollout_halts",
             "Revisions this node halted cluster-wide",
-            m.rollout_halts.clone(),
+            self.rollout_halts.clone(),
         );
+    }
+
+    /// Reboots and the drains before them.
+    fn register_reboot_families(&self, registry: &mut Registry) {
         registry.register(
             "reboots",
             "Reboots ginx carried out (counted when the node is up in the new boot)",
-            m.reboots.clone(),
+            self.reboots.clone(),
         );
         registry.register(
             "drain_duration_seconds",
             "How long draining the node before a reboot took (given-up drains included)",
-            m.drain_duration.clone(),
+            self.drain_duration.clone(),
         );
         registry.register(
             "evictions_refused",
             "Evictions the API refused because a PodDisruptionBudget forbade them (429)",
-            m.evictions_refused.clone(),
+            self.evictions_refused.clone(),
         );
         registry.register(
             "reboots_rolled_back",
             "Reboots into the previous generation after a health gate failed after a reboot (counted in the new boot)",
-            m.reboots_rolled_back.clone(),
+            self.reboots_rolled_back.clone(),
         );
+    }
+
+    /// Who the node is and where its rollout stands, set at each scrape.
+    fn register_node_families(&self, registry: &mut Registry) {
         registry.register(
             "node_info",
             "The node's name, role and rollout group (value 1): join on it to name the node",
-            m.node_info.clone(),
+            self.node_info.clone(),
         );
         registry.register(
             "rollout_waiting",
             "What the next apply waits for (1 for the current one, none while nothing waits)",
-            m.waiting.clone(),
+            self.waiting.clone(),
         );
         registry.register(
             "applied_revision",
             "The revision this node applied last (value 1; none before the first): count by revision for the fleet's",
-            m.applied.clone(),
+            self.applied.clone(),
         );
         registry.register(
             "rollout_halted",
             "1 while the revision this node would apply is halted fleet-wide",
-            m.halted.clone(),
+            self.halted.clone(),
         );
         registry.register(
             "drift",
             "1 while the running system is not the one ginx produced",
-            m.drift.clone(),
+            self.drift.clone(),
         );
+    }
+
+    /// What happened on the node, and how it was told (Events, webhooks).
+    fn register_notice_families(&self, registry: &mut Registry) {
         registry.register(
             "notices",
             "What happened on this node, by reason (each one an Event on the Node and a webhook notification, when configured)",
-            m.notices.clone(),
+            self.notices.clone(),
         );
         registry.register(
             "events",
             "Kubernetes Events by what became of them: created, patched (a repeat counted in its series), dropped (rate limit or backlog), failed (refused by the API)",
-            m.events.clone(),
+            self.events.clone(),
         );
         registry.register(
             "notifications",
             "Webhook notifications by webhook and result: sent, failed (retries used up), dropped (fell behind)",
-            m.notifications.clone(),
+            self.notifications.clone(),
         );
-        // Every series a counter family is known to have starts at 0: a series that appears
-        // with its first increment already counted is invisible to increase() and rate(), so
-        // the first apply, gate or halt would never show on a dashboard or fire an alert.
+    }
+
+    /// Every series a counter family is known to have starts at 0: a series that appears with its
+    /// first increment already counted is invisible to increase() and rate(), so the first apply,
+    /// gate or halt would never show on a dashboard or fire an alert.
+    fn start_counters_at_zero(&self) {
         for result in ["succeeded", "failed", "timed-out", "interrupted"] {
-            let _ = m.applies.get_or_create(&ResultLabels {
+            let _ = self.applies.get_or_create(&ResultLabels {
                 result: result.to_owned(),
             });
         }
         for result in ["passed", "failed", "rollback-passed", "rollback-failed"] {
-            let _ = m.rollout_gates.get_or_create(&ResultLabels {
+            let _ = self.rollout_gates.get_or_create(&ResultLabels {
                 result: result.to_owned(),
             });
         }
         for reason in crate::types::Reason::ALL {
-            let _ = m.notices.get_or_create(&ReasonLabels {
+            let _ = self.notices.get_or_create(&ReasonLabels {
                 reason: reason.as_str().to_owned(),
             });
         }
         for result in ["created", "patched", "dropped", "failed"] {
-            let _ = m.events.get_or_create(&ResultLabels {
+            let _ = self.events.get_or_create(&ResultLabels {
                 result: result.to_owned(),
             });
         }
-        Arc::new(Self { registry, ..m })
     }
 
     pub fn noticed(&self, reason: &str) {

@@ -319,23 +319,7 @@ fn init(
 ) -> Result<ExitCode, Fail> {
     let (cfg, cluster, node) = prepare(config_path, client)?;
     let bootstrap = (bootstrap || cfg.bootstrap.after_init) && !no_bootstrap;
-    if bootstrap && !cfg.bootstrap.configured() {
-        return Err(Fail(
-            "the bootstrap is asked for (--bootstrap or [bootstrap] after_init), but [bootstrap] \
-             has no stage and no [bootstrap.flux]"
-                .into(),
-            2,
-        ));
-    }
-    if node.role != Role::ControlPlane {
-        return Err(Fail(
-            format!(
-                "node.role is {}; kubeadm init is for the first control-plane node",
-                node.role
-            ),
-            2,
-        ));
-    }
+    check_init_allowed(&cfg, &node, bootstrap)?;
     let secrets = render::Secrets {
         token: Some(kubeadm::generate_token()?),
         certificate_key: Some(kubeadm::generate_certificate_key()?),
@@ -376,36 +360,22 @@ fn init(
         secrets.certificate_key.unwrap_or_default(),
     );
     let hashes = ca_hashes(&cfg, &[])?;
-    let hash_args: String = hashes
-        .iter()
-        .map(|h| format!(" --ca-cert-hash {h}"))
-        .collect();
-    println!();
-    println!("The control plane is initialised. On each other control-plane node run:");
-    println!();
-    println!("  joinCPKubeadm {token} {key}{hash_args}");
-    println!();
-    println!("(that is: ginxctl kubeadm join {token} {key}{hash_args})");
-    println!("and on workers: ginxctl kubeadm join {token} --worker{hash_args}");
-    println!("The certificate key works for two hours (uploaded certificates), the token for 24.");
-    if hashes.is_empty() {
-        println!(
-            "No CA at {}: add --ca-cert-hash sha256:… from kubeadm's output.",
-            cfg.kubeadm.ca_cert.display()
-        );
-    }
+    print!(
+        "{}",
+        join_instructions(&token, &key, &hashes, &cfg.kubeadm.ca_cert)
+    );
     if let Err(Fail(e, _)) = switch_kube_vip(&cfg, &cluster, Duration::from_secs(300)) {
         eprintln!("warning: {e}; run `ginxctl kubeadm switch-kube-vip` once the API answers");
     }
     if bootstrap {
         println!();
         println!("Bootstrapping the cluster ([bootstrap]; `ginxctl bootstrap` runs it again):");
-        let opts = super::bootstrap::Options {
+        let opts = super::run_bootstrap::Options {
             dry_run: false,
             only: None,
             wait_for_api: Some(API_WAIT),
         };
-        if let Err((m, code)) = super::bootstrap::run(config_path, client, opts) {
+        if let Err((m, code)) = super::run_bootstrap::run(config_path, client, opts) {
             return Err(Fail(
                 format!(
                     "the control plane is initialised (join it as printed above), but the \
@@ -416,6 +386,52 @@ fn init(
         }
     }
     Ok(ExitCode::SUCCESS)
+}
+
+/// Whether `kubeadm init` may run here: on a control-plane node, and with a bootstrap to run
+/// when one is asked for.
+fn check_init_allowed(cfg: &Config, node: &facts::NodeFacts, bootstrap: bool) -> Result<(), Fail> {
+    if bootstrap && !cfg.bootstrap.configured() {
+        return Err(Fail(
+            "the bootstrap is asked for (--bootstrap or [bootstrap] after_init), but [bootstrap] \
+             has no stage and no [bootstrap.flux]"
+                .into(),
+            2,
+        ));
+    }
+    if node.role != Role::ControlPlane {
+        return Err(Fail(
+            format!(
+                "node.role is {}; kubeadm init is for the first control-plane node",
+                node.role
+            ),
+            2,
+        ));
+    }
+    Ok(())
+}
+
+/// What `init` prints once the control plane is up: how the other nodes join it (the CA
+/// hashes, when there are none, are to be taken from kubeadm's output).
+fn join_instructions(token: &str, key: &str, hashes: &[String], ca_cert: &Path) -> String {
+    let hash_args: String = hashes
+        .iter()
+        .map(|h| format!(" --ca-cert-hash {h}"))
+        .collect();
+    let mut o = format!(
+        "\nThe control plane is initialised. On each other control-plane node run:\n\n  \
+         joinCPKubeadm {token} {key}{hash_args}\n\n\
+         (that is: ginxctl kubeadm join {token} {key}{hash_args})\n\
+         and on workers: ginxctl kubeadm join {token} --worker{hash_args}\n\
+         The certificate key works for two hours (uploaded certificates), the token for 24.\n"
+    );
+    if hashes.is_empty() {
+        o.push_str(&format!(
+            "No CA at {}: add --ca-cert-hash sha256:… from kubeadm's output.\n",
+            ca_cert.display()
+        ));
+    }
+    o
 }
 
 #[allow(clippy::too_many_arguments)]
@@ -523,5 +539,40 @@ fn switch_kube_vip(cfg: &Config, cluster: &facts::Cluster, wait: Duration) -> Re
             ),
             1,
         )),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// What `init` prints for the other nodes, line for line, with and without the CA hashes.
+    #[test]
+    fn join_instructions_name_the_token_key_and_hashes() {
+        let with = join_instructions(
+            "abcdef.0123456789abcdef",
+            "KEY",
+            &["sha256:aa".to_owned(), "sha256:bb".to_owned()],
+            Path::new("/etc/kubernetes/pki/ca.crt"),
+        );
+        let hashes = " --ca-cert-hash sha256:aa --ca-cert-hash sha256:bb";
+        assert_eq!(
+            with,
+            format!(
+                "\nThe control plane is initialised. On each other control-plane node run:\n\
+                 \n  joinCPKubeadm abcdef.0123456789abcdef KEY{hashes}\n\
+                 \n(that is: ginxctl kubeadm join abcdef.0123456789abcdef KEY{hashes})\n\
+                 and on workers: ginxctl kubeadm join abcdef.0123456789abcdef --worker{hashes}\n\
+                 The certificate key works for two hours (uploaded certificates), the token for 24.\n"
+            )
+        );
+        let without = join_instructions("t", "k", &[], Path::new("/ca.crt"));
+        assert!(without.contains("  joinCPKubeadm t k\n"), "{without}");
+        assert!(
+            without.ends_with(
+                "No CA at /ca.crt: add --ca-cert-hash sha256:… from kubeadm's output.\n"
+            ),
+            "{without}"
+        );
     }
 }
