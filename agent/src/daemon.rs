@@ -170,6 +170,7 @@ pub async fn run(config_path: PathBuf) -> anyhow::Result<Ending> {
         published: published_tx,
         shutdown: shutdown_rx.clone(),
         restart: restart_tx,
+        kube: kube_clients_rx.clone(),
     })
     .with_context(|| format!("loading state from {}", cfg.state_dir.display()))?;
     let listener = server::bind(&cfg.socket, &cfg.control.group)?;

@@ -16,14 +16,16 @@
 pub mod core;
 mod drift;
 mod finish;
-mod gate;
 mod hooks;
+mod outcome;
 mod publish;
 mod reboot;
 mod resume;
 mod rollback;
+mod slot;
 mod start;
 mod stop;
+mod verify;
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;
@@ -43,9 +45,6 @@ use crate::types::Revision;
 use crate::util;
 
 pub use self::core::{Core, Decision, Desired, Ending, RetryPolicy};
-
-/// colmena's exit code for "node missing from the hive / local deployment not allowed".
-const COLMENA_CONFIG_ERROR: i32 = 2;
 
 /// Requests to the loop.
 #[derive(Debug)]
@@ -122,6 +121,8 @@ pub struct Reconciler {
     wall_steps: util::WallSteps,
     /// A lock release or a halt that failed is tried again after this.
     lock_retry_at: Option<std::time::Instant>,
+    /// The API clients as the daemon makes them (none until it has).
+    kube: watch::Receiver<Option<crate::types::api::KubeClients>>,
     /// The reboot as far as it is not persisted: what it waits for, the drain's pods.
     reboot_view: reboot::RebootView,
 }
@@ -142,6 +143,9 @@ pub struct Wiring {
     pub shutdown: watch::Receiver<bool>,
     pub restart: watch::Sender<Option<SelfRestart>>,
     pub rollout: crate::rollout::Wiring,
+    /// The API clients, for what the reconciler does to its own Node and pods (the reboot's
+    /// cordon and drain); the rollout gets its own receiver of the same watch.
+    pub kube: watch::Receiver<Option<crate::types::api::KubeClients>>,
 }
 
 /// A new version of ginx was activated: why, and its binary (resolved when it was found).
@@ -223,6 +227,7 @@ impl Reconciler {
             history_dirty: false,
             unsaved: None,
             gatekeeper: crate::rollout::Gatekeeper::new(w.rollout),
+            kube: w.kube,
             baseline: BTreeMap::new(),
             gate_failing: BTreeMap::new(),
             gate_times: None,
@@ -272,7 +277,7 @@ impl Reconciler {
     /// Writes the state (and the history, when it changed). A failure is kept in `unsaved`,
     /// shown in status and health, and holds applies back until a later write succeeds.
     fn save_state(&mut self) -> Result<(), String> {
-        let result = state::save(&self.state_path, &self.core.state)
+        let result = state::save(&self.state_path, self.core.state())
             .map_err(|e| {
                 format!(
                     "cannot write the state file {}: {e}",
@@ -319,6 +324,22 @@ impl Reconciler {
             return Err(e);
         }
         Ok(out)
+    }
+
+    /// Makes a checked transition of the core and persists it. One the core refuses (a bug in
+    /// the caller) is logged and changes nothing; one that cannot be persisted is undone, as in
+    /// [`change_persisted`](Self::change_persisted). Either way the reason is returned.
+    fn transition<T>(
+        &mut self,
+        change: impl FnOnce(&mut Core) -> Result<T, core::TransitionError>,
+    ) -> Result<T, String> {
+        match self.change_persisted(change)? {
+            Ok(out) => Ok(out),
+            Err(e) => {
+                tracing::error!(error = %e, "a change of the state was refused");
+                Err(e.to_string())
+            }
+        }
     }
 
     fn record(&mut self, attempt: Attempt) {
@@ -374,7 +395,7 @@ impl Reconciler {
             } else {
                 let desired = self.desired();
                 self.core.prebuild = self.config.borrow().apply.prebuild;
-                let at = self.core.state.failure.as_ref().map(|f| f.next_retry_at);
+                let at = self.core.state().failure.as_ref().map(|f| f.next_retry_at);
                 let retry_now = self.retry_clock.now(at, now, std::time::Instant::now());
                 self.core
                     .decide(desired.as_ref().map(|(d, _)| d), retry_now)
@@ -472,7 +493,7 @@ impl Reconciler {
             // while ginx may reboot.
             let sentinel_poll = self.config.borrow().reboot.mode
                 == crate::config::RebootMode::WhenRequired
-                && self.core.state.rebooting.is_none();
+                && self.core.state().rebooting.is_none();
             let sentinel = async {
                 if sentinel_poll {
                     tokio::time::sleep(reboot::SENTINEL_POLL).await;

@@ -56,7 +56,7 @@ fn h_group(held: Option<&Held>) -> String {
 impl Reconciler {
     fn system_status(&self) -> SystemStatus {
         let cfg = self.config.borrow();
-        let reboot = self.core.state.reboot.as_ref();
+        let reboot = self.core.state().reboot.as_ref();
         SystemStatus {
             generation: system::generation(&cfg.system.profile),
             current_system: system::resolve(&cfg.system.current_system),
@@ -68,7 +68,10 @@ impl Reconciler {
     }
 
     fn gate_reason(&self) -> String {
-        match (&self.core.state.verifying, &self.core.state.gate_failure) {
+        match (
+            &self.core.state().verifying,
+            &self.core.state().gate_failure,
+        ) {
             (Some(v), _) => {
                 let what = if v.rollback {
                     "the rolled-back system"
@@ -103,7 +106,7 @@ impl Reconciler {
 
     fn rollout_status(&self, target: Option<&Revision>, state: ApplyState) -> RolloutStatus {
         let cfg = self.config.borrow();
-        let st = &self.core.state;
+        let st = self.core.state();
         let held = st.rollout_held.as_ref();
         let rebooting = st.rebooting.as_ref().map(|r| r.phase);
         let phase = match (
@@ -217,7 +220,7 @@ impl Reconciler {
     }
 
     fn reboot_status(&self, cfg: &crate::config::Config) -> RebootStatus {
-        let st = &self.core.state;
+        let st = self.core.state();
         let r = st.rebooting.as_ref();
         let v = &self.reboot_view;
         let active = r.is_some_and(|r| r.phase == RebootPhase::Draining);
@@ -259,7 +262,7 @@ impl Reconciler {
     pub(super) fn publish(&self) {
         let desired = self.desired().map(|(d, _)| d);
         let cfg = self.config.borrow();
-        let st = &self.core.state;
+        let st = self.core.state();
         let mut state = self.core.apply_state(desired.as_ref());
         // An open gate cannot close either while the state cannot be written: its verdict
         // would not be on disk.

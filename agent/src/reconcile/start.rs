@@ -78,16 +78,14 @@ impl Reconciler {
     pub(super) fn begin(&mut self, attempt: InFlight) -> Result<u64, String> {
         let attempts_dir = self.attempts_dir.clone();
         let token = crate::apply::runner::new_token();
-        let id = self
-            .change_persisted(|core| {
-                let id = core.begin(attempt)?;
-                let _ = core.update_running(|r| {
-                    r.dir = Some(attempts_dir.join(id.to_string()));
-                    r.token = Some(token);
-                });
-                Ok::<_, super::core::TransitionError>(id)
-            })
-            .and_then(|r| r.map_err(|e| e.to_string()));
+        let id = self.transition(|core| {
+            let id = core.begin(attempt)?;
+            core.update_running(|r| {
+                r.dir = Some(attempts_dir.join(id.to_string()));
+                r.token = Some(token);
+            })?;
+            Ok(id)
+        });
         match id {
             Ok(id) => {
                 self.last = Some((util::now(), None));

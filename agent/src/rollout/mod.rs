@@ -8,7 +8,6 @@
 //! for permission through [`Gatekeeper`].
 
 pub mod cluster;
-pub mod drain;
 pub mod fleet;
 pub mod fleetlock;
 pub mod gate;

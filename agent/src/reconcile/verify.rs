@@ -1,108 +1,20 @@
-//! The rollout around an attempt: asking the [`Gatekeeper`](crate::rollout::Gatekeeper) before
-//! an apply, keeping the lock exactly as long as it is needed, the health gate after an
-//! activation (and after a rollback), the automatic rollback, and the cluster-wide halt.
+//! The health gate after an activation (and after a rollback) as the loop runs it: opening it,
+//! one look at it per turn, what a pass or a failure leads to, and the automatic rollback. The
+//! verdict on the checks is `crate::rollout::gate`'s; the slot held meanwhile is `slot`'s.
 
 use std::time::Instant;
 
-use super::core::{Decision, Desired};
+use super::core::Core;
 use super::{Attempting, Reconciler};
 use crate::config::RollbackPolicy;
+use crate::rollout::CONTROL_PLANE_REQUIRED;
 use crate::rollout::gate::{self, Rules, Verdict};
 use crate::rollout::lease::SlotPhase;
-use crate::rollout::{CONTROL_PLANE_REQUIRED, Permit};
 use crate::state::{AfterGate, AttemptKind, Verifying};
-use crate::status::{Halt, WaitingFor};
 use crate::types::{Goal, Reason, Role};
 use crate::util;
 
 impl Reconciler {
-    /// Asks the rollout whether `desired` may be applied now; `true` with the lock (if any)
-    /// held and recorded. Otherwise the wait is recorded for status.
-    pub(super) async fn ask(&mut self, desired: &Desired) -> bool {
-        self.lift_unstarted_vanished().await;
-        let held = self.core.state.rollout_held.clone();
-        let permit = self
-            .gatekeeper
-            .permit(&desired.revision, held.as_ref())
-            .await;
-        let now = util::now();
-        match permit {
-            Permit::Wait(waiting_for, reason) => {
-                let first = self.core.waiting.as_ref().map(|w| w.waiting_for) != Some(waiting_for);
-                if self
-                    .core
-                    .set_waiting(Some((waiting_for, reason.clone())), now)
-                    && first
-                {
-                    tracing::info!(revision = %desired.revision.short(), waiting_for = waiting_for.as_str(),
-                        reason = %reason, "waiting to apply");
-                }
-                false
-            }
-            Permit::Granted(lock) => {
-                self.core.set_waiting(None, now);
-                if lock != self.core.state.rollout_held
-                    && let Err(e) = self.change_persisted(|c| c.state.rollout_held = lock)
-                {
-                    tracing::error!(error = %e, "cannot record the rollout lock; not applying");
-                    return false;
-                }
-                if gated(desired.goal) {
-                    self.gatekeeper.new_gate();
-                    self.baseline = gate::baseline(&self.gatekeeper.baseline_checks().await);
-                }
-                // Fencing, last before the activation: the slot's last renewal is fresh (or
-                // renewed now), and the slot is not lost.
-                if let Err(why) = self.gatekeeper.fence().await {
-                    if self
-                        .core
-                        .set_waiting(Some((WaitingFor::Lock, why.clone())), util::now())
-                    {
-                        tracing::warn!(revision = %desired.revision.short(), reason = %why,
-                            "not starting the activation: the rollout slot is not fresh");
-                    }
-                    return false;
-                }
-                true
-            }
-        }
-    }
-
-    /// A `holder-vanished` halt naming this node, of a revision it never started (it lost its
-    /// slot before the activation: fencing held it back), is lifted: that revision did not
-    /// kill it. One it started stays: only its passed gate, or an operator, lifts that.
-    async fn lift_unstarted_vanished(&mut self) {
-        let node = self.config.borrow().node_name().to_owned();
-        let Some(fleet) = self.gatekeeper.fleet.clone() else {
-            return;
-        };
-        let st = &self.core.state;
-        for halt in fleet.halted.values() {
-            if halt.cause != crate::status::HaltCause::HolderVanished || halt.node != node {
-                continue;
-            }
-            let running = st
-                .in_flight
-                .as_ref()
-                .is_some_and(|f| f.revision == halt.revision)
-                || st
-                    .verifying
-                    .as_ref()
-                    .is_some_and(|v| v.revision == halt.revision);
-            let started = running
-                || self
-                    .history
-                    .attempts
-                    .iter()
-                    .any(|a| a.kind == AttemptKind::Apply && a.revision == halt.revision);
-            if !started {
-                tracing::warn!(revision = %halt.revision.short(),
-                    "a holder-vanished halt names this node for a revision it never started: lifting it");
-                self.gatekeeper.lift_vanished(&halt.revision).await;
-            }
-        }
-    }
-
     /// Logs a step of the wall clock, once, outside a gate (an open gate logs its own): the
     /// maintenance windows follow it; no duration ginx measures does.
     pub(super) fn look_at_clocks(&mut self, now: jiff::Timestamp) {
@@ -112,135 +24,10 @@ impl Reconciler {
             std::time::Duration::from_secs(CLOCK_STEP_SECS.unsigned_abs()),
         );
         if let Some(step) = step
-            && self.core.state.verifying.is_none()
+            && self.core.state().verifying.is_none()
         {
             tracing::warn!(step = %format!("{step:#}"),
                 "the wall clock stepped; maintenance windows follow it, every duration ginx measures keeps its own (monotonic) time");
-        }
-    }
-
-    /// Releases the lock once nothing needs it: no attempt running, no gate open, no failed
-    /// gate keeping it, and no apply of the revision it was taken for about to start.
-    pub(super) async fn settle_lock(&mut self, decision: &Decision) {
-        let Some(held) = self.core.state.rollout_held.clone() else {
-            return;
-        };
-        // A retry waits, unless the API client it lacked has come meanwhile (after a reboot,
-        // the slot is taken up the moment the connection is there, not a retry later).
-        if retry_waits(
-            self.lock_retry_at,
-            Instant::now(),
-            self.gatekeeper.clients_changed(),
-        ) {
-            return;
-        }
-        let st = &self.core.state;
-        let kept = st.gate_failure.as_ref().is_some_and(|g| {
-            matches!(
-                g.next,
-                AfterGate::RollBack | AfterGate::RollbackUnhealthy | AfterGate::Manual
-            )
-        });
-        let about_to = matches!(decision, Decision::Start(d) if d.revision == held.revision);
-        let needed = st.in_flight.is_some()
-            || st.verifying.is_some()
-            || kept
-            || about_to
-            || self.reboot_keeps_slot();
-        if needed {
-            if self.gatekeeper.held().is_none() {
-                // After a restart: take the slot up again (and renew it from now on).
-                let phase = if st.rebooting.is_some() {
-                    SlotPhase::Rebooting
-                } else if st.verifying.is_some() {
-                    SlotPhase::Verifying
-                } else {
-                    SlotPhase::Applying
-                };
-                if let Err(e) = self.gatekeeper.resume(&held, phase).await {
-                    tracing::debug!(error = %e, "cannot resume the rollout lock yet");
-                    self.lock_retry_at = Some(Instant::now() + crate::rollout::RECHECK);
-                } else {
-                    self.lock_retry_at = None;
-                }
-            }
-            return;
-        }
-        match self.gatekeeper.release(&held).await {
-            Ok(()) => {
-                self.lock_retry_at = None;
-                let _ = self.change_persisted(|c| c.state.rollout_held = None);
-            }
-            Err(e) => {
-                tracing::warn!(error = %e, "cannot release the rollout lock; trying again");
-                self.lock_retry_at = Some(Instant::now() + crate::rollout::RECHECK);
-            }
-        }
-    }
-
-    /// Writes the halt of a revision whose gate failed, until it is written.
-    pub(super) async fn write_halt(&mut self) {
-        let Some(g) = self.core.state.gate_failure.clone() else {
-            return;
-        };
-        if g.halted || !self.gatekeeper.can_halt() {
-            return;
-        }
-        if self.lock_retry_at.is_some_and(|t| t > Instant::now()) {
-            return;
-        }
-        let node = self.config.borrow().node_name().to_owned();
-        let reason = format!(
-            "health gate failed: {}",
-            g.failing
-                .iter()
-                .map(|(k, m)| format!("{k} ({m})"))
-                .collect::<Vec<_>>()
-                .join("; ")
-        );
-        let halt = Halt {
-            revision: g.revision.clone(),
-            node,
-            probes: g.failing.clone(),
-            reason,
-            at: g.at,
-            cause: crate::status::HaltCause::GateFailed,
-            group: None,
-        };
-        match self.gatekeeper.fail(halt).await {
-            Ok(counted) => {
-                let budget = self.config.borrow().rollout.halt_after;
-                if counted.halted {
-                    tracing::warn!(revision = %g.revision.short(), failures = counted.failures, budget,
-                        "revision halted cluster-wide: no other node applies it");
-                    let me = self.config.borrow().node_name().to_owned();
-                    self.notices.emit(
-                        Reason::RevisionHalted,
-                        Some(g.revision.as_str()),
-                        format!(
-                            "revision {} halted fleet-wide by {me}: its health gate failed here ({} failure(s), rollout.halt_after = {budget}); `ginxctl rollout clear {}` lifts it",
-                            g.revision.short(),
-                            counted.failures,
-                            g.revision.short()
-                        ),
-                    );
-                } else {
-                    self.metrics.quarantined();
-                    tracing::warn!(revision = %g.revision.short(), failures = counted.failures, budget,
-                        "health gate failed here below the failure budget (rollout.halt_after): this node is quarantined on its rolled-back system; the rollout goes on");
-                }
-                let quarantined = !counted.halted;
-                let _ = self.change_persisted(|c| {
-                    if let Some(g) = c.state.gate_failure.as_mut() {
-                        g.halted = true;
-                        g.quarantined = quarantined;
-                    }
-                });
-            }
-            Err(e) => {
-                tracing::warn!(error = %e, "cannot halt the revision cluster-wide; trying again");
-                self.lock_retry_at = Some(Instant::now() + crate::rollout::RECHECK);
-            }
         }
     }
 
@@ -252,7 +39,7 @@ impl Reconciler {
         let v = match kind {
             AttemptKind::Apply if gated(goal) => self
                 .core
-                .state
+                .state()
                 .applied
                 .as_ref()
                 .map(|a| (a.revision.clone(), false)),
@@ -260,12 +47,12 @@ impl Reconciler {
             AttemptKind::Rollback
                 if self
                     .core
-                    .state
+                    .state()
                     .gate_failure
                     .as_ref()
                     .is_some_and(|g| g.next == AfterGate::RolledBack && !g.after_reboot) =>
             {
-                self.core.state.rolled_back.clone().map(|r| (r, true))
+                self.core.state().rolled_back.clone().map(|r| (r, true))
             }
             _ => None,
         };
@@ -283,7 +70,7 @@ impl Reconciler {
             started_at: now,
             deadline: util::after(now, cfg.rollout.gate.timeout.get()),
             healthy_since: None,
-            baseline: match (rollback, &self.core.state.gate_failure) {
+            baseline: match (rollback, &self.core.state().gate_failure) {
                 (true, Some(g)) => g.baseline.clone(),
                 _ => std::mem::take(&mut self.baseline),
             },
@@ -364,7 +151,7 @@ impl Reconciler {
                 self.gate_failing = failing;
                 let after = self
                     .core
-                    .state
+                    .state()
                     .verifying
                     .as_ref()
                     .and_then(|v| v.healthy_since);
@@ -376,7 +163,7 @@ impl Reconciler {
             Verdict::Passed => {
                 self.gatekeeper.fast_probes(false);
                 self.gate_failing.clear();
-                if self.change_persisted(|c| c.gate_passed()).is_err() {
+                if self.transition(Core::gate_passed).is_err() {
                     return false;
                 }
                 self.metrics.gate(&format!("{label}passed"));
@@ -411,8 +198,7 @@ impl Reconciler {
                     .collect::<Vec<_>>()
                     .join("; ");
                 self.gate_failing = failing.clone();
-                let Ok(Ok(next)) = self.change_persisted(|c| c.gate_failed(failing, now, policy))
-                else {
+                let Ok(next) = self.transition(|c| c.gate_failed(failing, now, policy)) else {
                     return false;
                 };
                 self.metrics.gate(&format!("{label}failed"));
@@ -478,11 +264,7 @@ impl Reconciler {
             }
             Err(e) => {
                 tracing::error!(error = %e, "cannot roll back after the failed health gate; the node keeps its slot");
-                let _ = self.change_persisted(|c| {
-                    if let Some(g) = c.state.gate_failure.as_mut() {
-                        g.next = AfterGate::RollbackUnhealthy;
-                    }
-                });
+                let _ = self.transition(Core::rollback_not_started);
                 None
             }
         }
@@ -491,12 +273,6 @@ impl Reconciler {
 
 /// A gap this large between the wall clock's and the monotonic clock's time since a gate opened
 /// is a step of the wall clock (NTP slews far less).
-/// Whether a lock retry due at `at` still waits at `now`: it does until it is due, unless the
-/// API clients it may have lacked were made meanwhile.
-fn retry_waits(at: Option<Instant>, now: Instant, clients_changed: bool) -> bool {
-    at.is_some_and(|t| t > now) && !clients_changed
-}
-
 const CLOCK_STEP_SECS: i64 = 5;
 
 fn non_negative(d: jiff::SignedDuration) -> std::time::Duration {
@@ -504,24 +280,6 @@ fn non_negative(d: jiff::SignedDuration) -> std::time::Duration {
 }
 
 /// Whether an apply with `goal` activates something the gate must verify.
-fn gated(goal: Goal) -> bool {
+pub(super) fn gated(goal: Goal) -> bool {
     matches!(goal, Goal::Switch | Goal::Test)
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn a_lock_retry_waits_until_due_or_until_the_clients_come() {
-        let now = Instant::now();
-        let later = now + crate::rollout::RECHECK;
-        assert!(!retry_waits(None, now, false), "no retry pending");
-        assert!(retry_waits(Some(later), now, false), "not due yet");
-        assert!(
-            !retry_waits(Some(later), now, true),
-            "the clients came: at once"
-        );
-        assert!(!retry_waits(Some(now), later, false), "due");
-    }
 }

@@ -19,19 +19,21 @@
 //! Every step is persisted before it is acted on: a ginx killed at any point resumes where it
 //! was (the node cordoned by it is uncordoned by it, the slot it held is taken up again).
 
+mod drain;
+
 use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use self::drain::Eviction;
 use super::Reconciler;
-use super::core::Decision;
+use super::core::{Core, Decision};
 use crate::apply::system;
 use crate::config::{Config, RebootMode, RollbackPolicy};
-use crate::rollout::drain::{self, Eviction};
 use crate::rollout::gate;
 use crate::rollout::window::{self, WindowState};
 use crate::rollout::{Permit, Purpose};
-use crate::state::{AfterGate, RebootDeferred, RebootPhase, Rebooting, Verifying};
+use crate::state::{AfterGate, RebootPhase, Rebooting, Verifying};
 use crate::status::WaitingFor;
 use crate::types::{Reason, Revision};
 use crate::util;
@@ -93,13 +95,13 @@ impl Reconciler {
         let cfg = self.config.borrow();
         let mut reasons = self
             .core
-            .state
+            .state()
             .reboot
             .as_ref()
             .map(|r| r.reasons.clone())
             .unwrap_or_default();
         let fresh = |m: std::fs::Metadata| {
-            let Some(done) = self.core.state.rebooted_at else {
+            let Some(done) = self.core.state().rebooted_at else {
                 return true;
             };
             m.modified()
@@ -116,7 +118,7 @@ impl Reconciler {
     /// Whether a new reboot may begin now (not whether the lock allows it): mode, a reason,
     /// no suspend, no failed gate waiting for an operator, not put off.
     fn reboot_may_begin(&self, cfg: &Config) -> bool {
-        let st = &self.core.state;
+        let st = self.core.state();
         cfg.reboot.mode == RebootMode::WhenRequired
             && st.rebooting.is_none()
             && !st.suspended
@@ -141,7 +143,7 @@ impl Reconciler {
         ) {
             return false;
         }
-        let st = &self.core.state;
+        let st = self.core.state();
         if let Some(r) = &st.rebooting {
             return match r.phase {
                 RebootPhase::Draining | RebootPhase::Rebooting | RebootPhase::Finishing => true,
@@ -170,7 +172,7 @@ impl Reconciler {
     /// is required, allowed, and its window is open now.
     pub(super) fn reboot_keeps_slot(&self) -> bool {
         let cfg = Arc::clone(&self.config.borrow());
-        self.core.state.rebooting.is_some()
+        self.core.state().rebooting.is_some()
             || (self.reboot_may_begin(&cfg)
                 && !matches!(
                     window::state(cfg.reboot.windows(&cfg.rollout), util::now()),
@@ -181,7 +183,7 @@ impl Reconciler {
     /// The revision recorded with the reboot's lock: the applied one.
     fn reboot_revision(&self) -> Revision {
         self.core
-            .state
+            .state()
             .applied
             .as_ref()
             .map(|a| a.revision.clone())
@@ -189,8 +191,18 @@ impl Reconciler {
             .unwrap_or_else(|| Revision::from_oid(git2::Oid::ZERO_SHA1))
     }
 
-    fn persist_reboot(&mut self, f: impl FnOnce(&mut Option<Rebooting>)) -> Result<(), String> {
-        self.change_persisted(|c| f(&mut c.state.rebooting))
+    /// The client for the API (the kubeconfig's server), when there is one.
+    fn main_client(&self) -> Option<kube::Client> {
+        self.kube.borrow().as_ref().map(|c| c.main.clone())
+    }
+
+    /// The node's own identity, for what ginx does to its own Node and pods (cordon, drain);
+    /// or why there is none.
+    fn node_client(&self) -> Result<kube::Client, String> {
+        match self.kube.borrow().as_ref() {
+            Some(c) => c.node(),
+            None => Err("no connection to the Kubernetes API".to_owned()),
+        }
     }
 
     fn set_reboot_waiting(&mut self, w: Option<(WaitingFor, String)>) {
@@ -204,7 +216,7 @@ impl Reconciler {
 
     /// One step of the reboot.
     pub(super) async fn step_reboot(&mut self) -> Step {
-        let Some(r) = self.core.state.rebooting.clone() else {
+        let Some(r) = self.core.state().rebooting.clone() else {
             return self.begin_reboot().await;
         };
         match r.phase {
@@ -220,7 +232,7 @@ impl Reconciler {
 
     /// Steps 1–3: window, slot, quorum.
     async fn begin_reboot(&mut self) -> Step {
-        let held = self.core.state.rollout_held.clone();
+        let held = self.core.state().rollout_held.clone();
         let revision = self.reboot_revision();
         match self
             .gatekeeper
@@ -236,26 +248,10 @@ impl Reconciler {
                 self.reboot_view = RebootView::default();
                 let reasons = self.reboot_reasons();
                 let now = util::now();
-                let result = self.change_persisted(|c| {
-                    if lock.is_some() {
-                        c.state.rollout_held = lock;
-                    }
-                    c.state.reboot_deferred = None;
-                    c.state.rebooting = Some(Rebooting {
-                        phase: RebootPhase::Draining,
-                        started_at: now,
-                        reasons,
-                        cordoned: false,
-                        drain_started_at: None,
-                        boot_id: None,
-                        reboot_at: None,
-                        rollback: false,
-                        baseline: BTreeMap::new(),
-                    });
-                });
+                let result = self.transition(|c| c.begin_reboot(lock, reasons, now));
                 match result {
                     Ok(()) => {
-                        tracing::info!(reasons = ?self.core.state.rebooting.as_ref().map(|r| &r.reasons),
+                        tracing::info!(reasons = ?self.core.state().rebooting.as_ref().map(|r| &r.reasons),
                             "reboot: slot held; draining the node");
                         Step::Again
                     }
@@ -273,8 +269,8 @@ impl Reconciler {
         let cfg = Arc::clone(&self.config.borrow());
         let node = cfg.node_name().to_owned();
         let cluster = self.gatekeeper.can_halt();
-        let client = self.gatekeeper.node_client();
-        let main = self.gatekeeper.client();
+        let client = self.node_client();
+        let main = self.main_client();
         if cluster && r.drain_started_at.is_none() {
             let client = match &client {
                 Ok(c) => c.clone(),
@@ -333,15 +329,7 @@ impl Reconciler {
                         tracing::info!(node = %node, "the node was cordoned already (not by ginx): it stays cordoned after the reboot");
                     }
                     let now = util::now();
-                    if self
-                        .persist_reboot(|p| {
-                            if let Some(p) = p {
-                                p.cordoned = ours;
-                                p.drain_started_at.get_or_insert(now);
-                            }
-                        })
-                        .is_err()
-                    {
+                    if self.transition(|c| c.reboot_cordoned(ours, now)).is_err() {
                         return Step::After(EVICT_AGAIN);
                     }
                 }
@@ -351,7 +339,7 @@ impl Reconciler {
                 }
             }
         }
-        let r = self.core.state.rebooting.clone().unwrap_or(r);
+        let r = self.core.state().rebooting.clone().unwrap_or(r);
         if cluster {
             let (client, main) = match (client, main) {
                 (Ok(c), Some(m)) => (c, m),
@@ -492,7 +480,7 @@ impl Reconciler {
         // Given up: give the node back as it was, release the slot, try in the next window.
         let node = cfg.node_name().to_owned();
         if r.cordoned {
-            let Ok(client) = self.gatekeeper.node_client() else {
+            let Ok(client) = self.node_client() else {
                 return Step::After(EVICT_AGAIN);
             };
             if let Err(e) = drain::uncordon(&client, &node).await {
@@ -520,13 +508,7 @@ impl Reconciler {
             None,
             format!("reboot put off: {reason}"),
         );
-        let _ = self.change_persisted(|c| {
-            c.state.rebooting = None;
-            c.state.reboot_deferred = Some(RebootDeferred {
-                until,
-                reason: reason.clone(),
-            });
-        });
+        let _ = self.transition(|c| c.drain_given_up(until, reason.clone()));
         self.reboot_view = RebootView::default();
         self.set_reboot_waiting(Some((WaitingFor::Pods, reason)));
         Step::Again
@@ -539,11 +521,11 @@ impl Reconciler {
         {
             return Step::After(COMMAND_AGAIN - t.elapsed());
         }
-        let baseline = match self.core.state.rebooting.as_ref() {
+        let baseline = match self.core.state().rebooting.as_ref() {
             Some(r) if !r.baseline.is_empty() => r.baseline.clone(),
             _ => gate::baseline(&self.gatekeeper.baseline_checks().await),
         };
-        if self.core.state.rollout_held.is_some()
+        if self.core.state().rollout_held.is_some()
             && let Err(e) = self.gatekeeper.raise_ttl(cfg.reboot.lock_ttl.get()).await
         {
             tracing::warn!(error = %e, "cannot raise the slot Lease's duration before the reboot; trying again");
@@ -553,14 +535,7 @@ impl Reconciler {
         let boot = system::boot_id(&cfg.system.boot_id);
         let now = util::now();
         if self
-            .persist_reboot(|p| {
-                if let Some(p) = p {
-                    p.phase = RebootPhase::Rebooting;
-                    p.boot_id = boot.clone();
-                    p.reboot_at = Some(now);
-                    p.baseline = baseline;
-                }
-            })
+            .transition(|c| c.reboot_commanded(boot, baseline, now))
             .is_err()
         {
             return Step::After(EVICT_AGAIN);
@@ -650,7 +625,7 @@ impl Reconciler {
             return Step::After(COMMAND_AGAIN - t.elapsed());
         }
         tracing::warn!("still up in the same boot after the reboot command; running it again");
-        if self.core.state.rollout_held.is_some()
+        if self.core.state().rollout_held.is_some()
             && let Err(e) = self.gatekeeper.raise_ttl(cfg.reboot.lock_ttl.get()).await
         {
             self.set_reboot_waiting(Some((WaitingFor::Lock, e)));
@@ -683,16 +658,16 @@ impl Reconciler {
         );
         let now = util::now();
         let revision = if r.rollback {
-            self.core.state.rolled_back.clone()
+            self.core.state().rolled_back.clone()
         } else {
-            self.core.state.applied.as_ref().map(|a| a.revision.clone())
+            self.core
+                .state()
+                .applied
+                .as_ref()
+                .map(|a| a.revision.clone())
         };
         let Some(revision) = revision else {
-            let _ = self.persist_reboot(|p| {
-                if let Some(p) = p {
-                    p.phase = RebootPhase::Finishing;
-                }
-            });
+            let _ = self.transition(Core::reboot_finishing);
             return;
         };
         let verifying = Verifying {
@@ -704,14 +679,7 @@ impl Reconciler {
             baseline: r.baseline.clone(),
             after_reboot: true,
         };
-        let result = self.change_persisted(|c| {
-            c.state.verifying = None;
-            c.begin_verifying(verifying)?;
-            if let Some(p) = c.state.rebooting.as_mut() {
-                p.phase = RebootPhase::Verifying;
-            }
-            Ok::<(), crate::reconcile::core::TransitionError>(())
-        });
+        let result = self.change_persisted(|c| c.verify_after_reboot(verifying));
         match result {
             Ok(Ok(())) => {
                 tracing::info!(revision = %revision.short(), rollback = r.rollback, "health gate open after the reboot");
@@ -721,11 +689,7 @@ impl Reconciler {
             }
             Ok(Err(e)) => {
                 tracing::warn!(error = %e, "no health gate after the reboot; finishing");
-                let _ = self.persist_reboot(|p| {
-                    if let Some(p) = p {
-                        p.phase = RebootPhase::Finishing;
-                    }
-                });
+                let _ = self.transition(Core::reboot_finishing);
             }
             Err(_) => {}
         }
@@ -734,23 +698,13 @@ impl Reconciler {
     /// After the gate after a reboot: passed → finishing; failed → rollback (if it followed
     /// an activation) or held.
     pub(super) fn after_reboot_gate(&mut self, passed: bool) {
-        let next = self.core.state.gate_failure.as_ref().map(|g| g.next);
-        let phase = match (passed, next) {
-            (true, _) | (false, None | Some(AfterGate::RolledBack)) => RebootPhase::Finishing,
-            // Rolled back by a reboot into the previous generation (see `finish`).
-            (false, Some(AfterGate::RollBack)) => RebootPhase::Verifying,
-            (false, Some(AfterGate::RollbackUnhealthy | AfterGate::Manual)) => RebootPhase::Held,
-        };
-        if phase == RebootPhase::Held {
+        // A failed gate that asks for a rollback waits for it: the rollback reboots into the
+        // previous generation (see `finish`).
+        if self.transition(|c| c.reboot_gate_closed(passed)) == Ok(RebootPhase::Held) {
             tracing::error!(
                 "the node stays cordoned and keeps its slot until an operator acts (`ginxctl retry`) or a fixed revision passes its gate"
             );
         }
-        let _ = self.persist_reboot(|p| {
-            if let Some(p) = p {
-                p.phase = phase;
-            }
-        });
     }
 
     /// The rollback after a failed gate after a reboot made the previous generation the boot
@@ -759,22 +713,17 @@ impl Reconciler {
         tracing::warn!("the previous generation is the boot default now; rebooting into it");
         self.reboot_view.cordon_checked = false;
         self.reboot_view.commanded_at = None;
-        let _ = self.persist_reboot(|p| {
-            if let Some(p) = p {
-                p.phase = RebootPhase::Draining;
-                p.rollback = true;
-            }
-        });
+        let _ = self.transition(Core::reboot_into_rollback);
     }
 
     /// The rollback policy for a gate after a reboot: a reboot that followed no activation
     /// (the sentinel only) has nothing to roll back; it is held for an operator.
     pub(super) fn reboot_gate_policy(&self, policy: RollbackPolicy) -> RollbackPolicy {
-        match self.core.state.verifying.as_ref() {
+        match self.core.state().verifying.as_ref() {
             Some(v) if v.after_reboot && !v.rollback => {
                 let followed_activation = self
                     .core
-                    .state
+                    .state()
                     .rebooting
                     .as_ref()
                     .is_some_and(|r| r.reasons.iter().any(|x| !x.ends_with(" exists")));
@@ -793,7 +742,7 @@ impl Reconciler {
     async fn finish_reboot(&mut self, r: Rebooting) -> Step {
         let cfg = Arc::clone(&self.config.borrow());
         if r.cordoned && self.gatekeeper.can_halt() {
-            let client = match self.gatekeeper.node_client() {
+            let client = match self.node_client() {
                 Ok(c) => c,
                 Err(e) => {
                     self.set_reboot_waiting(Some((
@@ -818,13 +767,7 @@ impl Reconciler {
         let reasons =
             { system::reboot_reasons(&cfg.system.booted_system, &cfg.system.current_system) };
         let now = util::now();
-        let result = self.change_persisted(|c| {
-            c.state.rebooting = None;
-            c.state.rebooted_at = Some(now);
-            if reasons.is_empty() {
-                c.state.reboot = None;
-            }
-        });
+        let result = self.transition(|c| c.reboot_done(!reasons.is_empty(), now));
         if result.is_ok() {
             self.reboot_view = RebootView::default();
             if r.cordoned {
