@@ -18,22 +18,27 @@
 //!
 //! Every step is persisted before it is acted on: a ginx killed at any point resumes where it
 //! was (the node cordoned by it is uncordoned by it, the slot it held is taken up again).
+//!
+//! Here: the steps and their order. The decisions they take are in `decide` (pure, clock
+//! passed in); the drain's steps in `draining`, its Kubernetes calls in `drain`; the persisted
+//! record changes only through the core's reboot transitions.
 
+mod decide;
 mod drain;
+mod draining;
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use self::drain::Eviction;
 use super::Reconciler;
 use super::core::{Core, Decision};
 use crate::apply::system;
-use crate::config::{Config, RebootMode, RollbackPolicy};
+use crate::config::{Config, RollbackPolicy};
 use crate::rollout::gate;
-use crate::rollout::window::{self, WindowState};
+use crate::rollout::window;
 use crate::rollout::{Permit, Purpose};
-use crate::state::{AfterGate, RebootPhase, Rebooting, Verifying};
+use crate::state::{RebootPhase, Rebooting, Verifying};
 use crate::status::WaitingFor;
 use crate::types::{Reason, Revision};
 use crate::util;
@@ -43,11 +48,11 @@ pub(super) const SENTINEL_POLL: Duration = Duration::from_secs(5);
 /// An eviction a PodDisruptionBudget refused is tried again this often.
 pub(super) const EVICT_AGAIN: Duration = Duration::from_secs(5);
 /// While draining, the node's pods are looked at this often.
-const DRAIN_POLL: Duration = Duration::from_secs(1);
+pub(super) const DRAIN_POLL: Duration = Duration::from_secs(1);
 /// A reboot command that failed is run again after this.
-const COMMAND_AGAIN: Duration = Duration::from_secs(60);
+pub(super) const COMMAND_AGAIN: Duration = Duration::from_secs(60);
 /// Still up in the same boot this long after the reboot command: run it again.
-const REBOOT_AGAIN: Duration = Duration::from_secs(300);
+pub(super) const REBOOT_AGAIN: Duration = Duration::from_secs(300);
 /// The reboot command must exit within this (`systemctl reboot` returns at once).
 const COMMAND_TIMEOUT: Duration = Duration::from_secs(120);
 
@@ -78,17 +83,6 @@ pub(super) struct RebootView {
     commanded_at: Option<Instant>,
 }
 
-impl RebootView {
-    /// The refused pods and why, on one line.
-    fn refused_list(&self) -> String {
-        self.refused
-            .iter()
-            .map(|(p, why)| format!("{p}: {why}"))
-            .collect::<Vec<_>>()
-            .join("; ")
-    }
-}
-
 impl Reconciler {
     /// Why a reboot is required now: what an activation left, and the sentinel file.
     pub(super) fn reboot_reasons(&self) -> Vec<String> {
@@ -101,13 +95,11 @@ impl Reconciler {
             .map(|r| r.reasons.clone())
             .unwrap_or_default();
         let fresh = |m: std::fs::Metadata| {
-            let Some(done) = self.core.state().rebooted_at else {
-                return true;
-            };
-            m.modified()
+            let modified = m
+                .modified()
                 .ok()
-                .and_then(|t| jiff::Timestamp::try_from(t).ok())
-                .is_none_or(|t| t > done)
+                .and_then(|t| jiff::Timestamp::try_from(t).ok());
+            decide::sentinel_fresh(modified, self.core.state().rebooted_at)
         };
         if std::fs::metadata(&cfg.reboot.sentinel).is_ok_and(fresh) {
             reasons.push(format!("{} exists", cfg.reboot.sentinel.display()));
@@ -115,69 +107,37 @@ impl Reconciler {
         reasons
     }
 
-    /// Whether a new reboot may begin now (not whether the lock allows it): mode, a reason,
-    /// no suspend, no failed gate waiting for an operator, not put off.
+    /// Whether a new reboot may begin now (not whether the lock allows it).
     fn reboot_may_begin(&self, cfg: &Config) -> bool {
-        let st = self.core.state();
-        cfg.reboot.mode == RebootMode::WhenRequired
-            && st.rebooting.is_none()
-            && !st.suspended
-            && st
-                .gate_failure
-                .as_ref()
-                .is_none_or(|g| g.next == AfterGate::RolledBack)
-            && st
-                .reboot_deferred
-                .as_ref()
-                .is_none_or(|d| util::now() >= d.until)
-            && !self.reboot_reasons().is_empty()
+        decide::may_begin(cfg.reboot.mode, self.core.state(), util::now(), || {
+            !self.reboot_reasons().is_empty()
+        })
     }
 
-    /// Whether this turn of the loop works on the reboot, given the apply's decision: a reboot
-    /// under way goes first (the node is cordoned); a new one begins when nothing is to be
-    /// applied (or what is wanted is halted).
+    /// Whether this turn of the loop works on the reboot, given the apply's decision.
     pub(super) fn reboot_turn(&self, decision: &Decision) -> bool {
-        if matches!(
+        decide::turn(
             decision,
-            Decision::Busy | Decision::Verify | Decision::RollBack
-        ) {
-            return false;
-        }
-        let st = self.core.state();
-        if let Some(r) = &st.rebooting {
-            return match r.phase {
-                RebootPhase::Draining | RebootPhase::Rebooting | RebootPhase::Finishing => true,
-                // The gate is the loop's (Decision::Verify); with none open and no rollback
-                // coming (one that could not start), what comes next is decided here.
-                RebootPhase::Verifying => st.verifying.is_none(),
-                RebootPhase::Held => st.gate_failure.is_none(),
-            };
-        }
-        let cfg = Arc::clone(&self.config.borrow());
-        if !self.reboot_may_begin(&cfg) {
-            return false;
-        }
-        match decision {
-            Decision::Idle | Decision::RetryAt(_) => true,
-            Decision::Start(d) => self
-                .gatekeeper
-                .fleet
-                .as_ref()
-                .is_some_and(|f| f.halt_of(&d.revision).is_some()),
-            _ => false,
-        }
+            self.core.state(),
+            || self.reboot_may_begin(&self.config.borrow()),
+            |revision| {
+                self.gatekeeper
+                    .fleet
+                    .as_ref()
+                    .is_some_and(|f| f.halt_of(revision).is_some())
+            },
+        )
     }
 
     /// Whether the slot held after an apply is kept for the reboot that follows it: a reboot
     /// is required, allowed, and its window is open now.
     pub(super) fn reboot_keeps_slot(&self) -> bool {
         let cfg = Arc::clone(&self.config.borrow());
-        self.core.state().rebooting.is_some()
-            || (self.reboot_may_begin(&cfg)
-                && !matches!(
-                    window::state(cfg.reboot.windows(&cfg.rollout), util::now()),
-                    WindowState::Closed { .. }
-                ))
+        let rebooting = self.core.state().rebooting.is_some();
+        rebooting || {
+            let window = window::state(cfg.reboot.windows(&cfg.rollout), util::now());
+            decide::keeps_slot(false, self.reboot_may_begin(&cfg), &window)
+        }
     }
 
     /// The revision recorded with the reboot's lock: the applied one.
@@ -264,262 +224,12 @@ impl Reconciler {
         }
     }
 
-    /// Steps 4–7: blocking pods, cordon, drain; then the reboot.
-    async fn drain_step(&mut self, r: Rebooting) -> Step {
-        let cfg = Arc::clone(&self.config.borrow());
-        let node = cfg.node_name().to_owned();
-        let cluster = self.gatekeeper.can_halt();
-        let client = self.node_client();
-        let main = self.main_client();
-        if cluster && r.drain_started_at.is_none() {
-            let client = match &client {
-                Ok(c) => c.clone(),
-                Err(e) => {
-                    self.set_reboot_waiting(Some((
-                        WaitingFor::Api,
-                        format!("{e}: the node is not cordoned or drained yet"),
-                    )));
-                    return Step::After(EVICT_AGAIN);
-                }
-            };
-            if let Some(sel) = &cfg.reboot.blocking_pod_selector {
-                match drain::blocking(&client, &node, sel).await {
-                    Ok(pods) if !pods.is_empty() => {
-                        self.reboot_view.blocking = pods.clone();
-                        self.set_reboot_waiting(Some((
-                            WaitingFor::Pods,
-                            format!(
-                                "pods matching reboot.blocking_pod_selector {sel:?} run on the node: {}",
-                                pods.join(", ")
-                            ),
-                        )));
-                        return Step::After(EVICT_AGAIN);
-                    }
-                    Ok(_) => self.reboot_view.blocking.clear(),
-                    Err(e) => {
-                        self.set_reboot_waiting(Some((WaitingFor::Api, e)));
-                        return Step::After(EVICT_AGAIN);
-                    }
-                }
-            }
-        }
-        if cluster && !self.reboot_view.cordon_checked {
-            let client = match &client {
-                Ok(c) => c.clone(),
-                Err(e) => {
-                    self.set_reboot_waiting(Some((WaitingFor::Api, e.clone())));
-                    return Step::After(EVICT_AGAIN);
-                }
-            };
-            match drain::cordon(&client, &node).await {
-                Ok(ours) => {
-                    self.reboot_view.cordon_checked = true;
-                    let reasons = self.reboot_reasons().join("; ");
-                    self.notices.emit(
-                        Reason::Draining,
-                        None,
-                        format!(
-                            "cordoned{}; draining before the reboot ({reasons})",
-                            if ours { "" } else { " already (not by ginx)" }
-                        ),
-                    );
-                    if ours {
-                        tracing::info!(node = %node, "cordoned");
-                    } else {
-                        tracing::info!(node = %node, "the node was cordoned already (not by ginx): it stays cordoned after the reboot");
-                    }
-                    let now = util::now();
-                    if self.transition(|c| c.reboot_cordoned(ours, now)).is_err() {
-                        return Step::After(EVICT_AGAIN);
-                    }
-                }
-                Err(e) => {
-                    self.set_reboot_waiting(Some((WaitingFor::Api, e)));
-                    return Step::After(EVICT_AGAIN);
-                }
-            }
-        }
-        let r = self.core.state().rebooting.clone().unwrap_or(r);
-        if cluster {
-            let (client, main) = match (client, main) {
-                (Ok(c), Some(m)) => (c, m),
-                (Err(e), _) => {
-                    self.set_reboot_waiting(Some((
-                        WaitingFor::Api,
-                        format!("{e}, while draining"),
-                    )));
-                    return self.drain_deadline(&cfg, &r).await;
-                }
-                (_, None) => {
-                    self.set_reboot_waiting(Some((
-                        WaitingFor::Api,
-                        "no connection to the Kubernetes API while draining".into(),
-                    )));
-                    return self.drain_deadline(&cfg, &r).await;
-                }
-            };
-            match self.drain_pass(&cfg, &client, &main, &node).await {
-                Ok(true) => {}
-                Ok(false) => return self.drain_deadline(&cfg, &r).await,
-                Err(e) => {
-                    self.set_reboot_waiting(Some((WaitingFor::Api, e)));
-                    return self.drain_deadline(&cfg, &r).await;
-                }
-            }
-            if let Some(t) = r.drain_started_at {
-                let took = util::now().duration_since(t).as_secs_f64().max(0.0);
-                self.metrics.drained(took);
-                tracing::info!(node = %node, seconds = took, "drained");
-            }
-        }
-        self.set_reboot_waiting(None);
-        self.reboot_now(&cfg).await
-    }
-
-    /// One look at the node's pods: evicts what is due. `Ok(true)` when the node is drained.
-    /// `client` is the node's own identity (its pods, their evictions); `main` ginx's (the
-    /// budgets that hold an eviction).
-    async fn drain_pass(
-        &mut self,
-        cfg: &Config,
-        client: &kube::Client,
-        main: &kube::Client,
-        node: &str,
-    ) -> Result<bool, String> {
-        let pods = drain::pods_on(client, node).await?;
-        let plan = drain::plan(&pods, cfg.reboot.force, cfg.reboot.delete_emptydir_data);
-        let v = &mut self.reboot_view;
-        v.evicting = plan
-            .evict
-            .iter()
-            .chain(&plan.terminating)
-            .map(ToString::to_string)
-            .collect();
-        v.refused = plan.refused.clone();
-        let live: std::collections::BTreeSet<&str> =
-            plan.evict.iter().map(|p| p.uid.as_str()).collect();
-        v.tried.retain(|uid, _| live.contains(uid.as_str()));
-        v.budgets.retain(|uid, _| live.contains(uid.as_str()));
-        if plan.done() {
-            return Ok(true);
-        }
-        let grace = cfg.reboot.grace_period.map(|d| d.get());
-        for p in &plan.evict {
-            let due = self
-                .reboot_view
-                .tried
-                .get(&p.uid)
-                .is_none_or(|t| t.elapsed() >= EVICT_AGAIN);
-            if !due {
-                if let Some(b) = self.reboot_view.budgets.get(&p.uid) {
-                    self.reboot_view.refused.insert(p.to_string(), b.clone());
-                }
-                continue;
-            }
-            self.reboot_view.tried.insert(p.uid.clone(), Instant::now());
-            match drain::evict(client, p, grace).await? {
-                Eviction::Accepted => {
-                    self.reboot_view.budgets.remove(&p.uid);
-                    tracing::info!(pod = %p, "evicted");
-                }
-                Eviction::Gone => {}
-                Eviction::Refused(msg) => {
-                    self.metrics.eviction_refused();
-                    let known = self.reboot_view.budgets.contains_key(&p.uid);
-                    if !known {
-                        let pod = pods
-                            .iter()
-                            .find(|x| x.metadata.uid.as_deref() == Some(&p.uid));
-                        let budgets = match pod {
-                            Some(pod) => drain::budgets_for(main, pod)
-                                .await
-                                .unwrap_or_else(|e| vec![e]),
-                            None => Vec::new(),
-                        };
-                        let why = if budgets.is_empty() {
-                            format!("eviction refused (429): {msg}")
-                        } else {
-                            format!(
-                                "eviction refused (429) by PodDisruptionBudget {}: {msg}",
-                                budgets.join(", ")
-                            )
-                        };
-                        tracing::warn!(pod = %p, reason = %why, "eviction refused; trying again every 5s");
-                        self.reboot_view.budgets.insert(p.uid.clone(), why);
-                    }
-                    if let Some(b) = self.reboot_view.budgets.get(&p.uid) {
-                        self.reboot_view.refused.insert(p.to_string(), b.clone());
-                        // Each refusal: repeats are counted in the Event's series.
-                        self.notices
-                            .emit(Reason::DrainBlocked, None, format!("pod {p}: {b}"));
-                    }
-                }
-            }
-        }
-        Ok(false)
-    }
-
-    /// A drain not done: wait, or give it up after `reboot.drain_timeout`.
-    async fn drain_deadline(&mut self, cfg: &Config, r: &Rebooting) -> Step {
-        let started = r.drain_started_at.unwrap_or(r.started_at);
-        let timeout = cfg.reboot.drain_timeout.get();
-        if util::now() < util::after(started, timeout) {
-            if self.reboot_view.waiting.is_none() || !self.reboot_view.refused.is_empty() {
-                let what = if self.reboot_view.refused.is_empty() {
-                    format!(
-                        "draining: waiting for {}",
-                        self.reboot_view.evicting.join(", ")
-                    )
-                } else {
-                    format!("draining: {}", self.reboot_view.refused_list())
-                };
-                self.reboot_view.waiting = Some((WaitingFor::Pods, what));
-            }
-            return Step::After(DRAIN_POLL);
-        }
-        // Given up: give the node back as it was, release the slot, try in the next window.
-        let node = cfg.node_name().to_owned();
-        if r.cordoned {
-            let Ok(client) = self.node_client() else {
-                return Step::After(EVICT_AGAIN);
-            };
-            if let Err(e) = drain::uncordon(&client, &node).await {
-                tracing::warn!(error = %e, "drain given up, but cannot uncordon yet; trying again");
-                return Step::After(EVICT_AGAIN);
-            }
-        }
-        let held = if self.reboot_view.refused.is_empty() {
-            format!("pods still going: {}", self.reboot_view.evicting.join(", "))
-        } else {
-            self.reboot_view.refused_list()
-        };
-        let reason = format!(
-            "drain given up after {} (reboot.drain_timeout): {held}; the node is uncordoned and \
-             the slot released",
-            cfg.reboot.drain_timeout
-        );
-        let until = next_try(cfg);
-        self.metrics
-            .drained(util::now().duration_since(started).as_secs_f64().max(0.0));
-        tracing::error!(node = %node, reason = %reason, next_try = %until, "reboot put off");
-        // Without the time it is tried again: a drain given up again counts in the series.
-        self.notices.emit(
-            Reason::DrainBlocked,
-            None,
-            format!("reboot put off: {reason}"),
-        );
-        let _ = self.transition(|c| c.drain_given_up(until, reason.clone()));
-        self.reboot_view = RebootView::default();
-        self.set_reboot_waiting(Some((WaitingFor::Pods, reason)));
-        Step::Again
-    }
-
     /// Step 7 and 8: the baseline, the Lease's duration, the record, the command.
     async fn reboot_now(&mut self, cfg: &Config) -> Step {
-        if let Some(t) = self.reboot_view.command_failed_at
-            && t.elapsed() < COMMAND_AGAIN
+        if let Some(wait) =
+            decide::command_retry_wait(self.reboot_view.command_failed_at.map(|t| t.elapsed()))
         {
-            return Step::After(COMMAND_AGAIN - t.elapsed());
+            return Step::After(wait);
         }
         let baseline = match self.core.state().rebooting.as_ref() {
             Some(r) if !r.baseline.is_empty() => r.baseline.clone(),
@@ -607,22 +317,13 @@ impl Reconciler {
             self.booted(r);
             return Step::Again;
         }
-        let since = self
-            .reboot_view
-            .commanded_at
-            .map(|t| t.elapsed())
-            .or_else(|| {
-                r.reboot_at
-                    .map(|t| util::now().duration_since(t).unsigned_abs())
-            })
-            .unwrap_or(REBOOT_AGAIN);
-        if since < REBOOT_AGAIN && self.reboot_view.command_failed_at.is_none() {
-            return Step::After(REBOOT_AGAIN - since);
-        }
-        if let Some(t) = self.reboot_view.command_failed_at
-            && t.elapsed() < COMMAND_AGAIN
-        {
-            return Step::After(COMMAND_AGAIN - t.elapsed());
+        let now = util::now();
+        if let Some(wait) = decide::rerun_wait(
+            self.reboot_view.commanded_at.map(|t| t.elapsed()),
+            r.reboot_at.map(|t| now.duration_since(t).unsigned_abs()),
+            self.reboot_view.command_failed_at.map(|t| t.elapsed()),
+        ) {
+            return Step::After(wait);
         }
         tracing::warn!("still up in the same boot after the reboot command; running it again");
         if self.core.state().rollout_held.is_some()
@@ -716,25 +417,10 @@ impl Reconciler {
         let _ = self.transition(Core::reboot_into_rollback);
     }
 
-    /// The rollback policy for a gate after a reboot: a reboot that followed no activation
-    /// (the sentinel only) has nothing to roll back; it is held for an operator.
+    /// The rollback policy for the open gate, which may be one after a reboot.
     pub(super) fn reboot_gate_policy(&self, policy: RollbackPolicy) -> RollbackPolicy {
-        match self.core.state().verifying.as_ref() {
-            Some(v) if v.after_reboot && !v.rollback => {
-                let followed_activation = self
-                    .core
-                    .state()
-                    .rebooting
-                    .as_ref()
-                    .is_some_and(|r| r.reasons.iter().any(|x| !x.ends_with(" exists")));
-                if followed_activation {
-                    policy
-                } else {
-                    RollbackPolicy::Manual
-                }
-            }
-            _ => policy,
-        }
+        let st = self.core.state();
+        decide::gate_policy(st.verifying.as_ref(), st.rebooting.as_ref(), policy)
     }
 
     /// The last steps: uncordon what ginx cordoned, clear the reboot (the slot is released by
@@ -781,24 +467,5 @@ impl Reconciler {
             }
         }
         Step::Again
-    }
-}
-
-/// When a given-up drain is tried again: when the next window opens after the current one
-/// (with windows), else after the drain timeout once more.
-fn next_try(cfg: &Config) -> jiff::Timestamp {
-    let now = util::now();
-    let windows = cfg.reboot.windows(&cfg.rollout);
-    match window::state(windows, now) {
-        WindowState::Open { closes_at } => match window::state(windows, closes_at) {
-            WindowState::Closed {
-                opens_at: Some(t), ..
-            } => t,
-            _ => util::after(now, cfg.reboot.drain_timeout.get()),
-        },
-        WindowState::Closed {
-            opens_at: Some(t), ..
-        } => t,
-        _ => util::after(now, cfg.reboot.drain_timeout.get()),
     }
 }
