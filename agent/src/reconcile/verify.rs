@@ -117,35 +117,14 @@ impl Reconciler {
             return false;
         };
         let before = v.healthy_since;
-        let rollback = v.rollback;
-        let after_reboot = v.after_reboot;
-        let revision = v.revision.clone();
-        let mono = Instant::now();
-        let wall_elapsed = now.duration_since(v.started_at);
-        // The gate's monotonic times: kept since it opened in this process, or set again from
-        // the persisted wall-clock times once (after a restart, or a gate opened after a reboot).
-        let (_, times, step_logged) = match &mut self.gate_times {
-            Some(g) if g.0 == v.started_at => g,
-            slot => {
-                let left = v.deadline.duration_since(now);
-                slot.insert((
-                    v.started_at,
-                    gate::Times::resumed(mono, non_negative(wall_elapsed), non_negative(left)),
-                    false,
-                ))
-            }
+        let open = Open {
+            rollback: v.rollback,
+            after_reboot: v.after_reboot,
+            revision: v.revision.clone(),
         };
-        let mono_elapsed = mono.saturating_duration_since(times.opened);
-        let drift =
-            (wall_elapsed - jiff::SignedDuration::try_from(mono_elapsed).unwrap_or_default()).abs();
-        if drift > jiff::SignedDuration::from_secs(CLOCK_STEP_SECS) && !*step_logged {
-            *step_logged = true;
-            tracing::warn!(revision = %revision.short(), wall_elapsed = %format!("{:#}", wall_elapsed),
-                gate_elapsed = %format!("{:#}", jiff::SignedDuration::try_from(mono_elapsed).unwrap_or_default()),
-                "the wall clock stepped during the health gate; the gate keeps its own (monotonic) time");
-        }
+        let mono = Instant::now();
+        let times = gate_clock(&mut self.gate_times, v, now, mono);
         let verdict = gate::step(v, times, &checks, &rules, mono, now);
-        let label = if rollback { "rollback-" } else { "" };
         match verdict {
             Verdict::Pending { failing, .. } => {
                 self.gate_failing = failing;
@@ -160,92 +139,97 @@ impl Reconciler {
                 }
                 false
             }
-            Verdict::Passed => {
-                self.gatekeeper.fast_probes(false);
-                self.gate_failing.clear();
-                if self.transition(Core::gate_passed).is_err() {
-                    return false;
-                }
-                self.metrics.gate(&format!("{label}passed"));
-                if after_reboot {
-                    self.after_reboot_gate(true);
-                }
-                if rollback {
-                    tracing::warn!(revision = %revision.short(), "the rolled-back system passed its health gate; the revision stays rolled back");
-                    self.notices.emit(
-                        Reason::GatePassed,
-                        Some(revision.as_str()),
-                        format!("the rolled-back system passed its health gate; revision {} stays rolled back", revision.short()),
-                    );
-                } else {
-                    tracing::info!(revision = %revision.short(), "health gate passed");
-                    self.notices.emit(
-                        Reason::GatePassed,
-                        Some(revision.as_str()),
-                        format!("revision {} passed its health gate", revision.short()),
-                    );
-                    self.gatekeeper.set_phase(SlotPhase::Done).await;
-                    self.gatekeeper.lift_vanished(&revision).await;
-                }
-                true
-            }
+            Verdict::Passed => self.gate_passed_now(&open).await,
             Verdict::Failed { failing } => {
-                self.gatekeeper.fast_probes(false);
                 let policy = self.reboot_gate_policy(cfg.rollout.rollback);
-                let list = failing
-                    .iter()
-                    .map(|(k, m)| format!("{k} ({m})"))
-                    .collect::<Vec<_>>()
-                    .join("; ");
-                self.gate_failing = failing.clone();
-                let Ok(next) = self.transition(|c| c.gate_failed(failing, now, policy)) else {
-                    return false;
-                };
-                self.metrics.gate(&format!("{label}failed"));
-                if after_reboot {
-                    self.after_reboot_gate(false);
-                }
-                let (reason, what) = match next {
-                    AfterGate::RollbackUnhealthy => (
-                        Reason::RollbackUnhealthy,
-                        "the rolled-back system failed its health gate too: the node keeps its rollout slot so that no other node proceeds; fix the node, then `ginxctl retry` or push a fix",
-                    ),
-                    AfterGate::Manual => (
-                        Reason::GateFailed,
-                        "halting it and keeping the slot (rollout.rollback = \"manual\")",
-                    ),
-                    _ if rollback => (Reason::GateFailed, "on the rolled-back system"),
-                    _ => (
-                        Reason::GateFailed,
-                        "rolling back to the previous generation",
-                    ),
-                };
-                self.notices.emit(
-                    reason,
-                    Some(revision.as_str()),
-                    format!(
-                        "health gate of revision {} failed: {list}; {what}",
-                        revision.short()
-                    ),
-                );
-                match next {
-                    AfterGate::RollBack => {
-                        tracing::error!(revision = %revision.short(), failing = %list,
-                        "health gate failed; rolling back to the previous generation and halting the revision")
-                    }
-                    AfterGate::Manual => {
-                        tracing::error!(revision = %revision.short(), failing = %list,
-                        "health gate failed; halting the revision and keeping the slot (rollout.rollback = \"manual\")")
-                    }
-                    AfterGate::RollbackUnhealthy => {
-                        tracing::error!(revision = %revision.short(), failing = %list,
-                        "the rolled-back system is unhealthy too: keeping the rollout slot so that no other node proceeds; fix the node, then `ginxctl retry` or push a fix")
-                    }
-                    AfterGate::RolledBack => {}
-                }
-                true
+                self.gate_failed_now(&open, failing, now, policy)
             }
         }
+    }
+
+    /// The open gate passed: recorded, counted and told; a revision's slot is done with.
+    async fn gate_passed_now(&mut self, open: &Open) -> bool {
+        let revision = &open.revision;
+        self.gatekeeper.fast_probes(false);
+        self.gate_failing.clear();
+        if self.transition(Core::gate_passed).is_err() {
+            return false;
+        }
+        self.metrics.gate(&format!("{}passed", open.label()));
+        if open.after_reboot {
+            self.after_reboot_gate(true);
+        }
+        if open.rollback {
+            tracing::warn!(revision = %revision.short(), "the rolled-back system passed its health gate; the revision stays rolled back");
+            self.notices.emit(
+                Reason::GatePassed,
+                Some(revision.as_str()),
+                format!(
+                    "the rolled-back system passed its health gate; revision {} stays rolled back",
+                    revision.short()
+                ),
+            );
+        } else {
+            tracing::info!(revision = %revision.short(), "health gate passed");
+            self.notices.emit(
+                Reason::GatePassed,
+                Some(revision.as_str()),
+                format!("revision {} passed its health gate", revision.short()),
+            );
+            self.gatekeeper.set_phase(SlotPhase::Done).await;
+            self.gatekeeper.lift_vanished(revision).await;
+        }
+        true
+    }
+
+    /// The open gate failed: recorded with what comes next under `policy`, counted and told.
+    fn gate_failed_now(
+        &mut self,
+        open: &Open,
+        failing: std::collections::BTreeMap<String, String>,
+        now: jiff::Timestamp,
+        policy: RollbackPolicy,
+    ) -> bool {
+        let revision = &open.revision;
+        self.gatekeeper.fast_probes(false);
+        let list = failing
+            .iter()
+            .map(|(k, m)| format!("{k} ({m})"))
+            .collect::<Vec<_>>()
+            .join("; ");
+        self.gate_failing = failing.clone();
+        let Ok(next) = self.transition(|c| c.gate_failed(failing, now, policy)) else {
+            return false;
+        };
+        self.metrics.gate(&format!("{}failed", open.label()));
+        if open.after_reboot {
+            self.after_reboot_gate(false);
+        }
+        let (reason, what) = failed_notice(next, open.rollback);
+        self.notices.emit(
+            reason,
+            Some(revision.as_str()),
+            format!(
+                "health gate of revision {} failed: {list}; {what}",
+                revision.short()
+            ),
+        );
+        match next {
+            AfterGate::RollBack => {
+                tracing::error!(revision = %revision.short(), failing = %list,
+                "health gate failed; rolling back to the previous generation and halting the revision")
+            }
+            AfterGate::Manual => {
+                tracing::error!(revision = %revision.short(), failing = %list,
+                "health gate failed; halting the revision and keeping the slot (rollout.rollback = \"manual\")")
+            }
+            AfterGate::RollbackUnhealthy => {
+                tracing::error!(revision = %revision.short(), failing = %list,
+                "the rolled-back system is unhealthy too: keeping the rollout slot so that no other node proceeds; fix the node, then `ginxctl retry` or push a fix")
+            }
+            AfterGate::RolledBack => {}
+        }
+        true
     }
 
     /// The rollback a failed gate asks for (`rollback = "auto"`).
@@ -282,4 +266,103 @@ fn non_negative(d: jiff::SignedDuration) -> std::time::Duration {
 /// Whether an apply with `goal` activates something the gate must verify.
 pub(super) fn gated(goal: Goal) -> bool {
     matches!(goal, Goal::Switch | Goal::Test)
+}
+
+/// What the open gate was for, kept while it is stepped.
+struct Open {
+    rollback: bool,
+    after_reboot: bool,
+    revision: crate::types::Revision,
+}
+
+impl Open {
+    /// The metric's prefix: the rolled-back system's gate is counted apart.
+    fn label(&self) -> &'static str {
+        if self.rollback { "rollback-" } else { "" }
+    }
+}
+
+/// The open gate's monotonic times: kept since it opened in this process, or set again from the
+/// persisted wall-clock times once (after a restart, or a gate opened after a reboot). A step of
+/// the wall clock seen meanwhile is logged once per gate.
+fn gate_clock<'a>(
+    slot: &'a mut Option<(jiff::Timestamp, gate::Times, bool)>,
+    v: &Verifying,
+    now: jiff::Timestamp,
+    mono: Instant,
+) -> &'a mut gate::Times {
+    let wall_elapsed = now.duration_since(v.started_at);
+    if slot.as_ref().is_some_and(|g| g.0 != v.started_at) {
+        *slot = None;
+    }
+    let (_, times, step_logged) = slot.get_or_insert_with(|| {
+        let left = v.deadline.duration_since(now);
+        (
+            v.started_at,
+            gate::Times::resumed(mono, non_negative(wall_elapsed), non_negative(left)),
+            false,
+        )
+    });
+    let mono_elapsed = mono.saturating_duration_since(times.opened);
+    let drift =
+        (wall_elapsed - jiff::SignedDuration::try_from(mono_elapsed).unwrap_or_default()).abs();
+    if drift > jiff::SignedDuration::from_secs(CLOCK_STEP_SECS) && !*step_logged {
+        *step_logged = true;
+        tracing::warn!(revision = %v.revision.short(), wall_elapsed = %format!("{:#}", wall_elapsed),
+            gate_elapsed = %format!("{:#}", jiff::SignedDuration::try_from(mono_elapsed).unwrap_or_default()),
+            "the wall clock stepped during the health gate; the gate keeps its own (monotonic) time");
+    }
+    times
+}
+
+/// The notice's reason and words for a gate that failed, given what comes next.
+fn failed_notice(next: AfterGate, rollback: bool) -> (Reason, &'static str) {
+    match next {
+        AfterGate::RollbackUnhealthy => (
+            Reason::RollbackUnhealthy,
+            "the rolled-back system failed its health gate too: the node keeps its rollout slot so that no other node proceeds; fix the node, then `ginxctl retry` or push a fix",
+        ),
+        AfterGate::Manual => (
+            Reason::GateFailed,
+            "halting it and keeping the slot (rollout.rollback = \"manual\")",
+        ),
+        _ if rollback => (Reason::GateFailed, "on the rolled-back system"),
+        _ => (
+            Reason::GateFailed,
+            "rolling back to the previous generation",
+        ),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_failed_gate_is_told_by_what_comes_next() {
+        assert_eq!(
+            failed_notice(AfterGate::RollBack, false).0,
+            Reason::GateFailed
+        );
+        assert!(
+            failed_notice(AfterGate::RollBack, false)
+                .1
+                .starts_with("rolling back")
+        );
+        assert_eq!(
+            failed_notice(AfterGate::RollbackUnhealthy, true).0,
+            Reason::RollbackUnhealthy
+        );
+        assert!(failed_notice(AfterGate::Manual, false).1.contains("manual"));
+        assert_eq!(
+            failed_notice(AfterGate::RolledBack, true).1,
+            "on the rolled-back system"
+        );
+    }
+
+    #[test]
+    fn only_activations_that_run_the_new_system_are_gated() {
+        assert!(gated(Goal::Switch) && gated(Goal::Test));
+        assert!(!gated(Goal::Boot) && !gated(Goal::Build) && !gated(Goal::DryActivate));
+    }
 }
