@@ -590,7 +590,7 @@ impl Core {
         }
         self.state.expected_system = system;
         let since = self.state.reboot.as_ref().map_or(now, |r| r.since);
-        self.state.reboot = (!reboot_reasons.is_empty()).then(|| RebootRequired {
+        self.state.reboot = (!reboot_reasons.is_empty()).then_some(RebootRequired {
             reasons: reboot_reasons,
             since,
             boot_id,
@@ -613,7 +613,7 @@ impl Core {
         if r.boot_id.is_some() && r.boot_id == boot_id {
             return false;
         }
-        self.state.reboot = (!reasons.is_empty()).then(|| RebootRequired {
+        self.state.reboot = (!reasons.is_empty()).then_some(RebootRequired {
             reasons,
             since: now,
             boot_id,

@@ -308,8 +308,10 @@ mod tests {
 
     #[test]
     fn the_not_required_check_is_made_last() {
-        let mut s = State::default();
-        s.suspended = true;
+        let s = State {
+            suspended: true,
+            ..State::default()
+        };
         let asked = std::cell::Cell::new(false);
         may_begin(RebootMode::WhenRequired, &s, t(0), || {
             asked.set(true);
@@ -323,8 +325,10 @@ mod tests {
 
     #[test]
     fn a_reboot_under_way_takes_the_turn_unless_an_attempt_or_a_gate_runs() {
-        let mut st = State::default();
-        st.rebooting = Some(rebooting(RebootPhase::Draining, &[]));
+        let mut st = State {
+            rebooting: Some(rebooting(RebootPhase::Draining, &[])),
+            ..State::default()
+        };
         let never = || -> bool { panic!("not asked while one is under way") };
         assert!(turn(&Decision::Idle, &st, never, |_| false));
         assert!(!turn(&Decision::Busy, &st, || true, |_| true));

@@ -47,10 +47,10 @@ impl Reconciler {
                     return Some(Step::After(EVICT_AGAIN));
                 }
             };
-            if let Some(sel) = &cfg.reboot.blocking_pod_selector {
-                if let Some(step) = self.blocking_pods(&client, node, sel).await {
-                    return Some(step);
-                }
+            if let Some(sel) = &cfg.reboot.blocking_pod_selector
+                && let Some(step) = self.blocking_pods(&client, node, sel).await
+            {
+                return Some(step);
             }
         }
         if !self.reboot_view.cordon_checked {
