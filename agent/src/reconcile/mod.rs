@@ -5,9 +5,12 @@
 //! a reboot becoming necessary, someone changing the system by hand (drift), a new version of
 //! ginx itself.
 //!
-//! One concern per file: the pure decisions in `core`; here the loop itself (`run`, `handle`);
-//! `start` (beginning an attempt), `finish` (recording one), `rollback`, `drift`, `hooks`,
-//! `resume` (after a restart), `stop` (at shutdown) and `publish` (its part of status).
+//! One concern per file: the pure core in `core` (decisions and the checked transitions, the
+//! only way the persisted state changes); here the loop itself (`run`, `handle`); `start`
+//! (beginning an attempt), `finish` (recording one) and `outcome` (what its exit means, pure),
+//! `slot` (the rollout slot around an attempt and the halt), `verify` (the health gate as the
+//! loop runs it), `rollback`, `reboot` (a reboot ginx carries out, with its drain), `drift`,
+//! `hooks`, `resume` (after a restart), `stop` (at shutdown) and `publish` (its part of status).
 //!
 //! Layer 6: drives the workers (`apply`, `source`) and reads `state`, `status`, `config`,
 //! `types`. It must not import `control`, `daemon` or `cli`. Not here: fetching (see `source`),

@@ -113,18 +113,25 @@ impl Reconciler {
             settle: cfg.rollout.gate.settle.get(),
             required,
         };
-        let Some(v) = self.core.verifying_mut() else {
+        let gate_times = &mut self.gate_times;
+        let looked = self.core.look_at_gate(|v| {
+            let before = v.healthy_since;
+            let open = Open {
+                rollback: v.rollback,
+                after_reboot: v.after_reboot,
+                revision: v.revision.clone(),
+            };
+            let mono = Instant::now();
+            let times = gate_clock(gate_times, v, now, mono);
+            (
+                before,
+                open,
+                gate::step(v, times, &checks, &rules, mono, now),
+            )
+        });
+        let Ok((before, open, verdict)) = looked else {
             return false;
         };
-        let before = v.healthy_since;
-        let open = Open {
-            rollback: v.rollback,
-            after_reboot: v.after_reboot,
-            revision: v.revision.clone(),
-        };
-        let mono = Instant::now();
-        let times = gate_clock(&mut self.gate_times, v, now, mono);
-        let verdict = gate::step(v, times, &checks, &rules, mono, now);
         match verdict {
             Verdict::Pending { failing, .. } => {
                 self.gate_failing = failing;

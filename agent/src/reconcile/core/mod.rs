@@ -385,9 +385,18 @@ impl Core {
         Ok(())
     }
 
-    /// The open gate, for the caller to step.
-    pub fn verifying_mut(&mut self) -> Option<&mut Verifying> {
-        self.state.verifying.as_mut()
+    /// One look at the open gate: `look` is given it to update (how long it has been healthy)
+    /// and returns its verdict.
+    pub fn look_at_gate<T>(
+        &mut self,
+        look: impl FnOnce(&mut Verifying) -> T,
+    ) -> Result<T, TransitionError> {
+        let v = self
+            .state
+            .verifying
+            .as_mut()
+            .ok_or(TransitionError::NotVerifying)?;
+        Ok(look(v))
     }
 
     /// Verifying → succeeded (or, for the rolled-back system, rolled back): the gate passed.
@@ -1443,5 +1452,18 @@ mod tests {
         assert_eq!((r.reasons, r.since), (vec!["initrd".to_owned()], t(2)));
         assert!(c.reboot_reassessed(Vec::new(), Some("b3".into()), t(3)));
         assert!(c.state.reboot.is_none());
+    }
+
+    #[test]
+    fn a_look_at_the_gate_needs_one_open() {
+        let mut c = core();
+        assert_eq!(c.look_at_gate(|_| ()), Err(TransitionError::NotVerifying));
+        run(&mut c, 'a', 0, Outcome::Succeeded);
+        c.begin_verifying(gate('a', false)).unwrap();
+        c.look_at_gate(|v| v.healthy_since = Some(t(15))).unwrap();
+        assert_eq!(
+            c.state.verifying.as_ref().unwrap().healthy_since,
+            Some(t(15))
+        );
     }
 }
