@@ -234,6 +234,7 @@ fn apply_loop(shared: &Shared, state_dir: &Path) -> anyhow::Result<ApplyLoop> {
         published: published_tx,
         shutdown: shared.shutdown.clone(),
         restart: restart_tx,
+        kube: shared.kube.clone(),
     })
     .with_context(|| format!("loading state from {}", state_dir.display()))?;
     Ok(ApplyLoop {

@@ -13,7 +13,7 @@ impl Reconciler {
             let cfg = self.config.borrow();
             (cfg.system.current_system.clone(), cfg.apply.on_drift)
         };
-        let expected = self.core.state.expected_system.clone();
+        let expected = self.core.state().expected_system.clone();
         let current = system::resolve(&current_path);
         match (expected, current) {
             (Some(expected), Some(current)) if expected != current => {

@@ -1,16 +1,25 @@
 //! Finishing an attempt: its outcome recorded and persisted, the core told, the system looked at
-//! again after an activation, and a deployment of the tracked branch made the new anchor.
+//! again after an activation, and a deployment of the tracked branch made the new anchor. What
+//! the attempt's exit means is decided in `outcome`; here is the I/O around it.
 
 use std::sync::Arc;
 
 use super::core::Ending;
-use super::{COLMENA_CONFIG_ERROR, Reconciler, SelfRestart};
+use super::outcome::{self, Aftermath, Classified, RebootNext};
+use super::{Reconciler, SelfRestart};
 use crate::apply::system::{self, SelfImage};
 use crate::apply::{Exit, Finished};
 use crate::config::Config;
-use crate::state::{Attempt, AttemptKind, Outcome, RebootRequired};
-use crate::types::{Goal, Revision};
+use crate::state::{Attempt, AttemptKind, InFlight, Outcome};
+use crate::types::{ClosureInfo, Goal, Revision};
 use crate::util;
+
+/// An attempt's end as far as it is known before the core records it.
+struct Concluded {
+    class: Classified,
+    closure: Option<ClosureInfo>,
+    max_rss_kib: Option<u64>,
+}
 
 impl Reconciler {
     pub(super) async fn finish(&mut self, id: u64, ended: Finished) {
@@ -26,114 +35,11 @@ impl Reconciler {
         let finished = ended;
         let now = util::now();
         let cfg = Arc::clone(&self.config.borrow());
-        let kind = self.core.running().map(|r| r.kind).unwrap_or_default();
-        let running_goal = self.core.running().map(|r| r.goal);
-        let running_before = self
-            .core
-            .running()
-            .and_then(|r| r.generation_before.as_ref())
-            .and_then(|g| g.number);
-        // Closure mode: what `ginx apply-closure` found (its report), else what was started.
-        let closure = self.core.running().and_then(|r| {
-            r.dir
-                .as_ref()
-                .and_then(|d| std::fs::read(d.join(crate::apply::closure::REPORT_FILE)).ok())
-                .and_then(|b| serde_json::from_slice::<crate::types::ClosureInfo>(&b).ok())
-                .or_else(|| r.closure.clone())
-                // Read back from a file: its path is what was checked, or it is not taken.
-                .filter(|c| crate::types::check_store_path(&c.path).is_ok())
-        });
-        let closure_mode = cfg.apply.mode == crate::config::ApplyMode::Closure;
-        let max_rss_kib = self.core.running().and_then(|r| {
-            crate::apply::runner::read_result(r.dir.as_ref()?, r.token.as_deref())?.max_rss_kib
-        });
-        let (outcome, exit_code, error, give_up) = match &finished.exit {
-            Exit::Code(0) => (Outcome::Succeeded, Some(0), None, false),
-            Exit::Code(COLMENA_CONFIG_ERROR) if kind != AttemptKind::Rollback && !closure_mode => (
-                Outcome::Failed,
-                Some(COLMENA_CONFIG_ERROR),
-                Some(format!(
-                    "apply command exited with code 2: colmena says node {:?} is not in the \
-                     hive, or the hive does not allow local deployment \
-                     (deployment.allowLocalDeployment = true); fix the hive — not retried until \
-                     a new revision or `ginxctl retry`",
-                    cfg.node_name()
-                )),
-                true,
-            ),
-            Exit::Code(c) => (
-                Outcome::Failed,
-                Some(*c),
-                Some(format!("command exited with code {c}")),
-                false,
-            ),
-            Exit::Signal(s) => (
-                Outcome::Failed,
-                None,
-                Some(format!("command killed by signal {s}")),
-                false,
-            ),
-            Exit::TimedOut => (
-                Outcome::TimedOut,
-                None,
-                Some(format!(
-                    "command timed out after {} (apply.timeout)",
-                    cfg.apply.timeout
-                )),
-                false,
-            ),
-            Exit::Stopped => (
-                Outcome::Interrupted,
-                None,
-                Some("stopped: ginx or the machine went down during the attempt".into()),
-                false,
-            ),
-            Exit::SpawnFailed(m) => (Outcome::Failed, None, Some(m.clone()), false),
-        };
-        // Closure mode says why in its own words (the signature, the missing path, not a
-        // NixOS system, the switch and where the profile points now).
-        let (error, give_up) = match closure.as_ref().and_then(|c| c.error.clone()) {
-            Some(e) if matches!(finished.exit, Exit::Code(c) if c != 0) => (
-                Some(e),
-                give_up || closure.as_ref().is_some_and(|c| c.permanent),
-            ),
-            _ => (error, give_up),
-        };
-        // A closure attempt that did not end by itself (timed out, stopped, killed) could not
-        // put the profile back: ginx does, before the attempt is recorded.
-        let mut error = error;
-        if closure.is_some()
-            && kind == AttemptKind::Apply
-            && matches!(running_goal, Some(Goal::Switch | Goal::Boot))
-            && !matches!(finished.exit, Exit::Code(_))
-            && let Some(before) = running_before
-            && system::generation(&cfg.system.profile).and_then(|g| g.number) != Some(before)
-        {
-            let (nix_env, profile) = (
-                cfg.apply
-                    .closure
-                    .as_ref()
-                    .map_or_else(|| "nix-env".into(), |c| c.nix_env.clone()),
-                cfg.system.profile.clone(),
-            );
-            let said = tokio::task::spawn_blocking(move || {
-                crate::apply::closure::restore_profile(&nix_env, &profile, before)
-            })
-            .await
-            .unwrap_or_else(|e| format!("the profile could not be put back: {e}"));
-            tracing::warn!(attempt = id, "{said}");
-            error = Some(format!("{}; {said}", error.unwrap_or_default()));
-        }
-        if closure.is_some() {
-            self.core.state.closure = closure.clone();
-        } else if kind == AttemptKind::Rollback && outcome == Outcome::Succeeded {
-            // The closure shown is no longer what runs.
-            self.core.state.closure = None;
-        }
+        let c = self.conclude(&cfg, id, &finished.exit).await;
         let ending = Ending {
-            outcome,
-            error: error.clone(),
-            give_up,
+            outcome: c.class.outcome,
+            error: c.class.error.clone(),
+            give_up: c.class.give_up,
         };
         let policy = self.policy();
         let done = match self.core.complete(id, ending, now, policy) {
@@ -143,28 +49,17 @@ impl Reconciler {
                 return;
             }
         };
+        let after_reboot = self
+            .core
+            .state()
+            .gate_failure
+            .as_ref()
+            .is_some_and(|g| g.after_reboot);
+        let next = outcome::aftermath(done.kind, c.class.outcome, done.testing, after_reboot);
         let generation_after = system::generation(&cfg.system.profile);
-        if outcome == Outcome::Succeeded && done.kind != AttemptKind::Build {
-            self.after_activation(&cfg, done.goal, done.kind);
-        }
-        if done.kind == AttemptKind::Build && outcome != Outcome::Succeeded {
-            self.build_failed(&cfg, &done.revision, error.as_deref().unwrap_or(""))
-                .await;
-        }
-        match outcome {
-            Outcome::Succeeded => tracing::info!(attempt = id, kind = ?done.kind,
-                revision = %done.revision.short(), generation = ?generation_after.as_ref().and_then(|g| g.number),
-                "attempt succeeded"),
-            _ => tracing::warn!(attempt = id, kind = ?done.kind, revision = %done.revision.short(),
-                outcome = outcome.as_str(), error = error.as_deref().unwrap_or(""), "attempt failed"),
-        }
-        self.tell_outcome(
-            done.kind,
-            &done.revision,
-            outcome,
-            error.as_deref(),
-            generation_after.as_ref().and_then(|g| g.number),
-        );
+        let generation = generation_after.as_ref().and_then(|g| g.number);
+        self.report_end(&cfg, id, &done, &c.class, next, generation)
+            .await;
         if let Some(dir) = &done.dir {
             let _ = std::fs::remove_dir_all(dir);
         }
@@ -176,47 +71,156 @@ impl Reconciler {
             goal: done.goal,
             started_at: done.started_at,
             finished_at: now,
-            outcome,
-            exit_code,
-            error: error.clone(),
+            outcome: c.class.outcome,
+            exit_code: c.class.exit_code,
+            error: c.class.error.clone(),
             output: finished.output,
             generation_before: done.generation_before.clone(),
             generation_after,
             isolation: done.isolation.clone(),
-            closure,
-            max_rss_kib,
+            closure: c.closure,
+            max_rss_kib: c.max_rss_kib,
         };
         let took = attempt.finished_at.duration_since(attempt.started_at);
         self.metrics
-            .applied(outcome.as_str(), took.as_secs_f64().max(0.0));
+            .applied(c.class.outcome.as_str(), took.as_secs_f64().max(0.0));
         self.run_hook(&cfg, &attempt);
-        if outcome == Outcome::Succeeded {
-            // Before the record is written: a restart finds the gate open, never skipped.
-            if self.open_gate(done.kind, done.goal) {
-                self.gatekeeper
-                    .set_phase(crate::rollout::lease::SlotPhase::Verifying)
-                    .await;
-            }
+        self.follow_up(&cfg, &done, c.class.outcome, next, attempt)
+            .await;
+    }
+
+    /// What the running attempt's exit means, with closure mode's report; a profile a closure
+    /// attempt left pointing elsewhere is put back, and the closure is told to the core.
+    async fn conclude(&mut self, cfg: &Config, id: u64, exit: &Exit) -> Concluded {
+        let running = self.core.running().cloned();
+        let kind = running.as_ref().map(|r| r.kind).unwrap_or_default();
+        // Closure mode: what `ginx apply-closure` found (its report), else what was started.
+        let closure = running.as_ref().and_then(|r| {
+            r.dir
+                .as_ref()
+                .and_then(|d| std::fs::read(d.join(crate::apply::closure::REPORT_FILE)).ok())
+                .and_then(|b| outcome::parse_report(&b))
+                .or_else(|| {
+                    r.closure
+                        .clone()
+                        .filter(|c| crate::types::check_store_path(&c.path).is_ok())
+                })
+        });
+        let max_rss_kib = running.as_ref().and_then(|r| {
+            crate::apply::runner::read_result(r.dir.as_ref()?, r.token.as_deref())?.max_rss_kib
+        });
+        let timeout = cfg.apply.timeout.to_string();
+        let cx = outcome::Context {
+            kind,
+            closure_mode: cfg.apply.mode == crate::config::ApplyMode::Closure,
+            node: cfg.node_name(),
+            timeout: &timeout,
+        };
+        let mut class =
+            outcome::with_closure_error(outcome::classify(exit, &cx), exit, closure.as_ref());
+        if let Some(r) = &running
+            && let Some(said) = self.put_profile_back(cfg, r, closure.is_some(), exit).await
+        {
+            tracing::warn!(attempt = id, "{said}");
+            class.error = Some(format!("{}; {said}", class.error.unwrap_or_default()));
         }
-        let after_reboot = self
-            .core
-            .state
-            .gate_failure
+        let seen = closure.clone();
+        let _ = self.core.closure_seen(seen, class.outcome);
+        Concluded {
+            class,
+            closure,
+            max_rss_kib,
+        }
+    }
+
+    /// A closure attempt that did not end by itself (timed out, stopped, killed) could not put
+    /// the profile back: ginx does, before the attempt is recorded. Returns what it said.
+    async fn put_profile_back(
+        &self,
+        cfg: &Config,
+        r: &InFlight,
+        closure: bool,
+        exit: &Exit,
+    ) -> Option<String> {
+        let before = r.generation_before.as_ref().and_then(|g| g.number);
+        let before = outcome::profile_to_restore(closure, r.kind, r.goal, exit, before, || {
+            system::generation(&cfg.system.profile).and_then(|g| g.number)
+        })?;
+        let nix_env = cfg
+            .apply
+            .closure
             .as_ref()
-            .is_some_and(|g| g.after_reboot);
-        if done.kind == AttemptKind::Rollback && after_reboot {
-            if outcome == Outcome::Succeeded {
-                self.reboot_into_rollback();
-            } else {
-                self.after_reboot_gate(false);
-            }
+            .map_or_else(|| "nix-env".into(), |c| c.nix_env.clone());
+        let profile = cfg.system.profile.clone();
+        let said = tokio::task::spawn_blocking(move || {
+            crate::apply::closure::restore_profile(&nix_env, &profile, before)
+        })
+        .await
+        .unwrap_or_else(|e| format!("the profile could not be put back: {e}"));
+        Some(said)
+    }
+
+    /// After the core recorded the end: the system looked at again after an activation, a
+    /// failed build's halt, the log line and the notice.
+    async fn report_end(
+        &mut self,
+        cfg: &Config,
+        id: u64,
+        done: &InFlight,
+        class: &Classified,
+        next: Aftermath,
+        generation: Option<u64>,
+    ) {
+        let error = class.error.as_deref();
+        if next.activated {
+            self.after_activation(cfg, done.goal, done.kind);
+        }
+        if next.build_failed {
+            self.build_failed(cfg, &done.revision, error.unwrap_or(""))
+                .await;
+        }
+        match class.outcome {
+            Outcome::Succeeded => tracing::info!(attempt = id, kind = ?done.kind,
+                revision = %done.revision.short(), generation = ?generation,
+                "attempt succeeded"),
+            o => tracing::warn!(attempt = id, kind = ?done.kind, revision = %done.revision.short(),
+                outcome = o.as_str(), error = error.unwrap_or(""), "attempt failed"),
+        }
+        if let Some((reason, message)) =
+            outcome::notice(done.kind, &done.revision, class.outcome, error, generation)
+        {
+            self.notices
+                .emit(reason, Some(done.revision.as_str()), message);
+        }
+    }
+
+    /// What follows the attempt: its gate opened before its record is written (a restart finds
+    /// the gate open, never skipped), the reboot moved on, the record, the anchor, and a
+    /// restart into a new ginx.
+    async fn follow_up(
+        &mut self,
+        cfg: &Config,
+        done: &InFlight,
+        outcome: Outcome,
+        next: Aftermath,
+        attempt: Attempt,
+    ) {
+        if outcome == Outcome::Succeeded && self.open_gate(done.kind, done.goal) {
+            self.gatekeeper
+                .set_phase(crate::rollout::lease::SlotPhase::Verifying)
+                .await;
+        }
+        match next.reboot {
+            Some(RebootNext::IntoRollback) => self.reboot_into_rollback(),
+            Some(RebootNext::GateFailed) => self.after_reboot_gate(false),
+            None => {}
         }
         self.record(attempt);
-        if outcome == Outcome::Succeeded && done.kind == AttemptKind::Apply {
-            if !done.testing {
-                self.record_deployed(&done.source, done.revision.clone())
-                    .await;
-            }
+        if next.record_deployed {
+            self.record_deployed(&done.source, done.revision.clone())
+                .await;
+        }
+        if next.look_at_self {
             let now_image = SelfImage::read(&cfg.system.ginx_binary, &cfg.system.ginx_unit);
             if let Some(why) = self.self_image.changed(&now_image) {
                 tracing::info!(reason = %why, "a new version of ginx was activated; restarting into it");
@@ -226,46 +230,6 @@ impl Reconciler {
                 }));
             }
         }
-    }
-
-    /// The notice of an attempt's end.
-    fn tell_outcome(
-        &self,
-        kind: AttemptKind,
-        revision: &Revision,
-        outcome: Outcome,
-        error: Option<&str>,
-        generation: Option<u64>,
-    ) {
-        use crate::types::Reason;
-        let short = revision.short();
-        let gen_ = generation.map_or(String::new(), |g| format!(" (generation {g})"));
-        let error = error.unwrap_or(outcome.as_str());
-        let (reason, message) = match (kind, outcome == Outcome::Succeeded) {
-            (AttemptKind::Build, true) => return,
-            (AttemptKind::Apply, true) => {
-                (Reason::Applied, format!("applied revision {short}{gen_}"))
-            }
-            (AttemptKind::Rollback, true) => (
-                Reason::RolledBack,
-                format!("rolled back from revision {short} to the previous system{gen_}"),
-            ),
-            (AttemptKind::Build, false) => (
-                Reason::ApplyFailed,
-                format!("build of revision {short} failed (no slot taken): {error}"),
-            ),
-            (AttemptKind::Apply, false) => (
-                Reason::ApplyFailed,
-                format!("apply of revision {short} failed: {error}"),
-            ),
-            (AttemptKind::Rollback, false) => (
-                Reason::RollbackUnhealthy,
-                format!(
-                    "the rollback from revision {short} failed: {error}; the node needs a person"
-                ),
-            ),
-        };
-        self.notices.emit(reason, Some(revision.as_str()), message);
     }
 
     /// A build that failed took no slot and halts nothing, unless
@@ -313,7 +277,7 @@ impl Reconciler {
     /// After a successful activation: remember the system it produced (drift is measured
     /// against it) and whether a reboot is needed.
     fn after_activation(&mut self, cfg: &Config, goal: Goal, kind: AttemptKind) {
-        self.core.state.expected_system = system::resolve(&cfg.system.current_system);
+        let expected = system::resolve(&cfg.system.current_system);
         self.drift = None;
         let mut reasons =
             system::reboot_reasons(&cfg.system.booted_system, &cfg.system.current_system);
@@ -328,18 +292,9 @@ impl Reconciler {
                 "goal boot: the new configuration becomes active at the next boot".to_owned(),
             );
         }
-        let since = self
-            .core
-            .state
-            .reboot
-            .as_ref()
-            .map_or_else(util::now, |r| r.since);
-        self.core.state.reboot = (!reasons.is_empty()).then(|| RebootRequired {
-            reasons,
-            since,
-            boot_id: system::boot_id(&cfg.system.boot_id),
-        });
-        if let Some(r) = &self.core.state.reboot {
+        let boot = system::boot_id(&cfg.system.boot_id);
+        let _ = self.transition(|c| c.activated(expected, reasons, boot, util::now()));
+        if let Some(r) = &self.core.state().reboot {
             tracing::info!(reasons = ?r.reasons, "a reboot is required");
         }
     }

@@ -5,9 +5,12 @@
 //! a reboot becoming necessary, someone changing the system by hand (drift), a new version of
 //! ginx itself.
 //!
-//! One concern per file: the pure decisions in `core`; here the loop itself (`run`, `handle`);
-//! `start` (beginning an attempt), `finish` (recording one), `rollback`, `drift`, `hooks`,
-//! `resume` (after a restart), `stop` (at shutdown) and `publish` (its part of status).
+//! One concern per file: the pure core in `core` (decisions and the checked transitions, the
+//! only way the persisted state changes); here the loop itself (`run`, `handle`); `start`
+//! (beginning an attempt), `finish` (recording one) and `outcome` (what its exit means, pure),
+//! `slot` (the rollout slot around an attempt and the halt), `verify` (the health gate as the
+//! loop runs it), `rollback`, `reboot` (a reboot ginx carries out, with its drain), `drift`,
+//! `hooks`, `resume` (after a restart), `stop` (at shutdown) and `publish` (its part of status).
 //!
 //! Layer 6: drives the workers (`apply`, `source`) and reads `state`, `status`, `config`,
 //! `types`. It must not import `control`, `daemon` or `cli`. Not here: fetching (see `source`),
@@ -16,14 +19,16 @@
 pub mod core;
 mod drift;
 mod finish;
-mod gate;
 mod hooks;
+mod outcome;
 mod publish;
 mod reboot;
 mod resume;
 mod rollback;
+mod slot;
 mod start;
 mod stop;
+mod verify;
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;
@@ -43,9 +48,6 @@ use crate::types::{Revision, SourceReports};
 use crate::util;
 
 pub use self::core::{Core, Decision, Desired, Ending, RetryPolicy};
-
-/// colmena's exit code for "node missing from the hive / local deployment not allowed".
-const COLMENA_CONFIG_ERROR: i32 = 2;
 
 /// Requests to the loop.
 #[derive(Debug)]
@@ -122,6 +124,8 @@ pub struct Reconciler {
     wall_steps: util::WallSteps,
     /// A lock release or a halt that failed is tried again after this.
     lock_retry_at: Option<std::time::Instant>,
+    /// The API clients as the daemon makes them (none until it has).
+    kube: watch::Receiver<Option<crate::types::api::KubeClients>>,
     /// The reboot as far as it is not persisted: what it waits for, the drain's pods.
     reboot_view: reboot::RebootView,
 }
@@ -142,6 +146,9 @@ pub struct Wiring {
     pub shutdown: watch::Receiver<bool>,
     pub restart: watch::Sender<Option<SelfRestart>>,
     pub rollout: crate::rollout::Wiring,
+    /// The API clients, for what the reconciler does to its own Node and pods (the reboot's
+    /// cordon and drain); the rollout gets its own receiver of the same watch.
+    pub kube: watch::Receiver<Option<crate::types::api::KubeClients>>,
 }
 
 /// A new version of ginx was activated: why, and its binary (resolved when it was found).
@@ -223,6 +230,7 @@ impl Reconciler {
             history_dirty: false,
             unsaved: None,
             gatekeeper: crate::rollout::Gatekeeper::new(w.rollout),
+            kube: w.kube,
             baseline: BTreeMap::new(),
             gate_failing: BTreeMap::new(),
             gate_times: None,
@@ -272,7 +280,7 @@ impl Reconciler {
     /// Writes the state (and the history, when it changed). A failure is kept in `unsaved`,
     /// shown in status and health, and holds applies back until a later write succeeds.
     fn save_state(&mut self) -> Result<(), String> {
-        let result = state::save(&self.state_path, &self.core.state)
+        let result = state::save(&self.state_path, self.core.state())
             .map_err(|e| {
                 format!(
                     "cannot write the state file {}: {e}",
@@ -321,6 +329,22 @@ impl Reconciler {
         Ok(out)
     }
 
+    /// Makes a checked transition of the core and persists it. One the core refuses (a bug in
+    /// the caller) is logged and changes nothing; one that cannot be persisted is undone, as in
+    /// [`change_persisted`](Self::change_persisted). Either way the reason is returned.
+    fn transition<T>(
+        &mut self,
+        change: impl FnOnce(&mut Core) -> Result<T, core::TransitionError>,
+    ) -> Result<T, String> {
+        match self.change_persisted(change)? {
+            Ok(out) => Ok(out),
+            Err(e) => {
+                tracing::error!(error = %e, "a change of the state was refused");
+                Err(e.to_string())
+            }
+        }
+    }
+
     fn record(&mut self, attempt: Attempt) {
         self.last = Some((attempt.started_at, Some(attempt.finished_at)));
         self.history.push(attempt);
@@ -366,19 +390,7 @@ impl Reconciler {
             self.publish();
             let now = util::now();
             self.look_at_clocks(now);
-            let decision = if attempting.is_some() {
-                Decision::Busy
-            } else if self.unsaved.is_some() {
-                // Another attempt would pile an outcome on one that is not on disk.
-                Decision::Idle
-            } else {
-                let desired = self.desired();
-                self.core.prebuild = self.config.borrow().apply.prebuild;
-                let at = self.core.state.failure.as_ref().map(|f| f.next_retry_at);
-                let retry_now = self.retry_clock.now(at, now, std::time::Instant::now());
-                self.core
-                    .decide(desired.as_ref().map(|(d, _)| d), retry_now)
-            };
+            let decision = self.decide_turn(attempting.is_some(), now);
             let reboot_turn =
                 attempting.is_none() && self.unsaved.is_none() && self.reboot_turn(&decision);
             // A build holds no slot: it goes on whatever the rollout says (a reboot's turn
@@ -393,75 +405,23 @@ impl Reconciler {
                     reboot::Step::Again => continue,
                     other => reboot_wait = Some(other),
                 }
-            } else {
-                match &decision {
-                    Decision::Start(desired)
-                        if self.blocked.as_ref() != Some(&desired.revision) =>
-                    {
-                        if self.ask(desired).await {
-                            let testing = self.desired().is_some_and(|(_, t)| t);
-                            attempting = self
-                                .start_apply(desired.clone(), testing, AttemptKind::Apply)
-                                .await;
-                            continue;
-                        }
-                    }
-                    Decision::Build(desired)
-                        if self.blocked.as_ref() != Some(&desired.revision) =>
-                    {
-                        if self.core.set_waiting(None, now) {
-                            self.publish();
-                        }
-                        let testing = self.desired().is_some_and(|(_, t)| t);
-                        attempting = self
-                            .start_apply(desired.clone(), testing, AttemptKind::Build)
-                            .await;
-                        continue;
-                    }
-                    Decision::RollBack => {
-                        attempting = self.roll_back_after_gate().await;
-                        if attempting.is_some() {
-                            continue;
-                        }
-                    }
-                    Decision::Verify => {
-                        if self.step_gate().await {
-                            continue;
-                        }
-                    }
-                    _ => {
-                        if self.core.set_waiting(None, now) {
-                            self.publish();
-                        }
-                    }
+            } else if let Acted::Again(started) = self.act(&decision, now).await {
+                if started.is_some() {
+                    attempting = started;
                 }
+                continue;
             }
-            let waiting = self.core.waiting.is_some() || self.lock_retry_at.is_some();
-            let verifying = decision == Decision::Verify;
-            let gate_interval = self.config.borrow().rollout.gate.interval.get();
-            let gatekeeper = &mut self.gatekeeper;
-            let rollout = async {
-                if let Some(step) = reboot_wait {
-                    match step {
-                        reboot::Step::After(d) => tokio::time::sleep(d).await,
-                        _ => gatekeeper.changed().await,
-                    }
-                } else if verifying {
-                    tokio::time::sleep(gate_interval).await;
-                } else if waiting {
-                    gatekeeper.changed().await;
-                } else {
-                    gatekeeper.until_lost().await;
-                }
-            };
-            let retry = async {
-                match decision {
-                    Decision::RetryAt(_) => {
-                        tokio::time::sleep(self.retry_clock.left(std::time::Instant::now())).await;
-                    }
-                    _ => std::future::pending().await,
-                }
-            };
+            let rollout = wait_for_rollout(
+                &mut self.gatekeeper,
+                reboot_wait,
+                (decision == Decision::Verify)
+                    .then(|| self.config.borrow().rollout.gate.interval.get()),
+                self.core.waiting.is_some() || self.lock_retry_at.is_some(),
+            );
+            let retry = sleep_for(
+                matches!(decision, Decision::RetryAt(_))
+                    .then(|| self.retry_clock.left(std::time::Instant::now())),
+            );
             let finishing = async {
                 match attempting.as_mut() {
                     Some(a) => (&mut a.task).await,
@@ -470,31 +430,16 @@ impl Reconciler {
             };
             // `reboot.sentinel` appears without telling anyone: looked at every few seconds
             // while ginx may reboot.
-            let sentinel_poll = self.config.borrow().reboot.mode
-                == crate::config::RebootMode::WhenRequired
-                && self.core.state.rebooting.is_none();
-            let sentinel = async {
-                if sentinel_poll {
-                    tokio::time::sleep(reboot::SENTINEL_POLL).await;
-                } else {
-                    std::future::pending::<()>().await;
-                }
-            };
+            let sentinel = sleep_for(
+                (self.config.borrow().reboot.mode == crate::config::RebootMode::WhenRequired
+                    && self.core.state().rebooting.is_none())
+                .then_some(reboot::SENTINEL_POLL),
+            );
             // Status says whether a window is open: published again when one opens or closes.
-            let window_edge = publish::until_window_edge(&self.config.borrow().rollout.windows);
-            let window_edge = async {
-                match window_edge {
-                    Some(d) => tokio::time::sleep(d).await,
-                    None => std::future::pending::<()>().await,
-                }
-            };
-            let persist_again = async {
-                if self.unsaved.is_some() {
-                    tokio::time::sleep(PERSIST_RETRY).await;
-                } else {
-                    std::future::pending::<()>().await;
-                }
-            };
+            let window_edge = sleep_for(publish::until_window_edge(
+                &self.config.borrow().rollout.windows,
+            ));
+            let persist_again = sleep_for(self.unsaved.is_some().then_some(PERSIST_RETRY));
             tokio::select! {
                 () = retry => {}
                 () = rollout => {}
@@ -534,6 +479,64 @@ impl Reconciler {
             self.stop(a).await;
         }
         self.publish();
+    }
+
+    /// What the core decides this turn; `busy` while an attempt runs.
+    fn decide_turn(&mut self, busy: bool, now: Timestamp) -> Decision {
+        if busy {
+            return Decision::Busy;
+        }
+        if self.unsaved.is_some() {
+            // Another attempt would pile an outcome on one that is not on disk.
+            return Decision::Idle;
+        }
+        let desired = self.desired();
+        self.core.prebuild = self.config.borrow().apply.prebuild;
+        let at = self.core.state().failure.as_ref().map(|f| f.next_retry_at);
+        let retry_now = self.retry_clock.now(at, now, std::time::Instant::now());
+        self.core
+            .decide(desired.as_ref().map(|(d, _)| d), retry_now)
+    }
+
+    /// Acts on the core's decision (when the turn is not the reboot's).
+    async fn act(&mut self, decision: &Decision, now: Timestamp) -> Acted {
+        match decision {
+            Decision::Start(desired) if self.blocked.as_ref() != Some(&desired.revision) => {
+                if self.ask(desired).await {
+                    let testing = self.desired().is_some_and(|(_, t)| t);
+                    return Acted::Again(
+                        self.start_apply(desired.clone(), testing, AttemptKind::Apply)
+                            .await,
+                    );
+                }
+            }
+            Decision::Build(desired) if self.blocked.as_ref() != Some(&desired.revision) => {
+                if self.core.set_waiting(None, now) {
+                    self.publish();
+                }
+                let testing = self.desired().is_some_and(|(_, t)| t);
+                return Acted::Again(
+                    self.start_apply(desired.clone(), testing, AttemptKind::Build)
+                        .await,
+                );
+            }
+            Decision::RollBack => {
+                if let Some(a) = self.roll_back_after_gate().await {
+                    return Acted::Again(Some(a));
+                }
+            }
+            Decision::Verify => {
+                if self.step_gate().await {
+                    return Acted::Again(None);
+                }
+            }
+            _ => {
+                if self.core.set_waiting(None, now) {
+                    self.publish();
+                }
+            }
+        }
+        Acted::Wait
     }
 
     async fn handle(&mut self, cmd: Command, busy: bool) -> Option<Attempting> {
@@ -597,6 +600,45 @@ impl Reconciler {
             }
         }
         None
+    }
+}
+
+/// What acting on a decision led to.
+enum Acted {
+    /// Go round again at once, with the attempt started, if one was.
+    Again(Option<Attempting>),
+    /// Wait for something to change.
+    Wait,
+}
+
+/// Sleeps for `d`, or forever without one.
+async fn sleep_for(d: Option<std::time::Duration>) {
+    match d {
+        Some(d) => tokio::time::sleep(d).await,
+        None => std::future::pending().await,
+    }
+}
+
+/// Waits for what the rollout side of this turn waits for: the reboot's next step, the gate's
+/// next look (`gate_interval` while one is open), a change of the rollout while `waiting`, or
+/// else the loss of the slot held.
+async fn wait_for_rollout(
+    gatekeeper: &mut crate::rollout::Gatekeeper,
+    reboot_wait: Option<reboot::Step>,
+    gate_interval: Option<std::time::Duration>,
+    waiting: bool,
+) {
+    if let Some(step) = reboot_wait {
+        match step {
+            reboot::Step::After(d) => tokio::time::sleep(d).await,
+            _ => gatekeeper.changed().await,
+        }
+    } else if let Some(interval) = gate_interval {
+        tokio::time::sleep(interval).await;
+    } else if waiting {
+        gatekeeper.changed().await;
+    } else {
+        gatekeeper.until_lost().await;
     }
 }
 

@@ -3,7 +3,7 @@
 use super::Reconciler;
 use crate::apply::system;
 use crate::rollout::window::WindowState;
-use crate::state::{AfterGate, AttemptKind, Held, RebootPhase};
+use crate::state::{AfterGate, AttemptKind, Held, RebootPhase, State};
 use crate::status::{
     ApplyState, ApplyStatus, GateProgress, Halt, Phase, Published, RebootStatus, RolloutStatus,
     SystemStatus, WaitingFor, WindowStatus,
@@ -53,10 +53,82 @@ fn h_group(held: Option<&Held>) -> String {
     held.map(|h| h.group.clone()).unwrap_or_default()
 }
 
+/// The rollout phase status shows, from the persisted state and the apply's state.
+fn phase_of(st: &State, state: ApplyState) -> Phase {
+    let rebooting = st.rebooting.as_ref().map(|r| r.phase);
+    match (
+        &st.in_flight,
+        &st.verifying,
+        st.gate_failure.as_ref().map(|g| g.next),
+    ) {
+        (None, None, _) if rebooting == Some(RebootPhase::Draining) => Phase::Draining,
+        (None, None, _) if rebooting == Some(RebootPhase::Rebooting) => Phase::Rebooting,
+        (None, None, _) if rebooting == Some(RebootPhase::Finishing) => Phase::Verifying,
+        (Some(r), _, _) if r.kind == AttemptKind::Rollback => Phase::RollingBack,
+        (Some(r), _, _) if r.kind == AttemptKind::Build => Phase::Building,
+        (Some(_), _, _) => Phase::Applying,
+        (None, Some(v), _) if v.rollback => Phase::VerifyingRollback,
+        (None, Some(_), _) => Phase::Verifying,
+        (None, None, Some(AfterGate::RollBack)) => Phase::RollingBack,
+        (None, None, Some(AfterGate::RollbackUnhealthy)) => Phase::RollbackUnhealthy,
+        (None, None, Some(AfterGate::Manual)) => Phase::Failed,
+        (None, None, Some(AfterGate::RolledBack))
+            if st.gate_failure.as_ref().is_some_and(|g| g.quarantined) =>
+        {
+            Phase::Quarantined
+        }
+        _ => match state {
+            ApplyState::Waiting => Phase::Waiting,
+            ApplyState::Succeeded => Phase::Succeeded,
+            ApplyState::RolledBack => Phase::RolledBack,
+            ApplyState::Failed => Phase::Failed,
+            ApplyState::Applying => Phase::Applying,
+            ApplyState::Building => Phase::Building,
+            ApplyState::Verifying => Phase::Verifying,
+            ApplyState::Idle | ApplyState::Pending => Phase::Idle,
+        },
+    }
+}
+
+/// The halt this node's own failed gate wrote (not a quarantine), as status shows it.
+fn own_halt(st: &State, node: &str) -> Option<Halt> {
+    st.gate_failure
+        .as_ref()
+        .filter(|g| g.halted && !g.quarantined)
+        .map(|g| Halt {
+            revision: g.revision.clone(),
+            node: node.to_owned(),
+            probes: g.failing.clone(),
+            reason: "health gate failed on this node".to_owned(),
+            at: g.at,
+            cause: crate::status::HaltCause::GateFailed,
+            group: None,
+        })
+}
+
+/// This node's quarantine: its gate failed below the failure budget (`halt_after`) and it
+/// rolled back.
+fn quarantine_of(st: &State, halt_after: u32) -> Option<crate::status::Quarantine> {
+    st.gate_failure
+        .as_ref()
+        .filter(|g| g.quarantined && g.next == AfterGate::RolledBack)
+        .map(|g| crate::status::Quarantine {
+            revision: g.revision.clone(),
+            failing: g.failing.clone(),
+            at: g.at,
+            reason: format!(
+                "its health gate failed here below the failure budget \
+                 (rollout.halt_after = {halt_after}); rolled back and kept out of the rollout of \
+                 {}: `ginxctl retry` or a new revision ends it",
+                g.revision.short()
+            ),
+        })
+}
+
 impl Reconciler {
     fn system_status(&self) -> SystemStatus {
         let cfg = self.config.borrow();
-        let reboot = self.core.state.reboot.as_ref();
+        let reboot = self.core.state().reboot.as_ref();
         SystemStatus {
             generation: system::generation(&cfg.system.profile),
             current_system: system::resolve(&cfg.system.current_system),
@@ -68,7 +140,10 @@ impl Reconciler {
     }
 
     fn gate_reason(&self) -> String {
-        match (&self.core.state.verifying, &self.core.state.gate_failure) {
+        match (
+            &self.core.state().verifying,
+            &self.core.state().gate_failure,
+        ) {
             (Some(v), _) => {
                 let what = if v.rollback {
                     "the rolled-back system"
@@ -103,46 +178,13 @@ impl Reconciler {
 
     fn rollout_status(&self, target: Option<&Revision>, state: ApplyState) -> RolloutStatus {
         let cfg = self.config.borrow();
-        let st = &self.core.state;
+        let st = self.core.state();
         let held = st.rollout_held.as_ref();
-        let rebooting = st.rebooting.as_ref().map(|r| r.phase);
-        let phase = match (
-            &st.in_flight,
-            &st.verifying,
-            st.gate_failure.as_ref().map(|g| g.next),
-        ) {
-            (None, None, _) if rebooting == Some(RebootPhase::Draining) => Phase::Draining,
-            (None, None, _) if rebooting == Some(RebootPhase::Rebooting) => Phase::Rebooting,
-            (None, None, _) if rebooting == Some(RebootPhase::Finishing) => Phase::Verifying,
-            (Some(r), _, _) if r.kind == AttemptKind::Rollback => Phase::RollingBack,
-            (Some(r), _, _) if r.kind == AttemptKind::Build => Phase::Building,
-            (Some(_), _, _) => Phase::Applying,
-            (None, Some(v), _) if v.rollback => Phase::VerifyingRollback,
-            (None, Some(_), _) => Phase::Verifying,
-            (None, None, Some(AfterGate::RollBack)) => Phase::RollingBack,
-            (None, None, Some(AfterGate::RollbackUnhealthy)) => Phase::RollbackUnhealthy,
-            (None, None, Some(AfterGate::Manual)) => Phase::Failed,
-            (None, None, Some(AfterGate::RolledBack))
-                if st.gate_failure.as_ref().is_some_and(|g| g.quarantined) =>
-            {
-                Phase::Quarantined
-            }
-            _ => match state {
-                ApplyState::Waiting => Phase::Waiting,
-                ApplyState::Succeeded => Phase::Succeeded,
-                ApplyState::RolledBack => Phase::RolledBack,
-                ApplyState::Failed => Phase::Failed,
-                ApplyState::Applying => Phase::Applying,
-                ApplyState::Building => Phase::Building,
-                ApplyState::Verifying => Phase::Verifying,
-                ApplyState::Idle | ApplyState::Pending => Phase::Idle,
-            },
-        };
         // A lost slot says so above all: whatever runs under it started before the loss.
         let phase = if self.gatekeeper.lost() {
             Phase::Lost
         } else {
-            phase
+            phase_of(st, state)
         };
         let waiting_for = if st.suspended && state == ApplyState::Waiting {
             Some(WaitingFor::Suspended)
@@ -178,46 +220,18 @@ impl Reconciler {
             }),
             halt: target
                 .and_then(|t| fleet.and_then(|f| f.halt_of(t)).cloned())
-                .or_else(|| {
-                    st.gate_failure
-                        .as_ref()
-                        .filter(|g| g.halted && !g.quarantined)
-                        .map(|g| Halt {
-                            revision: g.revision.clone(),
-                            node: cfg.node_name().to_owned(),
-                            probes: g.failing.clone(),
-                            reason: "health gate failed on this node".to_owned(),
-                            at: g.at,
-                            cause: crate::status::HaltCause::GateFailed,
-                            group: None,
-                        })
-                }),
+                .or_else(|| own_halt(st, cfg.node_name())),
             paused: fleet.and_then(|f| f.paused.clone()),
             window: window_status(&cfg.rollout.windows),
             reboot: self.reboot_status(&cfg),
             passed_revision: st.passed.clone(),
-            quarantined: st
-                .gate_failure
-                .as_ref()
-                .filter(|g| g.quarantined && g.next == AfterGate::RolledBack)
-                .map(|g| crate::status::Quarantine {
-                    revision: g.revision.clone(),
-                    failing: g.failing.clone(),
-                    at: g.at,
-                    reason: format!(
-                        "its health gate failed here below the failure budget \
-                         (rollout.halt_after = {}); rolled back and kept out of the rollout of \
-                         {}: `ginxctl retry` or a new revision ends it",
-                        cfg.rollout.halt_after,
-                        g.revision.short()
-                    ),
-                }),
+            quarantined: quarantine_of(st, cfg.rollout.halt_after),
             after: cfg.rollout.after_for(cfg.node.role),
         }
     }
 
     fn reboot_status(&self, cfg: &crate::config::Config) -> RebootStatus {
-        let st = &self.core.state;
+        let st = self.core.state();
         let r = st.rebooting.as_ref();
         let v = &self.reboot_view;
         let active = r.is_some_and(|r| r.phase == RebootPhase::Draining);
@@ -256,32 +270,17 @@ impl Reconciler {
         }
     }
 
-    pub(super) fn publish(&self) {
-        let desired = self.desired().map(|(d, _)| d);
-        let cfg = self.config.borrow();
-        let st = &self.core.state;
-        let mut state = self.core.apply_state(desired.as_ref());
-        // An open gate cannot close either while the state cannot be written: its verdict
-        // would not be on disk.
-        let held = self.unsaved.is_some()
-            && st.in_flight.is_none()
-            && matches!(
-                state,
-                ApplyState::Pending | ApplyState::Failed | ApplyState::Verifying
-            );
-        if held {
-            state = ApplyState::Waiting;
-        }
-        let failure = st
-            .failure
-            .as_ref()
-            .filter(|f| Some(&f.revision) == desired.as_ref().map(|d| &d.revision));
-        let revision = match (&st.in_flight, state) {
-            (Some(r), _) => Some(r.revision.clone()),
-            (None, ApplyState::Succeeded) => st.applied.as_ref().map(|a| a.revision.clone()),
-            _ => desired.as_ref().map(|d| d.revision.clone()),
-        };
-        let reason = match state {
+    /// Why the apply is in `state`, in words; `held` when it is held only because the state
+    /// cannot be written, `failure` the wanted revision's.
+    fn apply_reason(
+        &self,
+        cfg: &crate::config::Config,
+        state: ApplyState,
+        held: bool,
+        failure: Option<&crate::state::Failure>,
+    ) -> Option<String> {
+        let st = self.core.state();
+        match state {
             ApplyState::Idle => Some(
                 match self
                     .sources
@@ -336,7 +335,35 @@ impl Reconciler {
                 Some("rolled back: waiting for a new revision or `ginxctl retry`".to_owned())
             }
             _ => None,
+        }
+    }
+
+    pub(super) fn publish(&self) {
+        let desired = self.desired().map(|(d, _)| d);
+        let cfg = self.config.borrow();
+        let st = self.core.state();
+        let mut state = self.core.apply_state(desired.as_ref());
+        // An open gate cannot close either while the state cannot be written: its verdict
+        // would not be on disk.
+        let held = self.unsaved.is_some()
+            && st.in_flight.is_none()
+            && matches!(
+                state,
+                ApplyState::Pending | ApplyState::Failed | ApplyState::Verifying
+            );
+        if held {
+            state = ApplyState::Waiting;
+        }
+        let failure = st
+            .failure
+            .as_ref()
+            .filter(|f| Some(&f.revision) == desired.as_ref().map(|d| &d.revision));
+        let revision = match (&st.in_flight, state) {
+            (Some(r), _) => Some(r.revision.clone()),
+            (None, ApplyState::Succeeded) => st.applied.as_ref().map(|a| a.revision.clone()),
+            _ => desired.as_ref().map(|d| d.revision.clone()),
         };
+        let reason = self.apply_reason(&cfg, state, held, failure);
         let apply = ApplyStatus {
             state,
             source: cfg.apply.source.clone(),
@@ -427,5 +454,53 @@ mod tests {
             d > std::time::Duration::from_secs(50) && d <= std::time::Duration::from_secs(61),
             "{d:?}"
         );
+    }
+
+    #[test]
+    fn the_rollout_phase_follows_the_state() {
+        let mut st = State::default();
+        assert_eq!(phase_of(&st, ApplyState::Idle), Phase::Idle);
+        assert_eq!(phase_of(&st, ApplyState::Waiting), Phase::Waiting);
+        st.rebooting = Some(crate::state::Rebooting {
+            phase: RebootPhase::Draining,
+            started_at: util::now(),
+            reasons: Vec::new(),
+            cordoned: false,
+            drain_started_at: None,
+            boot_id: None,
+            reboot_at: None,
+            rollback: false,
+            baseline: Default::default(),
+        });
+        assert_eq!(phase_of(&st, ApplyState::Succeeded), Phase::Draining);
+        st.rebooting = None;
+        st.gate_failure = Some(crate::state::GateFailure {
+            revision: "a".repeat(40).parse().unwrap(),
+            failing: Default::default(),
+            at: util::now(),
+            next: AfterGate::RolledBack,
+            halted: true,
+            quarantined: true,
+            baseline: Default::default(),
+            after_reboot: false,
+        });
+        assert_eq!(phase_of(&st, ApplyState::RolledBack), Phase::Quarantined);
+        assert!(
+            own_halt(&st, "makise").is_none(),
+            "a quarantine halts nobody"
+        );
+        assert!(
+            quarantine_of(&st, 3)
+                .unwrap()
+                .reason
+                .contains("halt_after = 3")
+        );
+        if let Some(g) = st.gate_failure.as_mut() {
+            g.quarantined = false;
+            g.next = AfterGate::Manual;
+        }
+        assert_eq!(phase_of(&st, ApplyState::Failed), Phase::Failed);
+        assert_eq!(own_halt(&st, "makise").unwrap().node, "makise");
+        assert!(quarantine_of(&st, 3).is_none());
     }
 }

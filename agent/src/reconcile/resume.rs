@@ -7,15 +7,14 @@ use super::{Attempting, Reconciler};
 use crate::apply::isolation;
 use crate::apply::system;
 use crate::apply::{self, Exit, Finished};
-use crate::state::RebootRequired;
 use crate::util;
 
 impl Reconciler {
     /// After a reboot, what required it is gone: compute it afresh.
     pub(super) fn refresh_reboot_after_boot(&mut self) {
-        let Some(r) = &self.core.state.reboot else {
+        if self.core.state().reboot.is_none() {
             return;
-        };
+        }
         let (boot, reasons) = {
             let cfg = self.config.borrow();
             (
@@ -23,15 +22,9 @@ impl Reconciler {
                 system::reboot_reasons(&cfg.system.booted_system, &cfg.system.current_system),
             )
         };
-        if r.boot_id.is_some() && r.boot_id == boot {
-            return;
+        if self.core.reboot_reassessed(reasons, boot, util::now()) {
+            let _ = self.save_state();
         }
-        self.core.state.reboot = (!reasons.is_empty()).then(|| RebootRequired {
-            reasons,
-            since: util::now(),
-            boot_id: boot,
-        });
-        let _ = self.save_state();
     }
 
     /// A state written before anchors existed: its applied revision becomes the anchor.
@@ -44,7 +37,7 @@ impl Reconciler {
         // revision is not an anchor).
         let Some(applied) = self
             .core
-            .state
+            .state()
             .applied
             .clone()
             .filter(|a| a.source == source && a.goal == goal)

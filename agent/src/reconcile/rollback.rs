@@ -15,7 +15,7 @@ impl Reconciler {
         let cfg = Arc::clone(&self.config.borrow());
         let revision = self
             .core
-            .state
+            .state()
             .applied
             .as_ref()
             .map(|a| a.revision.clone())
@@ -36,7 +36,7 @@ impl Reconciler {
         // default, and ginx reboots into it.
         let boot = self
             .core
-            .state
+            .state()
             .gate_failure
             .as_ref()
             .is_some_and(|g| g.after_reboot && g.next == crate::state::AfterGate::RollBack);
@@ -54,7 +54,7 @@ impl Reconciler {
                     .join(" ")
             })
             .collect();
-        let unit = format!("ginx-rollback-{}", self.core.state.next_attempt_id);
+        let unit = format!("ginx-rollback-{}", self.core.state().next_attempt_id);
         let id = self
             .begin(InFlight {
                 id: 0,

@@ -78,16 +78,14 @@ impl Reconciler {
     pub(super) fn begin(&mut self, attempt: InFlight) -> Result<u64, String> {
         let attempts_dir = self.attempts_dir.clone();
         let token = crate::apply::runner::new_token();
-        let id = self
-            .change_persisted(|core| {
-                let id = core.begin(attempt)?;
-                let _ = core.update_running(|r| {
-                    r.dir = Some(attempts_dir.join(id.to_string()));
-                    r.token = Some(token);
-                });
-                Ok::<_, super::core::TransitionError>(id)
-            })
-            .and_then(|r| r.map_err(|e| e.to_string()));
+        let id = self.transition(|core| {
+            let id = core.begin(attempt)?;
+            core.update_running(|r| {
+                r.dir = Some(attempts_dir.join(id.to_string()));
+                r.token = Some(token);
+            })?;
+            Ok(id)
+        });
         match id {
             Ok(id) => {
                 self.last = Some((util::now(), None));
@@ -134,7 +132,6 @@ impl Reconciler {
             return None;
         }
         self.blocked = None;
-        let node = cfg.node_name().to_owned();
         let building = kind == AttemptKind::Build;
         let unit = format!(
             "ginx-{}-{}",
@@ -162,22 +159,7 @@ impl Reconciler {
                 closure: None,
             })
             .ok()?;
-        if building {
-            tracing::info!(source = %source, revision = %revision.short(), node = %node, attempt = id,
-                isolation = self.isolation.name(), "building before the activation (apply.prebuild); no slot is held");
-        } else {
-            tracing::info!(source = %source, revision = %revision.short(), node = %node, attempt = id,
-                goal = %goal, isolation = self.isolation.name(), "applying");
-            self.notices.emit(
-                crate::types::Reason::Applying,
-                Some(revision.as_str()),
-                format!(
-                    "applying revision {} of {source} ({goal}), attempt {id}",
-                    revision.short()
-                ),
-            );
-        }
-
+        self.announce_start(id, kind, &source, &revision, goal);
         let tree = match self.pin_tree(&source, &revision).await {
             Ok(tree) => tree,
             Err(e) => {
@@ -207,14 +189,63 @@ impl Reconciler {
             let _ = self.core.update_running(|r| r.closure = Some(c.clone()));
             let _ = self.save_state();
         }
-        let (argv, cwd) = (step.argv, step.cwd);
-        let launch = Launch {
+        let desired = Desired {
+            revision: revision.clone(),
+            goal,
+        };
+        let launch = self.apply_launch(&cfg, id, kind, &desired, step, unit);
+        self.launch(id, &revision, &launch, Some(tree)).await
+    }
+
+    /// Logs the start of an apply or a build, and tells of an apply.
+    fn announce_start(
+        &self,
+        id: u64,
+        kind: AttemptKind,
+        source: &str,
+        revision: &Revision,
+        goal: Goal,
+    ) {
+        let node = self.config.borrow().node_name().to_owned();
+        let building = kind == AttemptKind::Build;
+        if building {
+            tracing::info!(source = %source, revision = %revision.short(), node = %node, attempt = id,
+                isolation = self.isolation.name(), "building before the activation (apply.prebuild); no slot is held");
+        } else {
+            tracing::info!(source = %source, revision = %revision.short(), node = %node, attempt = id,
+                goal = %goal, isolation = self.isolation.name(), "applying");
+            self.notices.emit(
+                crate::types::Reason::Applying,
+                Some(revision.as_str()),
+                format!(
+                    "applying revision {} of {source} ({goal}), attempt {id}",
+                    revision.short()
+                ),
+            );
+        }
+    }
+
+    /// How the runner is started for an apply (or its build) of `desired`: `step`'s command,
+    /// told what it applies through the environment, in the unit named `unit`.
+    fn apply_launch(
+        &self,
+        cfg: &crate::config::Config,
+        id: u64,
+        kind: AttemptKind,
+        desired: &Desired,
+        step: apply::step::StepCommand,
+        unit: String,
+    ) -> Launch {
+        let (source, revision, goal) = (&cfg.apply.source, &desired.revision, desired.goal);
+        let building = kind == AttemptKind::Build;
+        let step_goal = if building { Goal::Build } else { goal };
+        Launch {
             dir: self.attempt_dir(id),
             unit,
-            cwd,
-            argv,
+            cwd: step.cwd,
+            argv: step.argv,
             env: vec![
-                ("GINX_NODE".into(), node.clone()),
+                ("GINX_NODE".into(), cfg.node_name().to_owned()),
                 ("GINX_SOURCE".into(), source.clone()),
                 ("GINX_REVISION".into(), revision.to_string()),
                 ("GINX_GOAL".into(), step_goal.as_str().into()),
@@ -227,8 +258,7 @@ impl Reconciler {
                 format!("ginx: apply {source} {revision} ({goal})")
             },
             token: self.running_token(),
-        };
-        self.launch(id, &revision, &launch, Some(tree)).await
+        }
     }
 
     pub(super) async fn launch(

@@ -10,7 +10,6 @@
 pub mod admission;
 mod after;
 pub mod cluster;
-pub mod drain;
 mod evidence;
 pub mod fleet;
 mod fleet_cache;

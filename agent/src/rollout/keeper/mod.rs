@@ -363,20 +363,6 @@ impl Gatekeeper {
         self.locker.raise_ttl(ttl).await
     }
 
-    /// The client for the API (the kubeconfig's server), when there is one.
-    pub fn client(&mut self) -> Option<kube::Client> {
-        self.clients().map(|c| c.main)
-    }
-
-    /// The node's own identity, for what ginx does to its own Node and pods (cordon, drain);
-    /// or why there is none.
-    pub fn node_client(&mut self) -> Result<kube::Client, String> {
-        match self.clients() {
-            Some(c) => c.node(),
-            None => Err("no connection to the Kubernetes API".to_owned()),
-        }
-    }
-
     /// Whether halts can be written at all (a cluster to write them to).
     pub fn can_halt(&self) -> bool {
         has_cluster(&self.cfg())

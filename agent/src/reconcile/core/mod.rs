@@ -3,18 +3,21 @@
 //! to do next; and the checked transitions that record each attempt's start and end. No I/O,
 //! no clock: the caller passes `now`.
 
+mod reboot;
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
 use std::time::Duration;
 
 use jiff::Timestamp;
 
-use std::collections::BTreeMap;
-
 use crate::config::RollbackPolicy;
 use crate::state::{
-    AfterGate, Applied, AttemptKind, Built, Failure, GateFailure, InFlight, Interrupted, Outcome,
-    State, Verifying,
+    AfterGate, Applied, AttemptKind, Built, Failure, GateFailure, Held, InFlight, Interrupted,
+    Outcome, RebootRequired, State, Verifying,
 };
 use crate::status::{ApplyState, WaitingFor};
+use crate::types::ClosureInfo;
 use crate::types::{Goal, Revision};
 use crate::util;
 
@@ -70,6 +73,21 @@ pub enum TransitionError {
     NotVerifying,
     #[error("cannot verify {0}: it is not what the last attempt left active")]
     NotActive(Revision),
+    #[error("no rollout slot is recorded as held")]
+    NotHeld,
+    #[error("no failed health gate is recorded")]
+    NoGateFailure,
+    #[error("no rollback is due after the failed health gate")]
+    NoRollbackDue,
+    #[error("a reboot is already under way")]
+    AlreadyRebooting,
+    #[error("no reboot is under way")]
+    NotRebooting,
+    #[error("the reboot is {found}, not {expected}")]
+    WrongRebootPhase {
+        expected: &'static str,
+        found: &'static str,
+    },
 }
 
 /// Retry policy for failed revisions.
@@ -92,7 +110,9 @@ pub struct Ending {
 /// The persisted state plus what only lives in memory.
 #[derive(Clone, Debug)]
 pub struct Core {
-    pub state: State,
+    /// Read by anyone through [`Core::state`]; changed only by the transitions below, each of
+    /// which checks that it is asked for in a state it applies to.
+    state: State,
     /// `ginxctl sync` asked to retry the failure recorded at that moment (revision, attempts)
     /// without waiting for its backoff; a later failure is not covered by the request.
     retry_now: Option<(Revision, u32)>,
@@ -125,6 +145,11 @@ impl Core {
                 .built
                 .as_ref()
                 .is_none_or(|b| b.revision != desired.revision)
+    }
+
+    /// The state as persisted, to read.
+    pub fn state(&self) -> &State {
+        &self.state
     }
 
     pub fn running(&self) -> Option<&InFlight> {
@@ -360,9 +385,18 @@ impl Core {
         Ok(())
     }
 
-    /// The open gate, for the caller to step.
-    pub fn verifying_mut(&mut self) -> Option<&mut Verifying> {
-        self.state.verifying.as_mut()
+    /// One look at the open gate: `look` is given it to update (how long it has been healthy)
+    /// and returns its verdict.
+    pub fn look_at_gate<T>(
+        &mut self,
+        look: impl FnOnce(&mut Verifying) -> T,
+    ) -> Result<T, TransitionError> {
+        let v = self
+            .state
+            .verifying
+            .as_mut()
+            .ok_or(TransitionError::NotVerifying)?;
+        Ok(look(v))
     }
 
     /// Verifying → succeeded (or, for the rolled-back system, rolled back): the gate passed.
@@ -481,6 +515,121 @@ impl Core {
         self.reapply = true;
     }
 
+    /// The rollout granted the apply with `lock` (none when the rollout takes no lock): it is
+    /// recorded before the activation, so that a restarted holder takes its slot up again
+    /// instead of a second one. Returns whether the record changed.
+    pub fn lock_granted(&mut self, lock: Option<Held>) -> Result<bool, TransitionError> {
+        if let Some(r) = &self.state.in_flight {
+            return Err(TransitionError::AlreadyRunning(r.id));
+        }
+        let changed = self.state.rollout_held != lock;
+        self.state.rollout_held = lock;
+        Ok(changed)
+    }
+
+    /// The slot was released: nothing is held any more.
+    pub fn lock_released(&mut self) -> Result<Held, TransitionError> {
+        self.state
+            .rollout_held
+            .take()
+            .ok_or(TransitionError::NotHeld)
+    }
+
+    /// The cluster-wide halt of the failed gate's revision (or, below the failure budget, this
+    /// node's quarantine) is written: it is not written again.
+    pub fn gate_halted(&mut self, quarantined: bool) -> Result<(), TransitionError> {
+        let g = self
+            .state
+            .gate_failure
+            .as_mut()
+            .ok_or(TransitionError::NoGateFailure)?;
+        g.halted = true;
+        g.quarantined = quarantined;
+        Ok(())
+    }
+
+    /// The rollback a failed gate asked for could not even start: the node stays on the
+    /// failing system, unhealthy, and keeps its slot so that no other node proceeds.
+    pub fn rollback_not_started(&mut self) -> Result<(), TransitionError> {
+        let g = self
+            .state
+            .gate_failure
+            .as_mut()
+            .ok_or(TransitionError::NoGateFailure)?;
+        if g.next != AfterGate::RollBack {
+            return Err(TransitionError::NoRollbackDue);
+        }
+        g.next = AfterGate::RollbackUnhealthy;
+        Ok(())
+    }
+
+    /// What the running attempt activated in closure mode (its report, or what it was started
+    /// with), shown until another attempt replaces it. A rollback that succeeded without one
+    /// clears it: what runs is no longer that closure.
+    pub fn closure_seen(
+        &mut self,
+        closure: Option<ClosureInfo>,
+        outcome: Outcome,
+    ) -> Result<(), TransitionError> {
+        let running = self
+            .state
+            .in_flight
+            .as_ref()
+            .ok_or(TransitionError::NotRunning)?;
+        if closure.is_some() {
+            self.state.closure = closure;
+        } else if running.kind == AttemptKind::Rollback && outcome == Outcome::Succeeded {
+            self.state.closure = None;
+        }
+        Ok(())
+    }
+
+    /// After a successful activation: the system it left running (drift is measured against
+    /// it) and why a reboot is needed now, if one is. A reboot that was required already keeps
+    /// the time it has been required since.
+    pub fn activated(
+        &mut self,
+        system: Option<PathBuf>,
+        reboot_reasons: Vec<String>,
+        boot_id: Option<String>,
+        now: Timestamp,
+    ) -> Result<(), TransitionError> {
+        if let Some(r) = &self.state.in_flight {
+            return Err(TransitionError::AlreadyRunning(r.id));
+        }
+        self.state.expected_system = system;
+        let since = self.state.reboot.as_ref().map_or(now, |r| r.since);
+        self.state.reboot = (!reboot_reasons.is_empty()).then_some(RebootRequired {
+            reasons: reboot_reasons,
+            since,
+            boot_id,
+        });
+        Ok(())
+    }
+
+    /// At start-up: a reboot found required in another boot than this one (`boot_id`) is
+    /// looked at afresh, since the reboot may have been what it asked for. Returns whether the
+    /// record changed.
+    pub fn reboot_reassessed(
+        &mut self,
+        reasons: Vec<String>,
+        boot_id: Option<String>,
+        now: Timestamp,
+    ) -> bool {
+        let Some(r) = &self.state.reboot else {
+            return false;
+        };
+        if r.boot_id.is_some() && r.boot_id == boot_id {
+            return false;
+        }
+        self.state.reboot = (!reasons.is_empty()).then_some(RebootRequired {
+            reasons,
+            since: now,
+            boot_id,
+        });
+        true
+    }
+
     /// The state shown for the apply, given what the source offers.
     pub fn apply_state(&self, desired: Option<&Desired>) -> ApplyState {
         if let Some(r) = &self.state.in_flight {
@@ -535,32 +684,32 @@ impl Core {
 mod tests {
     use super::*;
 
-    const POLICY: RetryPolicy = RetryPolicy {
+    pub(super) const POLICY: RetryPolicy = RetryPolicy {
         base: Duration::from_secs(30),
         max: Duration::from_secs(300),
         max_attempts: 100,
     };
 
-    fn rev(c: char) -> Revision {
+    pub(super) fn rev(c: char) -> Revision {
         c.to_string().repeat(40).parse().unwrap()
     }
 
-    fn want(c: char) -> Desired {
+    pub(super) fn want(c: char) -> Desired {
         Desired {
             revision: rev(c),
             goal: Goal::Switch,
         }
     }
 
-    fn t(secs: i64) -> Timestamp {
+    pub(super) fn t(secs: i64) -> Timestamp {
         Timestamp::from_second(1_800_000_000 + secs).unwrap()
     }
 
-    fn core() -> Core {
+    pub(super) fn core() -> Core {
         Core::new(State::default())
     }
 
-    fn attempt(c: char, goal: Goal, at: i64) -> InFlight {
+    pub(super) fn attempt(c: char, goal: Goal, at: i64) -> InFlight {
         InFlight {
             id: 0,
             kind: AttemptKind::Apply,
@@ -581,7 +730,7 @@ mod tests {
         }
     }
 
-    fn ended(outcome: Outcome) -> Ending {
+    pub(super) fn ended(outcome: Outcome) -> Ending {
         Ending {
             outcome,
             error: None,
@@ -589,7 +738,7 @@ mod tests {
         }
     }
 
-    fn run(c: &mut Core, r: char, at: i64, outcome: Outcome) {
+    pub(super) fn run(c: &mut Core, r: char, at: i64, outcome: Outcome) {
         let id = c.begin(attempt(r, Goal::Switch, at)).unwrap();
         c.complete(id, ended(outcome), t(at + 1), POLICY).unwrap();
     }
@@ -883,7 +1032,7 @@ mod tests {
         assert_eq!(c.decide(Some(&want('a')), t(4)), Decision::Idle);
     }
 
-    fn gate(c: char, rollback: bool) -> Verifying {
+    pub(super) fn gate(c: char, rollback: bool) -> Verifying {
         Verifying {
             revision: rev(c),
             rollback,
@@ -895,11 +1044,11 @@ mod tests {
         }
     }
 
-    fn failing() -> BTreeMap<String, String> {
+    pub(super) fn failing() -> BTreeMap<String, String> {
         [("kubelet".to_owned(), "failed: down".to_owned())].into()
     }
 
-    fn rollback(c: &mut Core, at: i64, outcome: Outcome) {
+    pub(super) fn rollback(c: &mut Core, at: i64, outcome: Outcome) {
         let id = c
             .begin(InFlight {
                 kind: AttemptKind::Rollback,
@@ -1155,5 +1304,166 @@ mod tests {
         // Starting the attempt ends the wait.
         c.begin(attempt('a', Goal::Switch, 8)).unwrap();
         assert!(c.waiting.is_none());
+    }
+
+    fn held(c: char) -> Held {
+        Held {
+            backend: "kubernetes".into(),
+            group: "workers".into(),
+            slot: Some(0),
+            revision: rev(c),
+            since: t(0),
+        }
+    }
+
+    #[test]
+    fn a_granted_lock_is_recorded_and_a_release_forgets_it() {
+        let mut c = core();
+        assert_eq!(c.lock_released(), Err(TransitionError::NotHeld));
+        assert_eq!(c.lock_granted(Some(held('a'))), Ok(true));
+        assert_eq!(c.lock_granted(Some(held('a'))), Ok(false), "the same lock");
+        assert_eq!(c.lock_released(), Ok(held('a')));
+        assert!(c.state.rollout_held.is_none());
+    }
+
+    #[test]
+    fn no_lock_is_recorded_while_an_attempt_runs() {
+        let mut c = core();
+        let id = c.begin(attempt('a', Goal::Switch, 0)).unwrap();
+        assert_eq!(
+            c.lock_granted(Some(held('a'))),
+            Err(TransitionError::AlreadyRunning(id))
+        );
+        assert!(c.state.rollout_held.is_none());
+    }
+
+    #[test]
+    fn a_halt_is_recorded_on_the_failed_gate_only() {
+        let mut c = core();
+        assert_eq!(c.gate_halted(false), Err(TransitionError::NoGateFailure));
+        run(&mut c, 'a', 0, Outcome::Succeeded);
+        c.begin_verifying(gate('a', false)).unwrap();
+        c.gate_failed(failing(), t(20), RollbackPolicy::Auto)
+            .unwrap();
+        c.gate_halted(true).unwrap();
+        let g = c.state.gate_failure.as_ref().unwrap();
+        assert!(g.halted && g.quarantined);
+    }
+
+    #[test]
+    fn a_rollback_that_cannot_start_leaves_the_node_unhealthy() {
+        let mut c = core();
+        assert_eq!(
+            c.rollback_not_started(),
+            Err(TransitionError::NoGateFailure)
+        );
+        run(&mut c, 'a', 0, Outcome::Succeeded);
+        c.begin_verifying(gate('a', false)).unwrap();
+        c.gate_failed(failing(), t(20), RollbackPolicy::Manual)
+            .unwrap();
+        assert_eq!(
+            c.rollback_not_started(),
+            Err(TransitionError::NoRollbackDue),
+            "manual: no rollback was asked for"
+        );
+        c.force_retry();
+        run(&mut c, 'a', 30, Outcome::Succeeded);
+        c.begin_verifying(gate('a', false)).unwrap();
+        c.gate_failed(failing(), t(40), RollbackPolicy::Auto)
+            .unwrap();
+        c.rollback_not_started().unwrap();
+        assert_eq!(
+            c.state.gate_failure.as_ref().unwrap().next,
+            AfterGate::RollbackUnhealthy
+        );
+        assert_eq!(c.decide(Some(&want('a')), t(50)), Decision::Idle);
+    }
+
+    fn closure(path: &str) -> ClosureInfo {
+        serde_json::from_value(
+            serde_json::json!({"path": path, "origin": {"kind": "url", "url": "https://pins"}}),
+        )
+        .expect("a closure")
+    }
+
+    #[test]
+    fn a_closure_is_kept_until_replaced_or_rolled_back_from() {
+        let mut c = core();
+        assert_eq!(
+            c.closure_seen(None, Outcome::Succeeded),
+            Err(TransitionError::NotRunning)
+        );
+        c.begin(attempt('a', Goal::Switch, 0)).unwrap();
+        c.closure_seen(Some(closure("/nix/store/a")), Outcome::Succeeded)
+            .unwrap();
+        assert_eq!(c.state.closure, Some(closure("/nix/store/a")));
+        // An apply without one (it failed before) leaves the last one shown.
+        c.closure_seen(None, Outcome::Failed).unwrap();
+        assert!(c.state.closure.is_some());
+        let mut r = core();
+        r.state.closure = Some(closure("/nix/store/a"));
+        r.begin(InFlight {
+            kind: AttemptKind::Rollback,
+            ..attempt('a', Goal::Switch, 1)
+        })
+        .unwrap();
+        r.closure_seen(None, Outcome::Failed).unwrap();
+        assert!(
+            r.state.closure.is_some(),
+            "a failed rollback changed nothing"
+        );
+        r.closure_seen(None, Outcome::Succeeded).unwrap();
+        assert!(r.state.closure.is_none());
+    }
+
+    #[test]
+    fn an_activation_records_the_system_and_keeps_when_a_reboot_was_first_required() {
+        let mut c = core();
+        let sys = Some(PathBuf::from("/nix/store/sys-a"));
+        c.activated(sys.clone(), vec!["kernel".into()], Some("b1".into()), t(5))
+            .unwrap();
+        assert_eq!(c.state.expected_system, sys);
+        assert_eq!(c.state.reboot.as_ref().unwrap().since, t(5));
+        c.activated(None, vec!["kernel".into(), "initrd".into()], None, t(9))
+            .unwrap();
+        let r = c.state.reboot.as_ref().unwrap();
+        assert_eq!((r.since, r.reasons.len()), (t(5), 2));
+        c.activated(None, Vec::new(), None, t(10)).unwrap();
+        assert!(c.state.reboot.is_none(), "nothing requires one any more");
+        let id = c.begin(attempt('a', Goal::Switch, 11)).unwrap();
+        assert_eq!(
+            c.activated(None, Vec::new(), None, t(12)),
+            Err(TransitionError::AlreadyRunning(id))
+        );
+    }
+
+    #[test]
+    fn a_reboot_requirement_is_looked_at_afresh_in_a_new_boot_only() {
+        let mut c = core();
+        assert!(!c.reboot_reassessed(vec!["kernel".into()], Some("b2".into()), t(1)));
+        c.activated(None, vec!["kernel".into()], Some("b1".into()), t(0))
+            .unwrap();
+        assert!(
+            !c.reboot_reassessed(Vec::new(), Some("b1".into()), t(1)),
+            "same boot"
+        );
+        assert!(c.reboot_reassessed(vec!["initrd".into()], Some("b2".into()), t(2)));
+        let r = c.state.reboot.clone().unwrap();
+        assert_eq!((r.reasons, r.since), (vec!["initrd".to_owned()], t(2)));
+        assert!(c.reboot_reassessed(Vec::new(), Some("b3".into()), t(3)));
+        assert!(c.state.reboot.is_none());
+    }
+
+    #[test]
+    fn a_look_at_the_gate_needs_one_open() {
+        let mut c = core();
+        assert_eq!(c.look_at_gate(|_| ()), Err(TransitionError::NotVerifying));
+        run(&mut c, 'a', 0, Outcome::Succeeded);
+        c.begin_verifying(gate('a', false)).unwrap();
+        c.look_at_gate(|v| v.healthy_since = Some(t(15))).unwrap();
+        assert_eq!(
+            c.state.verifying.as_ref().unwrap().healthy_since,
+            Some(t(15))
+        );
     }
 }

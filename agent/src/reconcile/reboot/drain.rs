@@ -11,8 +11,9 @@
 //!   sends `delete_options`, and the grace period is lost). A 429 means a
 //!   PodDisruptionBudget forbids it now; the caller tries again later, and never deletes.
 //!
-//! Pure parts ([`plan`], [`selects`]) are unit-tested; the rest runs against the real control
-//! plane in tests/reboot.rs.
+//! Only the Kubernetes side: when to drain, how long, and what status says meanwhile are the
+//! reboot's (`draining`, `decide`). Pure parts ([`plan`], [`selects`]) are unit-tested; the
+//! rest runs against the real control plane in tests/reboot.rs.
 
 use std::collections::BTreeMap;
 use std::time::Duration;
