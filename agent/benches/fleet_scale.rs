@@ -48,13 +48,13 @@ use std::time::{Duration, Instant};
 
 use ginx::config::Config;
 use ginx::k8s::heartbeat::Heartbeat;
+use ginx::k8s::{KubeClients, ServerClock};
 use ginx::metrics::Metrics;
 use ginx::rollout::lease::SlotPhase;
 use ginx::rollout::slots::Observed;
 use ginx::rollout::{Gatekeeper, Permit, Wiring};
 use ginx::status::HealthMap;
 use ginx::types::Revision;
-use ginx::types::api::{KubeClients, ServerClock};
 use http_body_util::BodyExt;
 use hyper::body::{Bytes, Frame};
 use k8s_openapi::api::coordination::v1::Lease;

@@ -18,11 +18,11 @@ use tokio::sync::{mpsc, watch};
 use crate::config::{self, Config};
 use crate::control;
 use crate::control::server::{self, Backend};
+use crate::k8s::KubeClients;
 use crate::metrics::Metrics;
 use crate::reconcile::{self, Reconciler, Wiring};
 use crate::source::{self, PollerCmd, PollerConfig, PollerHandle, ReportMap, Workspace};
 use crate::status::{self, ApplyState, Published};
-use crate::types::api::KubeClients;
 use crate::types::{Notice, Notices};
 use crate::util;
 

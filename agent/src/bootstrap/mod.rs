@@ -34,12 +34,12 @@ use kube::api::{Api, DynamicObject, Patch, PatchParams};
 use kube::discovery::{self, ApiCapabilities, ApiResource, Scope};
 
 use crate::config::Wait;
-use crate::types::api::{code, describe};
+use crate::k8s::{code, describe};
 
 pub use manifest::{FLUX_OWNER_LABELS, checksum, flux_owner, parse};
 
 /// The field manager of every apply.
-pub const FIELD_MANAGER: &str = crate::types::api::FIELD_MANAGER;
+pub const FIELD_MANAGER: &str = crate::k8s::FIELD_MANAGER;
 /// Where the stages' checksums are kept.
 pub const RECORD_NAMESPACE: &str = "kube-system";
 pub const RECORD_NAME: &str = "ginx-bootstrap";
@@ -185,10 +185,10 @@ impl Bootstrap {
         s.acquire_time = Some(micro.clone());
         s.renew_time = Some(micro);
         let result = if lease.metadata.resource_version.is_some() {
-            api.replace(LOCK_NAME, &crate::types::api::post_params(), &lease)
+            api.replace(LOCK_NAME, &crate::k8s::post_params(), &lease)
                 .await
         } else {
-            api.create(&crate::types::api::post_params(), &lease).await
+            api.create(&crate::k8s::post_params(), &lease).await
         };
         match result {
             Ok(_) => Ok(()),
@@ -219,9 +219,7 @@ impl Bootstrap {
                     jiff::Timestamp::now(),
                 ));
             }
-            let _ = api
-                .replace(LOCK_NAME, &crate::types::api::post_params(), &l)
-                .await;
+            let _ = api.replace(LOCK_NAME, &crate::k8s::post_params(), &l).await;
         }
     }
 
@@ -234,9 +232,7 @@ impl Bootstrap {
             if let Some(s) = l.spec.as_mut() {
                 s.holder_identity = None;
             }
-            let _ = api
-                .replace(LOCK_NAME, &crate::types::api::post_params(), &l)
-                .await;
+            let _ = api.replace(LOCK_NAME, &crate::k8s::post_params(), &l).await;
         }
     }
 

@@ -82,7 +82,7 @@ pub fn main(config_path: &Path, daemon: &Client, timeout: Duration, opts: Option
                     format!(
                         "kubeconfig {}: {}",
                         path.display(),
-                        crate::types::api::describe(&e)
+                        crate::k8s::describe(&e)
                     )
                 })
             });

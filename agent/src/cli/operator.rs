@@ -158,7 +158,7 @@ async fn lift_with(cfg: &Config, creds: &Credentials, lift: Lift) -> Result<Stri
             format!(
                 "kubeconfig {}: {}",
                 creds.path.display(),
-                crate::types::api::describe(&e)
+                crate::k8s::describe(&e)
             ),
         )
     })?;
@@ -185,7 +185,7 @@ async fn lift_with(cfg: &Config, creds: &Credentials, lift: Lift) -> Result<Stri
 async fn operator_name(client: &kube::Client) -> String {
     let api = kube::Api::<SelfSubjectReview>::all(client.clone());
     let review = SelfSubjectReview::default();
-    match api.create(&crate::types::api::post_params(), &review).await {
+    match api.create(&crate::k8s::post_params(), &review).await {
         Ok(r) => r
             .status
             .and_then(|s| s.user_info)

@@ -11,9 +11,9 @@ use clap::{Args, Subcommand};
 use crate::config::{self, Config};
 use crate::control::client::Client;
 use crate::control::protocol::{Command, SourceFileReport};
+use crate::k8s;
 use crate::kubeadm::{self, facts, render};
 use crate::types::Role;
-use crate::types::api;
 
 #[derive(Debug, Subcommand)]
 pub enum KubeadmCommand {
@@ -515,10 +515,10 @@ fn switch_kube_vip(cfg: &Config, cluster: &facts::Cluster, wait: Duration) -> Re
                         match crbs.get_opt("kubeadm:cluster-admins").await {
                             Ok(Some(_)) => return Ok(()),
                             Ok(None) => last = "kubeadm:cluster-admins does not exist yet".into(),
-                            Err(e) => last = api::describe(&e),
+                            Err(e) => last = k8s::describe(&e),
                         }
                     }
-                    Err(e) => last = api::describe(&e),
+                    Err(e) => last = k8s::describe(&e),
                 },
                 Err(e) => last = e,
             }

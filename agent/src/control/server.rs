@@ -19,11 +19,11 @@ use super::protocol::{
     AcceptReport, Command, ErrorKind, FleetReport, HistoryReport, MAX_REQUEST, Response,
     RollbackReport, SourceFileReport, SuspendReport, SyncReport, parse_request,
 };
+use crate::k8s::KubeClients;
 use crate::reconcile;
 use crate::rollout::fleet::Fleet;
 use crate::source::PollerCmd;
 use crate::status::{BootstrapStatus, Parts, Status};
-use crate::types::api::KubeClients;
 
 /// Connections served at once; more are refused with a reply that says why.
 pub const MAX_CONNECTIONS: usize = 64;

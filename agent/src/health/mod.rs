@@ -14,8 +14,8 @@ use std::sync::Arc;
 use tokio::sync::watch;
 
 use crate::config::Config;
+use crate::k8s::KubeClients;
 use crate::status::{HealthMap, HealthStatus, ProbeStatus};
-use crate::types::api::KubeClients;
 use crate::util;
 
 /// What the probes run with.

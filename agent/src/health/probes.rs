@@ -8,8 +8,8 @@ use k8s_openapi::api::core::v1::Node;
 use super::Context;
 use super::http::{Target, get, parse_http_url};
 use crate::config::Config;
+use crate::k8s::describe;
 use crate::status::HealthStatus;
-use crate::types::api::describe;
 use crate::types::{EndpointUrl, Role};
 use crate::util;
 
@@ -148,7 +148,7 @@ async fn apiserver(cfg: &Config, ctx: &Context, timeout: Duration) -> Verdict {
         );
     };
     let bounded = |c: kube::Client| async move {
-        tokio::time::timeout(timeout, async move { crate::types::api::readyz(&c).await })
+        tokio::time::timeout(timeout, async move { crate::k8s::readyz(&c).await })
             .await
             .unwrap_or_else(|_| Err("no answer".into()))
     };

@@ -2,8 +2,6 @@
 //! a caller branches on. Its text is what an operator reads: what was asked, of which object,
 //! the server's answer, and what to do. It never carries credentials.
 
-use crate::types::api::{by_policy, code, describe, refusal, unavailable};
-
 /// A request to the API server that failed.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
 pub enum ApiError {
@@ -89,6 +87,86 @@ impl ApiError {
             ApiError::Unavailable { .. } | ApiError::Conflict { .. }
         )
     }
+}
+
+/// A short description of a client error: the HTTP status and reason for API errors, the root
+/// cause for transport errors. Never contains credentials.
+pub fn describe(e: &kube::Error) -> String {
+    match e {
+        kube::Error::Api(s) => {
+            let msg = s.message.lines().next().unwrap_or("").trim();
+            if s.reason.is_empty() || s.reason == "Failed to parse error data" {
+                format!("HTTP {}: {msg}", s.code)
+            } else {
+                format!("HTTP {} {}: {msg}", s.code, s.reason)
+            }
+        }
+        other => {
+            let mut cause: &dyn std::error::Error = other;
+            while let Some(next) = cause.source() {
+                cause = next;
+            }
+            let root = cause.to_string();
+            let top = other.to_string();
+            if root == top {
+                top
+            } else {
+                format!("{top}: {root}")
+            }
+        }
+    }
+}
+
+/// The HTTP status of an API error.
+pub fn code(e: &kube::Error) -> Option<u16> {
+    match e {
+        kube::Error::Api(s) if s.code != 0 => Some(s.code),
+        _ => None,
+    }
+}
+
+/// Whether `e` means the API is unavailable (a transport error, a timeout, a 5xx, or a 429
+/// that kube-rs's retries did not get past), as opposed to a request the API refused (401,
+/// 403, 404, 422, …: an error of configuration, which waiting does not mend).
+pub fn unavailable(e: &kube::Error) -> bool {
+    match e {
+        kube::Error::Api(s) if s.code != 0 => s.code >= 500 || s.code == 429,
+        // Credentials that cannot be loaded or refreshed are configuration too.
+        kube::Error::Auth(_) => false,
+        _ => true,
+    }
+}
+
+/// Whether a refusal came from a ValidatingAdmissionPolicy rather than RBAC.
+pub fn by_policy(e: &kube::Error) -> bool {
+    matches!(e, kube::Error::Api(s) if s.message.contains("ValidatingAdmissionPolicy"))
+}
+
+/// Why the API refused `verb` on `resource` (`e` is not [`unavailable`]), and what to do. Only
+/// a 403 is RBAC's doing; a 404 of ginx's namespace is the manifest not applied either.
+pub fn refusal(verb: &str, resource: &str, e: &kube::Error) -> String {
+    let hint = match code(e) {
+        Some(401) => {
+            "the credentials of kubernetes.kubeconfig are not accepted: check that file (an \
+             expired or revoked certificate?)"
+        }
+        Some(403) if by_policy(e) => {
+            "an admission policy of packaging/kubernetes/vap.yaml refused it (its message says \
+             which rule): if this node's request was right, check that the policies match this \
+             ginx's version"
+        }
+        Some(403) => {
+            "ginx's identity may not do this: apply packaging/kubernetes/rbac.yaml and \
+             vap.yaml to the cluster"
+        }
+        Some(404) => {
+            "it does not exist: check kubernetes.namespace and apply \
+             packaging/kubernetes/rbac.yaml, which creates the namespace"
+        }
+        Some(422) => "the API found the object ginx wrote invalid: report this as a bug",
+        _ => "check the configuration of [kubernetes]",
+    };
+    format!("the API refused {verb} {resource}: {}; {hint}", describe(e))
 }
 
 #[cfg(test)]

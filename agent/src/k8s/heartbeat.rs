@@ -13,11 +13,16 @@ use k8s_openapi::api::coordination::v1::{Lease, LeaseSpec};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{MicroTime, ObjectMeta};
 use kube::Api;
 
-use super::{ApiError, Edit, EditError, replace_with_retry};
-use crate::types::api::ServerClock;
-pub use crate::types::api::{
-    HEARTBEAT_GROUP_LABEL as GROUP_LABEL, HEARTBEAT_PASSED_ANNOTATION as PASSED_ANNOTATION,
-};
+use super::{ApiError, Edit, EditError, ServerClock, replace_with_retry};
+
+/// The label naming a node's rollout group on its heartbeat Lease `ginx-<node>`: how
+/// `rollout.after` of another group finds every node of this one.
+pub const HEARTBEAT_GROUP_LABEL: &str = "ginx.io/group";
+/// On the heartbeat Lease: the last revision whose health gate passed on the node (full
+/// commit id).
+pub const HEARTBEAT_PASSED_ANNOTATION: &str = "ginx.io/passed-revision";
+pub use HEARTBEAT_GROUP_LABEL as GROUP_LABEL;
+pub use HEARTBEAT_PASSED_ANNOTATION as PASSED_ANNOTATION;
 
 /// On a heartbeat Lease, while its node queues for a slot: the group.
 pub const WAITS_GROUP_LABEL: &str = "ginx.io/waits-group";

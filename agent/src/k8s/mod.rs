@@ -1,4 +1,6 @@
-//! The Kubernetes API as ginx uses it, below every worker: how an API error is told apart
+//! The Kubernetes API as ginx uses it, below every worker: the clients the daemon hands out
+//! ([`KubeClients`]) and the server's clock they write in ([`ServerClock`]), how an API error is
+//! told apart
 //! ([`ApiError`]: unavailable, refused, refused by a policy, a conflict that did not settle),
 //! the one read-modify-replace loop every object ginx updates goes through
 //! ([`replace_with_retry`]), the watch that wakes whoever waits on a set of objects
@@ -7,11 +9,16 @@
 //! Must not import a worker: workers import it. Holds no client of its own; callers pass the
 //! `Api` they were handed.
 
+mod clients;
+mod clock;
 mod error;
 pub mod heartbeat;
 mod retry;
 mod watch;
 
-pub use error::ApiError;
+pub use clients::{CORDONED_BY, FIELD_MANAGER, KubeClients, patch_params, post_params, readyz};
+pub use clock::ServerClock;
+pub use error::{ApiError, by_policy, code, describe, refusal, unavailable};
+pub use heartbeat::{HEARTBEAT_GROUP_LABEL, HEARTBEAT_PASSED_ANNOTATION};
 pub use retry::{Edit, EditError, MAX_CONFLICT_RETRIES, Written, replace_with_retry};
 pub use watch::{WATCH_SECONDS, watch_objects};

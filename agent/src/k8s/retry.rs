@@ -12,7 +12,7 @@ use serde::Serialize;
 use serde::de::DeserializeOwned;
 
 use super::ApiError;
-use crate::types::api::{code, post_params};
+use crate::k8s::{code, post_params};
 
 /// Tries of a read-modify-replace before the object is said to keep changing.
 pub const MAX_CONFLICT_RETRIES: usize = 5;

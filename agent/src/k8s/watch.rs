@@ -14,7 +14,7 @@ use kube::Api;
 use kube::api::{ListParams, WatchEvent, WatchParams};
 use tokio::sync::watch;
 
-use crate::types::api::describe;
+use crate::k8s::describe;
 
 /// How long one watch request lasts (`timeoutSeconds`); the server ends it then, and it is
 /// made again from the last `resourceVersion` seen, without a list.

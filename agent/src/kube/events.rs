@@ -29,8 +29,8 @@ use kube::api::{Api, Patch};
 use tokio::sync::{broadcast, watch};
 
 use crate::config::Config;
+use crate::k8s::{KubeClients, describe, patch_params, post_params, refusal, unavailable};
 use crate::metrics::Metrics;
-use crate::types::api::{KubeClients, describe, patch_params, post_params, refusal, unavailable};
 use crate::types::{Notice, Reason};
 
 /// Where node Events go (the Node is cluster-scoped; the kubelet writes its own here).
@@ -395,10 +395,7 @@ impl Writer {
                     book.written(&write, Instant::now());
                     self.metrics.events(what, 1);
                 }
-                Err(e)
-                    if matches!(write, Write::Patch(_))
-                        && crate::types::api::code(&e) == Some(404) =>
-                {
+                Err(e) if matches!(write, Write::Patch(_)) && crate::k8s::code(&e) == Some(404) => {
                     book.recreate(&write);
                 }
                 Err(e) if unavailable(&e) => {

@@ -6,7 +6,7 @@
 //!
 //! A worker (layer 5): imports `types`, `config`, `status`, `metrics`, `util`, never another
 //! worker. The reporter reads the status it writes to the cluster from `status::Parts`, handed
-//! in by the daemon; the clients it builds go out through a watch as `types::api::KubeClients`.
+//! in by the daemon; the clients it builds go out through a watch as `k8s::KubeClients`.
 
 pub mod events;
 pub mod report;
@@ -19,8 +19,8 @@ use kube::client::ClientBuilder;
 use kube::config::{KubeConfigOptions, Kubeconfig};
 
 use crate::config::Config;
+use crate::k8s::{KubeClients, describe};
 use crate::metrics::Metrics;
-use crate::types::api::{KubeClients, describe};
 
 /// Installs ring as rustls's crypto provider (once; later calls do nothing).
 pub fn install_crypto() {
@@ -124,7 +124,7 @@ pub async fn connect(cfg: &Config, metrics: &Arc<Metrics>) -> Result<KubeClients
         vip,
         watch,
         node,
-        clock: crate::types::api::ServerClock::default(),
+        clock: crate::k8s::ServerClock::default(),
     })
 }
 

@@ -252,7 +252,7 @@ impl NodeReport {
             .unwrap_or_default()
             .into_iter()
             // The cordon mark belongs to the reboot, not to the report.
-            .filter(|(k, _)| k.starts_with(&self.prefix) && k != crate::types::api::CORDONED_BY)
+            .filter(|(k, _)| k.starts_with(&self.prefix) && k != crate::k8s::CORDONED_BY)
             .collect();
         let written = node
             .status
@@ -274,7 +274,7 @@ impl NodeReport {
         self.api
             .patch(
                 &self.node,
-                &crate::types::api::patch_params(),
+                &crate::k8s::patch_params(),
                 &Patch::Merge(patch),
             )
             .await
@@ -304,7 +304,7 @@ impl NodeReport {
         self.api
             .patch_status(
                 &self.node,
-                &crate::types::api::patch_params(),
+                &crate::k8s::patch_params(),
                 &Patch::Strategic(&patch),
             )
             .await?;

@@ -17,9 +17,9 @@ use tokio::sync::watch;
 use super::report::{self, NodeReport, Written};
 use crate::config::Config;
 use crate::k8s::heartbeat::{Heartbeat, RenewError};
+use crate::k8s::{KubeClients, code, describe};
 use crate::metrics::Metrics;
 use crate::status::{KubeState, KubeStatus, Parts};
-use crate::types::api::{KubeClients, code, describe};
 use crate::util;
 
 /// First wait after a failed renewal; doubles up to the renew interval.

@@ -14,8 +14,8 @@ use tokio::sync::watch;
 
 use super::{facts, render};
 use crate::config::Config;
+use crate::k8s::{self, KubeClients};
 use crate::status::KubeadmStatus;
-use crate::types::api::{self, KubeClients};
 use crate::types::{Revision, SourceReports};
 use crate::util;
 
@@ -212,7 +212,7 @@ impl Watcher {
             ),
             Err(e) => Err(format!(
                 "cannot read kube-system/kubeadm-config: {} (see packaging/kubernetes/rbac.yaml)",
-                api::describe(&e)
+                k8s::describe(&e)
             )),
         };
         let now = util::now();

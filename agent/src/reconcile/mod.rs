@@ -125,7 +125,7 @@ pub struct Reconciler {
     /// A lock release or a halt that failed is tried again after this.
     lock_retry_at: Option<std::time::Instant>,
     /// The API clients as the daemon makes them (none until it has).
-    kube: watch::Receiver<Option<crate::types::api::KubeClients>>,
+    kube: watch::Receiver<Option<crate::k8s::KubeClients>>,
     /// The reboot as far as it is not persisted: what it waits for, the drain's pods.
     reboot_view: reboot::RebootView,
 }
@@ -148,7 +148,7 @@ pub struct Wiring {
     pub rollout: crate::rollout::Wiring,
     /// The API clients, for what the reconciler does to its own Node and pods (the reboot's
     /// cordon and drain); the rollout gets its own receiver of the same watch.
-    pub kube: watch::Receiver<Option<crate::types::api::KubeClients>>,
+    pub kube: watch::Receiver<Option<crate::k8s::KubeClients>>,
 }
 
 /// A new version of ginx was activated: why, and its binary (resolved when it was found).

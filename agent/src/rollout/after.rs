@@ -18,10 +18,10 @@ use tokio::sync::watch;
 use super::admission::{self, Verdict};
 use super::lease;
 use crate::config::Config;
-use crate::types::Revision;
-use crate::types::api::{
+use crate::k8s::{
     HEARTBEAT_GROUP_LABEL, HEARTBEAT_PASSED_ANNOTATION, KubeClients, describe, refusal, unavailable,
 };
+use crate::types::Revision;
 
 /// `later(theirs, ours)`: whether `theirs` descends from `ours`.
 pub type Later =

@@ -24,9 +24,9 @@ use super::fleet::Fleet;
 use super::lease::GROUP_LABEL;
 use super::slots::Observed;
 use crate::config::{Config, KubernetesConfig};
+use crate::k8s::{code, describe};
 use crate::status::{ClusterNode, ClusterView, FleetState, RevisionCounts};
 use crate::types::Role;
-use crate::types::api::{code, describe};
 
 /// The label kubeadm puts on control-plane nodes.
 pub const CONTROL_PLANE_LABEL: &str = "node-role.kubernetes.io/control-plane";

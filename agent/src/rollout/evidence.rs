@@ -15,8 +15,8 @@ use tokio::sync::watch;
 
 use super::gate::Check;
 use crate::config::Config;
+use crate::k8s::{KubeClients, readyz};
 use crate::status::{HealthMap, HealthStatus, STATE_HEALTH};
-use crate::types::api::{KubeClients, readyz};
 use crate::util;
 
 /// Checks that the node can still fetch its apply source (a fetch of it), handed in by the

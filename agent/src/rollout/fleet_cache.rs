@@ -16,9 +16,9 @@ use super::admission::{self, Purpose, Verdict};
 use super::fleet::Fleet;
 use super::lease;
 use crate::config::Config;
+use crate::k8s::{KubeClients, describe, refusal, unavailable};
 use crate::status::{FleetState, WaitingFor};
 use crate::types::Revision;
-use crate::types::api::{KubeClients, describe, refusal, unavailable};
 
 /// The read before a take is taken from the last read while the watch has seen no change
 /// since, and that read is younger than this.

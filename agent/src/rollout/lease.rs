@@ -41,7 +41,7 @@ use crate::config::RolloutConfig;
 pub use crate::k8s::heartbeat::{WAITS_GROUP_LABEL, WAITS_SLOT_LABEL};
 pub use crate::k8s::watch_objects;
 use crate::k8s::{ApiError, Edit, EditError, Written, heartbeat, replace_with_retry};
-use crate::types::api::{ServerClock, code, describe, post_params};
+use crate::k8s::{ServerClock, code, describe, post_params};
 
 /// The label that marks a slot Lease and names its group.
 pub const GROUP_LABEL: &str = "ginx.io/rollout-group";

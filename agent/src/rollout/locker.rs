@@ -19,10 +19,10 @@ use super::lease::{LeaseLock, SlotPhase, Vanished};
 use super::lock::{LockError, Released, RolloutLock, Taken};
 use super::slots::Observed;
 use crate::config::{Config, FleetLockConfig};
+use crate::k8s::KubeClients;
 use crate::metrics::Metrics;
 use crate::state::Held;
 use crate::types::Revision;
-use crate::types::api::KubeClients;
 use crate::util;
 
 type FleetLockKey = (FleetLockConfig, String, Duration);

@@ -8,7 +8,7 @@ use kube::Api;
 use kube::api::ListParams;
 
 use crate::config::Config;
-use crate::types::api::{KubeClients, describe, readyz};
+use crate::k8s::{KubeClients, describe, readyz};
 
 /// The label kubeadm puts on control-plane nodes.
 pub const CONTROL_PLANE_LABEL: &str = "node-role.kubernetes.io/control-plane";
@@ -93,7 +93,7 @@ pub async fn check(
         .list(&ListParams::default())
         .await
         .map_err(|e| {
-            if crate::types::api::unavailable(&e) {
+            if crate::k8s::unavailable(&e) {
                 super::lease::LockError::Unavailable(format!(
                     "quorum guard: cannot list the nodes: {}",
                     describe(&e)
@@ -101,7 +101,7 @@ pub async fn check(
             } else {
                 super::lease::LockError::Refused(format!(
                     "quorum guard: {}",
-                    crate::types::api::refusal("list", "nodes", &e)
+                    crate::k8s::refusal("list", "nodes", &e)
                 ))
             }
         })?;

@@ -1,13 +1,11 @@
 //! Value types that several layers share, below everything else in the crate: commit ids
 //! ([`Revision`]), Git remotes ([`RemoteUrl`], [`Transport`]), probe endpoints
 //! ([`EndpointUrl`]), the apply goal ([`Goal`]), the node's [`Role`], a system [`Generation`],
-//! what a source's poller reports ([`SourceReport`]), and the Kubernetes API clients handed to
-//! workers ([`api`]).
+//! and what a source's poller reports ([`SourceReport`]).
 //!
 //! Owns: their parsing, validation and how they print. Must not import anything else of the
 //! crate; `config`, `status`, `state` and the workers take these from here.
 
-pub mod api;
 mod closure;
 mod endpoint;
 pub mod notice;

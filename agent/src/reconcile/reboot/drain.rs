@@ -25,9 +25,9 @@ use kube::Api;
 use kube::api::{ListParams, Patch};
 use serde_json::json;
 
-use crate::types::api::{code, describe};
+use crate::k8s::{code, describe};
 
-pub use crate::types::api::CORDONED_BY;
+pub use crate::k8s::CORDONED_BY;
 
 /// The kubelet's annotation on a static pod's mirror.
 pub const MIRROR: &str = "kubernetes.io/config.mirror";
@@ -227,7 +227,7 @@ pub async fn evict(
         .create_subresource::<_, serde_json::Value>(
             "eviction",
             &pod.name,
-            &crate::types::api::post_params(),
+            &crate::k8s::post_params(),
             &body,
         )
         .await
@@ -358,11 +358,7 @@ async fn patch_node(
     what: &str,
 ) -> Result<bool, String> {
     match api
-        .patch(
-            node,
-            &crate::types::api::patch_params(),
-            &Patch::Merge(patch),
-        )
+        .patch(node, &crate::k8s::patch_params(), &Patch::Merge(patch))
         .await
     {
         Ok(_) => Ok(true),

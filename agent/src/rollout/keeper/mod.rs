@@ -32,10 +32,10 @@ use super::lease::SlotPhase;
 use super::locker::Locker;
 use super::slots::Observed;
 use crate::config::{Config, LockBackend, OnHolderLost};
+use crate::k8s::KubeClients;
 use crate::metrics::Metrics;
 use crate::state::Held;
 use crate::status::{FleetState, Halt, HaltCause, HealthMap, WaitingFor};
-use crate::types::api::KubeClients;
 use crate::types::{Reason, Revision, Role};
 use crate::util;
 
