@@ -687,7 +687,7 @@ mod tests {
             stream: Stream::Stdout,
             line: "built".to_owned(),
         };
-        assert_eq!(seen, [built.clone()]);
+        assert_eq!(seen, finished.output);
         assert_eq!(finished.output, [built]);
     }
 
