@@ -7,9 +7,13 @@
 //!   signal: if ginx dies, the runner stops the command's whole tree.
 //!
 //! Either way ginx follows the attempt through files the runner writes (`output.jsonl`,
-//! `result.json`) in the attempt's directory. That directory is created afresh for each attempt
-//! (never reused), and a result counts only when it carries the token this attempt's runner was
-//! given.
+//! `result.json`) in the attempt's directory, woken by a watch on that directory (and by a
+//! child runner's exit) rather than by a clock. That directory is created afresh for each
+//! attempt (never reused), and a result counts only when it carries the token this attempt's
+//! runner was given.
+//!
+//! Not here: what the runner does inside (see `runner`), nor what an attempt's end means to the
+//! node (see `reconcile`).
 
 use std::collections::VecDeque;
 use std::io::Read;
