@@ -7,14 +7,19 @@
 //!   signal: if ginx dies, the runner stops the command's whole tree.
 //!
 //! Either way ginx follows the attempt through files the runner writes (`output.jsonl`,
-//! `result.json`) in the attempt's directory. That directory is created afresh for each attempt
-//! (never reused), and a result counts only when it carries the token this attempt's runner was
-//! given.
+//! `result.json`) in the attempt's directory, woken by a watch on that directory (and by a
+//! child runner's exit) rather than by a clock. That directory is created afresh for each
+//! attempt (never reused), and a result counts only when it carries the token this attempt's
+//! runner was given.
+//!
+//! Not here: what the runner does inside (see `runner`), nor what an attempt's end means to the
+//! node (see `reconcile`).
 
 use std::collections::VecDeque;
 use std::io::Read;
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
+use std::sync::Arc;
 use std::time::Duration;
 
 use super::process::{Exit, Finished, OUTPUT_TAIL, SERVICE_ONLY_ENV, keep};
@@ -297,6 +302,10 @@ impl Handle {
 
     /// Follows the attempt to its end, handing each output line to `on_line`; when `stop`
     /// resolves, asks the runner to stop (it then stops the command's tree and records that).
+    ///
+    /// Woken by what happens, not by a clock: a change in the attempt's directory (a line
+    /// appended to the output, the result renamed into place) and, for a process runner, its
+    /// exit. Only what sends no event is looked at on a timer (see [`timers`]).
     pub async fn wait(
         mut self,
         stop: impl std::future::Future<Output = ()>,
@@ -305,20 +314,20 @@ impl Handle {
         let dir = self.dir().to_owned();
         let token = self.token();
         let mut tail = Tail::new(dir.join(OUTPUT_FILE));
-        let mut tick = tokio::time::interval(Duration::from_millis(100));
-        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        let watch = DirWatch::arm(&dir)
+            .inspect_err(|e| {
+                tracing::warn!(dir = %dir.display(), error = %e,
+                    "cannot watch the attempt's folder; looking at it every 100 ms instead");
+            })
+            .ok();
+        let timers = timers(watch.is_some(), matches!(self, Handle::Unit { .. }));
+        let mut look = timers.look.map(every);
+        let mut unit_check = timers.unit_check.map(every);
         tokio::pin!(stop);
         let mut stopping = false;
-        let mut ticks = 0u64;
         loop {
-            tokio::select! {
-                _ = tick.tick() => {}
-                () = &mut stop, if !stopping => {
-                    stopping = true;
-                    self.request_stop().await;
-                }
-            }
-            ticks += 1;
+            // The first look comes after the watch is armed: a result written before it is
+            // found here, one written after it wakes the watch.
             tail.read(&mut on_line);
             if let Some(result) = read_result(&dir, token.as_deref()) {
                 tail.read(&mut on_line);
@@ -327,23 +336,31 @@ impl Handle {
                     output: tail.lines.into(),
                 };
             }
-            let gone = match &mut self {
-                Handle::Process { child, .. } => match child.try_wait() {
-                    Ok(Some(status)) => Some(format!(
-                        "the attempt's runner exited ({status}) without a result"
-                    )),
-                    Ok(None) => None,
-                    Err(e) => Some(format!("cannot wait for the attempt's runner: {e}")),
-                },
-                // Asking systemd is dearer: once a second.
-                Handle::Unit {
-                    unit, systemctl, ..
-                } if ticks.is_multiple_of(10) => {
-                    let state = unit_state(systemctl, unit).await;
-                    (!running_state(&state))
-                        .then(|| format!("unit {unit}.service ended ({state}) without a result"))
-                }
+            let runner = match &mut self {
+                Handle::Process { child, .. } => Some(child),
                 Handle::Unit { .. } => None,
+            };
+            let woke = tokio::select! {
+                () = changed(watch.as_ref()) => Wake::Changed,
+                () = tick(look.as_mut()) => Wake::Changed,
+                () = tick(unit_check.as_mut()) => Wake::UnitCheck,
+                status = exited(runner) => Wake::RunnerExited(status),
+                () = &mut stop, if !stopping => Wake::Stop,
+            };
+            let gone = match woke {
+                Wake::Changed => None,
+                Wake::Stop => {
+                    stopping = true;
+                    self.request_stop().await;
+                    None
+                }
+                Wake::RunnerExited(Ok(status)) => Some(format!(
+                    "the attempt's runner exited ({status}) without a result"
+                )),
+                Wake::RunnerExited(Err(e)) => {
+                    Some(format!("cannot wait for the attempt's runner: {e}"))
+                }
+                Wake::UnitCheck => self.unit_gone().await,
             };
             if let Some(why) = gone {
                 // The result may have landed between the two checks.
@@ -356,6 +373,19 @@ impl Handle {
                 };
             }
         }
+    }
+
+    /// Why the attempt's unit is over, if systemd says it is.
+    async fn unit_gone(&self) -> Option<String> {
+        let Handle::Unit {
+            unit, systemctl, ..
+        } = self
+        else {
+            return None;
+        };
+        let state = unit_state(systemctl, unit).await;
+        (!running_state(&state))
+            .then(|| format!("unit {unit}.service ended ({state}) without a result"))
     }
 
     async fn request_stop(&mut self) {
@@ -379,6 +409,117 @@ impl Handle {
                     .await;
             }
         }
+    }
+}
+
+/// What woke [`Handle::wait`].
+enum Wake {
+    /// Something changed in the attempt's folder (or, without a watch, the look is due).
+    Changed,
+    /// Time to ask systemd whether the attempt's unit still runs.
+    UnitCheck,
+    RunnerExited(std::io::Result<std::process::ExitStatus>),
+    Stop,
+}
+
+/// How often [`Handle::wait`] looks at the attempt's folder when it cannot watch it.
+const LOOK_WITHOUT_WATCH: Duration = Duration::from_millis(100);
+/// How often it asks systemd about the attempt's unit.
+const UNIT_CHECK: Duration = Duration::from_secs(1);
+
+/// The clocks [`Handle::wait`] needs: only for what sends it no event.
+#[derive(Debug, PartialEq, Eq)]
+struct Timers {
+    look: Option<Duration>,
+    unit_check: Option<Duration>,
+}
+
+/// With the folder watched, a process runner needs no clock at all: every line, the result and
+/// the runner's exit are events (an overflowing event queue is one too), and the exit comes
+/// last even if the folder's events were lost. No safety poll is kept for that case.
+///
+/// A unit keeps a check every second: one that ends without a result (SIGKILL, systemd's
+/// `RuntimeMaxSec`, the OOM killer) changes nothing in the folder, and ginx is not its parent,
+/// so only systemd knows. That check is also what would see a result whose event was lost.
+///
+/// Without a watch (no inotify instance left, say) the folder is looked at as it used to be.
+fn timers(watching: bool, unit: bool) -> Timers {
+    Timers {
+        look: (!watching).then_some(LOOK_WITHOUT_WATCH),
+        unit_check: unit.then_some(UNIT_CHECK),
+    }
+}
+
+/// A clock whose first tick is one period away.
+fn every(period: Duration) -> tokio::time::Interval {
+    let mut i = tokio::time::interval_at(tokio::time::Instant::now() + period, period);
+    i.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    i
+}
+
+async fn tick(clock: Option<&mut tokio::time::Interval>) {
+    match clock {
+        Some(c) => {
+            c.tick().await;
+        }
+        None => std::future::pending().await,
+    }
+}
+
+async fn changed(watch: Option<&DirWatch>) {
+    match watch {
+        Some(w) => w.changed.notified().await,
+        None => std::future::pending().await,
+    }
+}
+
+async fn exited(
+    runner: Option<&mut tokio::process::Child>,
+) -> std::io::Result<std::process::ExitStatus> {
+    match runner {
+        Some(child) => child.wait().await,
+        None => std::future::pending().await,
+    }
+}
+
+/// A watch (inotify) on the attempt's folder: each change there wakes [`Handle::wait`] once
+/// (changes while it is busy are folded into one wake).
+struct DirWatch {
+    _watcher: notify::RecommendedWatcher,
+    changed: Arc<tokio::sync::Notify>,
+}
+
+impl DirWatch {
+    fn arm(dir: &Path) -> notify::Result<Self> {
+        use notify::Watcher;
+        let changed = Arc::new(tokio::sync::Notify::new());
+        let wake = Arc::clone(&changed);
+        let mut watcher =
+            notify::recommended_watcher(move |event: notify::Result<notify::Event>| {
+                // An error may stand for changes that were lost: look again.
+                let news = match &event {
+                    Ok(e) => is_news(&e.kind),
+                    Err(_) => true,
+                };
+                if news {
+                    wake.notify_one();
+                }
+            })?;
+        watcher.watch(dir, notify::RecursiveMode::NonRecursive)?;
+        Ok(Self {
+            _watcher: watcher,
+            changed,
+        })
+    }
+}
+
+/// Whether an event in the attempt's folder may be news. A file opened, read or closed after
+/// reading is not: that is `wait` looking, and waking on it would wake it for ever.
+fn is_news(kind: &notify::EventKind) -> bool {
+    use notify::event::{AccessKind, AccessMode};
+    match kind {
+        notify::EventKind::Access(a) => matches!(a, AccessKind::Close(AccessMode::Write)),
+        _ => true,
     }
 }
 
@@ -430,5 +571,163 @@ impl Tail {
                 keep(&mut self.lines, line);
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::runner::{RESULT_FILE, RunResult};
+    use super::*;
+    use crate::state::Stream;
+
+    const TOKEN: &str = "0123456789abcdef";
+
+    fn result_bytes(token: &str) -> Vec<u8> {
+        serde_json::to_vec(&RunResult {
+            exit: Exit::Code(0),
+            finished_at: crate::util::now(),
+            token: Some(token.to_owned()),
+            max_rss_kib: None,
+        })
+        .unwrap()
+    }
+
+    /// An attempt's folder, and a stand-in runner (`sh -c script`) that is killed with the
+    /// handle.
+    fn attempt(script: &str) -> (tempfile::TempDir, PathBuf, Handle) {
+        let tmp = tempfile::tempdir().unwrap();
+        let dir = tmp.path().join("attempt");
+        std::fs::create_dir(&dir).unwrap();
+        std::fs::write(tmp.path().join("staged.json"), result_bytes(TOKEN)).unwrap();
+        let child = tokio::process::Command::new("sh")
+            .arg("-c")
+            .arg(script)
+            .current_dir(tmp.path())
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .kill_on_drop(true)
+            .spawn()
+            .unwrap();
+        let handle = Handle::Process {
+            child,
+            dir: dir.clone(),
+            token: Some(TOKEN.to_owned()),
+        };
+        (tmp, dir, handle)
+    }
+
+    #[test]
+    fn a_watched_process_runner_needs_no_clock() {
+        let none = Timers {
+            look: None,
+            unit_check: None,
+        };
+        assert_eq!(timers(true, false), none);
+    }
+
+    #[test]
+    fn a_unit_is_asked_about_once_a_second_watched_or_not() {
+        for watching in [true, false] {
+            assert_eq!(timers(watching, true).unit_check, Some(UNIT_CHECK));
+        }
+        assert_eq!(UNIT_CHECK, Duration::from_secs(1));
+        assert_eq!(timers(true, true).look, None);
+    }
+
+    #[test]
+    fn without_a_watch_the_folder_is_looked_at_as_before() {
+        assert_eq!(timers(false, false).look, Some(Duration::from_millis(100)));
+        assert_eq!(timers(false, true).look, Some(Duration::from_millis(100)));
+    }
+
+    #[test]
+    fn the_folder_being_read_is_no_news_and_everything_else_is() {
+        use notify::EventKind;
+        use notify::event::{
+            AccessKind, AccessMode, CreateKind, DataChange, ModifyKind, RenameMode,
+        };
+        let quiet = [
+            EventKind::Access(AccessKind::Open(AccessMode::Any)),
+            EventKind::Access(AccessKind::Read),
+            EventKind::Access(AccessKind::Close(AccessMode::Read)),
+        ];
+        for k in quiet {
+            assert!(!is_news(&k), "{k:?}");
+        }
+        let news = [
+            EventKind::Access(AccessKind::Close(AccessMode::Write)),
+            EventKind::Create(CreateKind::File),
+            EventKind::Modify(ModifyKind::Data(DataChange::Any)),
+            EventKind::Modify(ModifyKind::Name(RenameMode::To)),
+            EventKind::Other,
+        ];
+        for k in news {
+            assert!(is_news(&k), "{k:?}");
+        }
+    }
+
+    // The clock is paused: when the runtime has nothing to do it jumps to the next timer. A
+    // wait that needed a tick would therefore end with the clock moved on; one woken by events
+    // ends with it where it started.
+
+    #[tokio::test(start_paused = true)]
+    async fn the_result_wakes_the_wait_without_a_tick() {
+        // The stand-in runs on after its result: only the folder's watch can end the wait.
+        let line = r#"{"stream":"stdout","line":"built"}"#;
+        let (_tmp, _, handle) = attempt(&format!(
+            "sleep 0.2; echo '{line}' >> attempt/{OUTPUT_FILE}; \
+             cp staged.json attempt/.result.tmp; mv attempt/.result.tmp attempt/{RESULT_FILE}; \
+             exec sleep 60"
+        ));
+        let t0 = tokio::time::Instant::now();
+        let mut seen = Vec::new();
+        let finished = handle
+            .wait(std::future::pending(), |l| seen.push(l.clone()))
+            .await;
+        assert_eq!(t0.elapsed(), Duration::ZERO, "a tick was needed");
+        assert_eq!(finished.exit, Exit::Code(0));
+        let built = OutputLine {
+            stream: Stream::Stdout,
+            line: "built".to_owned(),
+        };
+        assert_eq!(seen, finished.output);
+        assert_eq!(finished.output, [built]);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_runner_that_exits_without_a_result_wakes_the_wait_without_a_tick() {
+        let (_tmp, _, handle) = attempt("sleep 0.2; exit 3");
+        let t0 = tokio::time::Instant::now();
+        let finished = handle.wait(std::future::pending(), |_| {}).await;
+        assert_eq!(t0.elapsed(), Duration::ZERO, "a tick was needed");
+        match finished.exit {
+            Exit::SpawnFailed(m) => assert!(m.contains("without a result"), "{m}"),
+            other => panic!("{other:?}"),
+        }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_result_written_before_the_watch_is_found() {
+        let (_tmp, dir, handle) = attempt("exec sleep 60");
+        std::fs::write(dir.join(RESULT_FILE), result_bytes(TOKEN)).unwrap();
+        let t0 = tokio::time::Instant::now();
+        let finished = handle.wait(std::future::pending(), |_| {}).await;
+        assert_eq!(t0.elapsed(), Duration::ZERO);
+        assert_eq!(finished.exit, Exit::Code(0));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_result_with_another_token_does_not_end_the_wait() {
+        // Another run's result lands first; this runner's end is what ends the wait.
+        let (tmp, _, handle) = attempt(&format!(
+            "sleep 0.1; cp foreign.json attempt/{RESULT_FILE}; sleep 0.2; exit 3"
+        ));
+        std::fs::write(tmp.path().join("foreign.json"), result_bytes("another")).unwrap();
+        let finished = handle.wait(std::future::pending(), |_| {}).await;
+        assert!(
+            matches!(finished.exit, Exit::SpawnFailed(_)),
+            "{finished:?}"
+        );
     }
 }
