@@ -7,12 +7,13 @@ use std::fmt::Debug;
 use std::time::Instant;
 
 use kube::Api;
+use kube::api::Patch;
 use kube::core::Resource;
 use serde::Serialize;
 use serde::de::DeserializeOwned;
 
 use super::ApiError;
-use crate::k8s::{code, post_params};
+use super::{code, patch_params, post_params};
 
 /// Tries of a read-modify-replace before the object is said to keep changing.
 pub const MAX_CONFLICT_RETRIES: usize = 5;
@@ -24,6 +25,10 @@ pub enum Edit<K, T> {
     /// Write this object (a replace of the one read, or a create when there was none), then
     /// answer `T`.
     Write(K, T),
+    /// Merge-patch the object read with this, carrying the `resourceVersion` read (so it is a
+    /// compare-and-swap too), then answer `T`: for an object whose whole body this identity
+    /// must not send back (a Node, written with the node's own identity).
+    Patch(serde_json::Value, T),
 }
 
 /// Why a read-modify-replace failed.
@@ -68,20 +73,37 @@ where
                 (read, existed)
             }
         };
-        let (object, value) = match edit(read).map_err(EditError::Edit)? {
+        let version = read
+            .as_ref()
+            .and_then(|k| k.meta().resource_version.clone());
+        let sent = Instant::now();
+        let (verb, value, result) = match edit(read).map_err(EditError::Edit)? {
             Edit::Keep(value) => {
                 return Ok(Written {
                     value,
                     object: None,
                 });
             }
-            Edit::Write(object, value) => (object, value),
-        };
-        let sent = Instant::now();
-        let (verb, result) = if existed {
-            ("update", api.replace(name, &post_params(), &object).await)
-        } else {
-            ("create", api.create(&post_params(), &object).await)
+            Edit::Write(object, value) if existed => {
+                let r = api.replace(name, &post_params(), &object).await;
+                ("update", value, r)
+            }
+            Edit::Write(object, value) => {
+                ("create", value, api.create(&post_params(), &object).await)
+            }
+            Edit::Patch(mut patch, value) => {
+                if let Some(meta) = patch
+                    .as_object_mut()
+                    .map(|p| p.entry("metadata").or_insert_with(|| serde_json::json!({})))
+                    .and_then(serde_json::Value::as_object_mut)
+                {
+                    meta.insert("resourceVersion".into(), serde_json::json!(version));
+                }
+                let r = api
+                    .patch(name, &patch_params(), &Patch::Merge(&patch))
+                    .await;
+                ("patch", value, r)
+            }
         };
         match result {
             Ok(written) => {

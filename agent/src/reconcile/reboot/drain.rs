@@ -2,8 +2,9 @@
 //!
 //! - Cordon sets `spec.unschedulable` and, only when ginx is the one that made the node
 //!   unschedulable, the annotation [`CORDONED_BY`]; uncordon undoes only that. A node an admin
-//!   cordoned stays cordoned. Both patches carry the `resourceVersion` read, so a concurrent
-//!   change by an admin is never overwritten (a 409 is read again).
+//!   cordoned stays cordoned. Both patches carry the `resourceVersion` read
+//!   (`k8s::replace_with_retry`), so a concurrent change by an admin is never overwritten (a
+//!   409 is read again).
 //! - The drain lists the node's pods, skips DaemonSet-managed and mirror pods, refuses (unless
 //!   configured) pods without a controller and pods with emptyDir, and evicts the rest
 //!   through the Eviction API (`policy/v1`, `pods/<name>/eviction`). The Eviction body is
@@ -22,18 +23,15 @@ use k8s_openapi::api::core::v1::{Node, Pod};
 use k8s_openapi::api::policy::v1::PodDisruptionBudget;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
 use kube::Api;
-use kube::api::{ListParams, Patch};
+use kube::api::ListParams;
 use serde_json::json;
 
-use crate::k8s::{code, describe};
+use crate::k8s::{ApiError, Edit, EditError, code, describe, replace_with_retry};
 
 pub use crate::k8s::CORDONED_BY;
 
 /// The kubelet's annotation on a static pod's mirror.
 pub const MIRROR: &str = "kubernetes.io/config.mirror";
-
-/// Patches that lost a race with another writer are tried this often.
-const MAX_RACES: u32 = 5;
 
 /// A pod to be evicted.
 #[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord)]
@@ -285,89 +283,80 @@ pub async fn budgets_for(client: &kube::Client, pod: &Pod) -> Result<Vec<String>
 /// that way for its admin.
 pub async fn cordon(client: &kube::Client, node: &str) -> Result<bool, String> {
     let api = Api::<Node>::all(client.clone());
-    for _ in 0..MAX_RACES {
-        let n = api
-            .get(node)
-            .await
-            .map_err(|e| forbidden_or(&e, &format!("read node {node}"), "nodes get"))?;
-        let ours = n
-            .metadata
-            .annotations
-            .as_ref()
-            .is_some_and(|a| a.contains_key(CORDONED_BY));
-        let unschedulable = n.spec.as_ref().and_then(|s| s.unschedulable) == Some(true);
-        if unschedulable {
-            return Ok(ours);
+    let resource = format!("node {node}");
+    let written = replace_with_retry(&api, node, &resource, None, |n| {
+        let Some(n) = n else {
+            return Err(format!("cannot read node {node}: it does not exist"));
+        };
+        if n.spec.as_ref().and_then(|s| s.unschedulable) == Some(true) {
+            return Ok(Edit::Keep(cordoned_by_ginx(&n)));
         }
         let patch = json!({
-            "metadata": {
-                "resourceVersion": n.metadata.resource_version,
-                "annotations": { CORDONED_BY: jiff::Timestamp::now().to_string() },
-            },
+            "metadata": { "annotations": { CORDONED_BY: jiff::Timestamp::now().to_string() } },
             "spec": { "unschedulable": true },
         });
-        if patch_node(&api, node, &patch, "cordon").await? {
-            return Ok(true);
-        }
-    }
-    Err(format!("node {node} kept changing while ginx cordoned it"))
+        Ok(Edit::Patch(patch, true))
+    })
+    .await
+    .map_err(|e| node_error(e, node, "cordon"))?;
+    Ok(written.value)
 }
 
 /// Makes `node` schedulable again, only if ginx cordoned it ([`CORDONED_BY`]). Returns
 /// whether it changed anything.
 pub async fn uncordon(client: &kube::Client, node: &str) -> Result<bool, String> {
     let api = Api::<Node>::all(client.clone());
-    for _ in 0..MAX_RACES {
-        let n = match api.get_opt(node).await {
-            Ok(Some(n)) => n,
-            Ok(None) => return Ok(false),
-            Err(e) => {
-                return Err(forbidden_or(&e, &format!("read node {node}"), "nodes get"));
+    let resource = format!("node {node}");
+    let written = replace_with_retry(&api, node, &resource, None, |n| {
+        Ok::<_, String>(match n {
+            Some(n) if cordoned_by_ginx(&n) => {
+                let patch = json!({
+                    "metadata": { "annotations": { CORDONED_BY: null } },
+                    "spec": { "unschedulable": null },
+                });
+                Edit::Patch(patch, true)
             }
-        };
-        let ours = n
-            .metadata
-            .annotations
-            .as_ref()
-            .is_some_and(|a| a.contains_key(CORDONED_BY));
-        if !ours {
-            return Ok(false);
-        }
-        let patch = json!({
-            "metadata": {
-                "resourceVersion": n.metadata.resource_version,
-                "annotations": { CORDONED_BY: null },
-            },
-            "spec": { "unschedulable": null },
-        });
-        if patch_node(&api, node, &patch, "uncordon").await? {
-            return Ok(true);
-        }
-    }
-    Err(format!(
-        "node {node} kept changing while ginx uncordoned it"
-    ))
+            _ => Edit::Keep(false),
+        })
+    })
+    .await
+    .map_err(|e| node_error(e, node, "uncordon"))?;
+    Ok(written.value)
 }
 
-/// Merge-patches `node` with `patch` (which carries the `resourceVersion` read); `Ok(false)`
-/// when another writer came first (409) and the node must be read again.
-async fn patch_node(
-    api: &Api<Node>,
-    node: &str,
-    patch: &serde_json::Value,
-    what: &str,
-) -> Result<bool, String> {
-    match api
-        .patch(node, &crate::k8s::patch_params(), &Patch::Merge(patch))
-        .await
-    {
-        Ok(_) => Ok(true),
-        Err(e) if code(&e) == Some(409) => Ok(false),
-        Err(e) => Err(forbidden_or(
-            &e,
-            &format!("{what} node {node}"),
-            "nodes patch",
-        )),
+/// Whether ginx is the one that made `n` unschedulable.
+fn cordoned_by_ginx(n: &Node) -> bool {
+    n.metadata
+        .annotations
+        .as_ref()
+        .is_some_and(|a| a.contains_key(CORDONED_BY))
+}
+
+/// A failed cordon or uncordon (`what`) of `node`, in words.
+fn node_error(e: EditError<String>, node: &str, what: &str) -> String {
+    match e {
+        EditError::Edit(e) => e,
+        EditError::Api(ApiError::Conflict { .. }) => {
+            format!("node {node} kept changing while ginx {what}ed it")
+        }
+        EditError::Api(e) => {
+            let (doing, rule) = match &e {
+                ApiError::Refused { verb, .. } | ApiError::Policy { verb, .. } if verb == "get" => {
+                    (format!("read node {node}"), "nodes get")
+                }
+                _ => (format!("{what} node {node}"), "nodes patch"),
+            };
+            forbidden_in(status_of(&e), &e.detail(), &doing, rule)
+        }
+    }
+}
+
+/// The HTTP status of a refusal.
+fn status_of(e: &ApiError) -> Option<u16> {
+    match e {
+        ApiError::Refused { status, .. } => *status,
+        ApiError::Policy { .. } => Some(403),
+        ApiError::Unavailable { .. } | ApiError::Conflict { .. } => None,
     }
 }
 
@@ -375,20 +364,21 @@ async fn patch_node(
 /// The error of a request made with the node's own identity (`kubernetes.node_kubeconfig`),
 /// except `budgets_for`'s, made with ginx's: a 403 says which.
 fn forbidden_or(e: &kube::Error, what: &str, rule: &str) -> String {
-    if code(e) == Some(403) && rule.starts_with("poddisruptionbudgets") {
+    forbidden_in(code(e), &describe(e), what, rule)
+}
+
+/// [`forbidden_or`] of an answer with `status` and `detail` (its status and reason in words).
+fn forbidden_in(status: Option<u16>, detail: &str, what: &str, rule: &str) -> String {
+    if status == Some(403) && rule.starts_with("poddisruptionbudgets") {
+        format!("cannot {what}: {detail}; ginx needs {rule} — apply packaging/kubernetes/rbac.yaml")
+    } else if status == Some(403) {
         format!(
-            "cannot {what}: {}; ginx needs {rule} — apply packaging/kubernetes/rbac.yaml",
-            describe(e)
-        )
-    } else if code(e) == Some(403) {
-        format!(
-            "cannot {what}: {}; the node's own identity (kubernetes.node_kubeconfig, \
+            "cannot {what}: {detail}; the node's own identity (kubernetes.node_kubeconfig, \
              system:node:<name>) needs {rule} for its own node: is the API server's \
-             authorization mode Node and its admission NodeRestriction?",
-            describe(e)
+             authorization mode Node and its admission NodeRestriction?"
         )
     } else {
-        format!("cannot {what}: {}", describe(e))
+        format!("cannot {what}: {detail}")
     }
 }
 
