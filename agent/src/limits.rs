@@ -2,7 +2,7 @@
 //! non-test code. Test-only, like `layers.rs`, whose scanner it shares; the length of a
 //! function is clippy's to check (`clippy::too_many_lines`, threshold in `clippy.toml`).
 //!
-//! Non-test code is every line outside items marked `#[cfg(test)]` (a test module, a test
+//! Non-test code is every line (blank and comment lines too) outside items marked `#[cfg(test)]` (a test module, a test
 //! helper), in files other than the `*_tests.rs` files such a module may live in.
 
 use std::path::Path;
@@ -14,45 +14,38 @@ const MAX_FILE_LINES: usize = 1000;
 
 /// Lines of `text` outside `#[cfg(test)]` items.
 fn non_test_lines(text: &str) -> usize {
+    // The scanner keeps every newline, so a line of `code` is the same line of `text`.
     let code = code_only(text);
-    let mut test = vec![false; code.len()];
+    let line_of = |offset: usize| code[..offset].matches('\n').count();
+    let mut test_lines = 0;
     let mut from = 0;
     while let Some(at) = code[from..].find("#[cfg(test)]") {
         let start = from + at;
-        // The item runs to its `;` (a `mod x;` elsewhere) or to its matching brace.
-        let mut depth = 0usize;
-        let mut end = code.len();
-        for (i, c) in code[start..].char_indices() {
-            match c {
-                ';' if depth == 0 => {
-                    end = start + i + 1;
-                    break;
-                }
-                '{' => depth += 1,
-                '}' => {
-                    depth = depth.saturating_sub(1);
-                    if depth == 0 {
-                        end = start + i + 1;
-                        break;
-                    }
-                }
-                _ => {}
-            }
-        }
-        test[start..end].iter_mut().for_each(|t| *t = true);
+        let end = item_end(&code, start);
+        test_lines += line_of(end) - line_of(start) + 1;
         from = end;
     }
-    let mut lines = 0;
-    let mut counted = false;
-    for (i, c) in text.char_indices() {
-        if c == '\n' {
-            counted = false;
-        } else if !counted && !c.is_whitespace() && !test.get(i).copied().unwrap_or(false) {
-            counted = true;
-            lines += 1;
+    text.lines().count().saturating_sub(test_lines)
+}
+
+/// Where the item whose attribute starts at `start` ends: its `;` (a `mod x;` or a `use`) or
+/// its matching closing brace.
+fn item_end(code: &str, start: usize) -> usize {
+    let mut depth = 0usize;
+    for (i, c) in code[start..].char_indices() {
+        match c {
+            ';' if depth == 0 => return start + i,
+            '{' => depth += 1,
+            '}' => {
+                depth = depth.saturating_sub(1);
+                if depth == 0 {
+                    return start + i;
+                }
+            }
+            _ => {}
         }
     }
-    lines
+    code.len()
 }
 
 #[test]
@@ -80,7 +73,9 @@ fn no_source_file_is_over_a_thousand_lines_of_non_test_code() {
 #[test]
 fn test_items_do_not_count() {
     let text = "fn a() {\n    1\n}\n\n#[cfg(test)]\nmod tests {\n    fn b() {}\n}\n";
-    assert_eq!(non_test_lines(text), 3);
+    assert_eq!(non_test_lines(text), 4);
+    let wide = "// é → ü\nfn a() {}\n#[cfg(test)]\nmod tests {}\n";
+    assert_eq!(non_test_lines(wide), 2);
     let helper = "#[cfg(test)]\nuse x;\nfn c() {}\n";
     assert_eq!(non_test_lines(helper), 1);
 }
