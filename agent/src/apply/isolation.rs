@@ -133,100 +133,16 @@ pub enum Handle {
 
 /// Starts the runner.
 pub async fn launch(iso: &Isolation, l: &Launch) -> Result<Handle, String> {
-    // The attempt's own folder: created here, empty, or the attempt does not start.
-    if let Some(parent) = l.dir.parent() {
-        std::fs::create_dir_all(parent)
-            .map_err(|e| format!("cannot create {}: {e}", parent.display()))?;
-    }
-    std::fs::create_dir(&l.dir).map_err(|e| {
-        if e.kind() == std::io::ErrorKind::AlreadyExists {
-            format!(
-                "attempt folder {} exists already (left by an earlier run); not reusing it",
-                l.dir.display()
-            )
-        } else {
-            format!("cannot create {}: {e}", l.dir.display())
-        }
-    })?;
+    make_attempt_dir(&l.dir)?;
     let runner = std::env::current_exe()
         .map_err(|e| format!("cannot find ginx's own binary to run the attempt: {e}"))?;
     match iso {
-        Isolation::Process => {
-            let mut cmd = tokio::process::Command::new(&runner);
-            for k in SERVICE_ONLY_ENV {
-                cmd.env_remove(k);
-            }
-            cmd.args(l.runner_args())
-                .envs(l.env.iter().map(|(k, v)| (k, v)))
-                .stdin(Stdio::null())
-                .stdout(Stdio::null())
-                .stderr(Stdio::null())
-                .process_group(0)
-                .kill_on_drop(false);
-            let parent = std::process::id();
-            // SAFETY: only async-signal-safe calls between fork and exec.
-            unsafe {
-                cmd.pre_exec(move || {
-                    nix::sys::prctl::set_pdeathsig(nix::sys::signal::Signal::SIGTERM)?;
-                    // ginx may have died before the signal was armed.
-                    if nix::unistd::getppid().as_raw() as u32 != parent {
-                        return Err(std::io::Error::other("ginx exited"));
-                    }
-                    Ok(())
-                });
-            }
-            let child = cmd
-                .spawn()
-                .map_err(|e| format!("cannot start {}: {e}", runner.display()))?;
-            Ok(Handle::Process {
-                child,
-                dir: l.dir.clone(),
-                token: Some(l.token.clone()),
-            })
-        }
+        Isolation::Process => launch_child(&runner, l),
         Isolation::SystemdRun {
             systemd_run,
             systemctl,
         } => {
-            let mut cmd = tokio::process::Command::new(systemd_run);
-            cmd.arg(format!("--unit={}", l.unit))
-                .arg("--collect")
-                .arg("--quiet")
-                .arg(format!("--description={}", l.description))
-                .arg(format!(
-                    "--property=TimeoutStopSec={}",
-                    (l.kill_grace * 2).as_secs().max(1) + 5
-                ))
-                .arg(format!(
-                    "--property=RuntimeMaxSec={}",
-                    (l.timeout + l.kill_grace * 4).as_secs() + 60
-                ));
-            // ginx's own environment by name only: systemd-run takes the values from its
-            // environment (inherited from ginx), so none of them is on a command line that
-            // every local user can read in /proc.
-            for (k, v) in std::env::vars() {
-                if !SERVICE_ONLY_ENV.contains(&k.as_str()) && !v.contains('\n') {
-                    cmd.arg(format!("--setenv={k}"));
-                }
-            }
-            for (k, v) in &l.env {
-                cmd.arg(format!("--setenv={k}={v}"));
-            }
-            cmd.arg("--").arg(&runner).args(l.runner_args());
-            let out = cmd
-                .stdin(Stdio::null())
-                .output()
-                .await
-                .map_err(|e| format!("cannot run {}: {e}", systemd_run.display()))?;
-            if !out.status.success() {
-                return Err(format!(
-                    "{} could not start unit {}.service ({}): {}",
-                    systemd_run.display(),
-                    l.unit,
-                    out.status,
-                    String::from_utf8_lossy(&out.stderr).trim()
-                ));
-            }
+            launch_unit(systemd_run, &runner, l).await?;
             Ok(Handle::Unit {
                 unit: l.unit.clone(),
                 systemctl: systemctl.clone(),
@@ -235,6 +151,103 @@ pub async fn launch(iso: &Isolation, l: &Launch) -> Result<Handle, String> {
             })
         }
     }
+}
+
+/// The attempt's own folder: created here, empty, or the attempt does not start.
+fn make_attempt_dir(dir: &Path) -> Result<(), String> {
+    if let Some(parent) = dir.parent() {
+        std::fs::create_dir_all(parent)
+            .map_err(|e| format!("cannot create {}: {e}", parent.display()))?;
+    }
+    std::fs::create_dir(dir).map_err(|e| {
+        if e.kind() == std::io::ErrorKind::AlreadyExists {
+            format!(
+                "attempt folder {} exists already (left by an earlier run); not reusing it",
+                dir.display()
+            )
+        } else {
+            format!("cannot create {}: {e}", dir.display())
+        }
+    })
+}
+
+/// The runner as a child of ginx's, in a process group of its own, dying with ginx.
+fn launch_child(runner: &Path, l: &Launch) -> Result<Handle, String> {
+    let mut cmd = tokio::process::Command::new(runner);
+    for k in SERVICE_ONLY_ENV {
+        cmd.env_remove(k);
+    }
+    cmd.args(l.runner_args())
+        .envs(l.env.iter().map(|(k, v)| (k, v)))
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .process_group(0)
+        .kill_on_drop(false);
+    let parent = std::process::id();
+    // SAFETY: only async-signal-safe calls between fork and exec.
+    unsafe {
+        cmd.pre_exec(move || {
+            nix::sys::prctl::set_pdeathsig(nix::sys::signal::Signal::SIGTERM)?;
+            // ginx may have died before the signal was armed.
+            if nix::unistd::getppid().as_raw() as u32 != parent {
+                return Err(std::io::Error::other("ginx exited"));
+            }
+            Ok(())
+        });
+    }
+    let child = cmd
+        .spawn()
+        .map_err(|e| format!("cannot start {}: {e}", runner.display()))?;
+    Ok(Handle::Process {
+        child,
+        dir: l.dir.clone(),
+        token: Some(l.token.clone()),
+    })
+}
+
+/// The runner as transient unit `l.unit`, which outlives ginx.
+async fn launch_unit(systemd_run: &Path, runner: &Path, l: &Launch) -> Result<(), String> {
+    let mut cmd = tokio::process::Command::new(systemd_run);
+    cmd.arg(format!("--unit={}", l.unit))
+        .arg("--collect")
+        .arg("--quiet")
+        .arg(format!("--description={}", l.description))
+        .arg(format!(
+            "--property=TimeoutStopSec={}",
+            (l.kill_grace * 2).as_secs().max(1) + 5
+        ))
+        .arg(format!(
+            "--property=RuntimeMaxSec={}",
+            (l.timeout + l.kill_grace * 4).as_secs() + 60
+        ));
+    // ginx's own environment by name only: systemd-run takes the values from its environment
+    // (inherited from ginx), so none of them is on a command line that every local user can
+    // read in /proc.
+    for (k, v) in std::env::vars() {
+        if !SERVICE_ONLY_ENV.contains(&k.as_str()) && !v.contains('\n') {
+            cmd.arg(format!("--setenv={k}"));
+        }
+    }
+    for (k, v) in &l.env {
+        cmd.arg(format!("--setenv={k}={v}"));
+    }
+    cmd.arg("--").arg(runner).args(l.runner_args());
+    let out = cmd
+        .stdin(Stdio::null())
+        .output()
+        .await
+        .map_err(|e| format!("cannot run {}: {e}", systemd_run.display()))?;
+    if !out.status.success() {
+        return Err(format!(
+            "{} could not start unit {}.service ({}): {}",
+            systemd_run.display(),
+            l.unit,
+            out.status,
+            String::from_utf8_lossy(&out.stderr).trim()
+        ));
+    }
+    Ok(())
 }
 
 /// The state of a transient unit, as `systemctl show` reports it (`inactive` when unknown).

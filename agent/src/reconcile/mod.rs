@@ -411,6 +411,8 @@ impl Reconciler {
                 }
                 continue;
             }
+            let (sentinel, window_edge) = self.looks();
+            let (sentinel, window_edge) = (sleep_for(sentinel), sleep_for(window_edge));
             let rollout = wait_for_rollout(
                 &mut self.gatekeeper,
                 reboot_wait,
@@ -428,17 +430,6 @@ impl Reconciler {
                     None => std::future::pending().await,
                 }
             };
-            // `reboot.sentinel` appears without telling anyone: looked at every few seconds
-            // while ginx may reboot.
-            let sentinel = sleep_for(
-                (self.config.borrow().reboot.mode == crate::config::RebootMode::WhenRequired
-                    && self.core.state().rebooting.is_none())
-                .then_some(reboot::SENTINEL_POLL),
-            );
-            // Status says whether a window is open: published again when one opens or closes.
-            let window_edge = sleep_for(publish::until_window_edge(
-                &self.config.borrow().rollout.windows,
-            ));
             let persist_again = sleep_for(self.unsaved.is_some().then_some(PERSIST_RETRY));
             tokio::select! {
                 () = retry => {}
@@ -450,11 +441,7 @@ impl Reconciler {
                 }
                 finished = finishing => {
                     if let Some(a) = attempting.take() {
-                        let finished = finished.unwrap_or_else(|e| Finished {
-                            exit: Exit::SpawnFailed(format!("attempt task failed: {e}")),
-                            output: Vec::new(),
-                        });
-                        self.finish(a.id, finished).await;
+                        self.finish(a.id, finished_or_failed(finished)).await;
                     }
                 }
                 _ = drift_tick.tick() => {
@@ -482,6 +469,17 @@ impl Reconciler {
     }
 
     /// What the core decides this turn; `busy` while an attempt runs.
+    /// When to look again without being told: `reboot.sentinel` appears without telling
+    /// anyone, so it is looked at every few seconds while ginx may reboot; and status says
+    /// whether a window is open, so it is published again when one opens or closes.
+    fn looks(&self) -> (Option<std::time::Duration>, Option<std::time::Duration>) {
+        let cfg = self.config.borrow();
+        let sentinel = (cfg.reboot.mode == crate::config::RebootMode::WhenRequired
+            && self.core.state().rebooting.is_none())
+        .then_some(reboot::SENTINEL_POLL);
+        (sentinel, publish::until_window_edge(&cfg.rollout.windows))
+    }
+
     fn decide_turn(&mut self, busy: bool, now: Timestamp) -> Decision {
         if busy {
             return Decision::Busy;
@@ -609,6 +607,15 @@ enum Acted {
     Again(Option<Attempting>),
     /// Wait for something to change.
     Wait,
+}
+
+/// An attempt's task's end: what it finished with, or a failure to start when the task itself
+/// failed.
+fn finished_or_failed(task: Result<Finished, tokio::task::JoinError>) -> Finished {
+    task.unwrap_or_else(|e| Finished {
+        exit: Exit::SpawnFailed(format!("attempt task failed: {e}")),
+        output: Vec::new(),
+    })
 }
 
 /// Sleeps for `d`, or forever without one.
