@@ -1,6 +1,6 @@
 //! The API clients as workers receive them: the daemon builds [`KubeClients`] (in `kube`) and
 //! hands them to whoever needs one through a watch, so no worker reaches into another for a
-//! client. With them, the field manager every write carries and `/readyz`.
+//! client. With them, `/readyz`.
 
 use super::clock::ServerClock;
 use super::error::describe;
@@ -59,25 +59,5 @@ pub async fn readyz(client: &kube::Client) -> Result<(), String> {
             })
         }
         Err(e) => Err(format!("unreachable: {}", describe(&e))),
-    }
-}
-
-/// The field manager of every write ginx makes: the API server stamps each write's time in
-/// `managedFields` under it, which the admission policies read as the server's clock.
-pub const FIELD_MANAGER: &str = "ginx";
-
-/// `PostParams` with ginx's field manager.
-pub fn post_params() -> kube::api::PostParams {
-    kube::api::PostParams {
-        dry_run: false,
-        field_manager: Some(FIELD_MANAGER.to_owned()),
-    }
-}
-
-/// `PatchParams` (merge and strategic patches) with ginx's field manager.
-pub fn patch_params() -> kube::api::PatchParams {
-    kube::api::PatchParams {
-        field_manager: Some(FIELD_MANAGER.to_owned()),
-        ..kube::api::PatchParams::default()
     }
 }

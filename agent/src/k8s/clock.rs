@@ -1,6 +1,6 @@
 //! [`ServerClock`]: the API server's wall clock as ginx's own writes found it.
 
-use super::clients::FIELD_MANAGER;
+use super::writes::FIELD_MANAGER;
 
 /// The API server's wall clock as seen from this node: the time the server stamps in
 /// `managedFields` on each of ginx's Lease writes, carried forward on this node's monotonic

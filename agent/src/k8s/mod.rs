@@ -15,10 +15,12 @@ mod error;
 pub mod heartbeat;
 mod retry;
 mod watch;
+mod writes;
 
-pub use clients::{CORDONED_BY, FIELD_MANAGER, KubeClients, patch_params, post_params, readyz};
+pub use clients::{CORDONED_BY, KubeClients, readyz};
 pub use clock::ServerClock;
 pub use error::{ApiError, by_policy, code, describe, refusal, unavailable};
 pub use heartbeat::{HEARTBEAT_GROUP_LABEL, HEARTBEAT_PASSED_ANNOTATION};
 pub use retry::{Edit, EditError, MAX_CONFLICT_RETRIES, Written, replace_with_retry};
 pub use watch::{WATCH_SECONDS, watch_objects};
+pub use writes::{FIELD_MANAGER, patch_params, post_params};
