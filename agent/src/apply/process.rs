@@ -206,7 +206,7 @@ impl Running {
                     break Exit::TimedOut;
                 }
                 () = &mut stop => {
-                    tracing::warn!("stopping the apply command");
+                    tracing::warn!(pgid = self.pgid.as_raw(), reason = "ginx is stopping or the attempt was cancelled", "stopping the apply command");
                     self.terminate(&mut tail, &mut on_line).await;
                     break Exit::Stopped;
                 }
@@ -276,6 +276,7 @@ impl Running {
         tail: &mut VecDeque<OutputLine>,
         on_line: &mut impl FnMut(&OutputLine),
     ) {
+        let limit_for = limit;
         let limit = tokio::time::sleep(limit);
         tokio::pin!(limit);
         loop {
@@ -288,7 +289,7 @@ impl Running {
                     None => break,
                 },
                 () = &mut limit => {
-                    tracing::warn!("apply command left processes holding its output open");
+                    tracing::warn!(pgid = self.pgid.as_raw(), waited = ?limit_for, "apply command left processes holding its output open; its last lines may be missing");
                     break;
                 }
             }

@@ -235,7 +235,10 @@ pub(super) async fn watchdog(
         {
             notifier.send(Note::Watchdog);
         } else {
-            tracing::warn!("apply loop did not answer the watchdog ping");
+            tracing::warn!(
+                waited = ?every,
+                "the apply loop did not answer the watchdog ping in time; systemd restarts ginx if it stays so"
+            );
         }
     }
 }

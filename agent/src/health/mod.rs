@@ -87,7 +87,7 @@ fn record(statuses: &watch::Sender<HealthMap>, name: &str, status: HealthStatus,
         });
         let changed = entry.status != status || entry.message != message;
         if entry.status != status {
-            tracing::info!(probe = name, from = entry.status.as_str(), to = status.as_str(), message = %message, "health changed");
+            tracing::info!(probe = name, from = entry.status.as_str(), to = status.as_str(), detail = %message, "health changed");
             entry.since = Some(now);
         }
         entry.status = status;

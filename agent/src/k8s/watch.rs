@@ -156,7 +156,7 @@ where
                 }
                 Ok(WatchEvent::Bookmark(b)) => last = b.metadata.resource_version,
                 Ok(WatchEvent::Error(e)) => {
-                    tracing::debug!(code = e.code, message = %e.message, "rollout watch ended");
+                    tracing::debug!(code = e.code, status_message = %e.message, "rollout watch ended");
                     return None;
                 }
                 Err(e) => {

@@ -324,7 +324,11 @@ impl Reconciler {
         ) {
             return Step::After(wait);
         }
-        tracing::warn!("still up in the same boot after the reboot command; running it again");
+        tracing::warn!(
+            boot_id = ?boot,
+            reboot_at = ?r.reboot_at,
+            "still up in the same boot after the reboot command; running it again"
+        );
         if self.core.state().rollout_held.is_some()
             && let Err(e) = self.gatekeeper.raise_ttl(cfg.reboot.lock_ttl.get()).await
         {
@@ -402,6 +406,7 @@ impl Reconciler {
         // previous generation (see `finish`).
         if self.transition(|c| c.reboot_gate_closed(passed)) == Ok(RebootPhase::Held) {
             tracing::error!(
+                reason = "the health gate after the reboot failed",
                 "the node stays cordoned and keeps its slot until an operator acts (`ginxctl retry`) or a fixed revision passes its gate"
             );
         }
@@ -410,7 +415,11 @@ impl Reconciler {
     /// The rollback after a failed gate after a reboot made the previous generation the boot
     /// default: reboot into it, in the same slot.
     pub(super) fn reboot_into_rollback(&mut self) {
-        tracing::warn!("the previous generation is the boot default now; rebooting into it");
+        tracing::warn!(
+            reason =
+                "the health gate after the reboot failed and the rollback made it the boot default",
+            "rebooting into the previous generation"
+        );
         self.reboot_view.cordon_checked = false;
         self.reboot_view.commanded_at = None;
         let _ = self.transition(Core::reboot_into_rollback);
