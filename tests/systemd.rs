@@ -485,7 +485,87 @@ fn fetches_over_https_and_ssh_and_the_journal_has_the_fields() {
             "no journal entry of ginx with {field} = {value}; fields: {fields:?}"
         );
     }
+    a_broken_reload_shows_its_reason(&m);
+    every_entry_is_one_self_contained_message(&m.journal("ginx"));
     m.stop();
+}
+
+/// A reload with a broken drop-in: what `journalctl -u ginx` (its default output) and
+/// `systemctl status ginx` show names the file, line and column and the parse error, not only
+/// that the reload failed.
+fn a_broken_reload_shows_its_reason(m: &Machine) {
+    m.write("/etc/ginx/config.d/20-broken.toml", "[sources.broken\n");
+    m.ok(&["systemctl", "reload", "ginx"]);
+    let want = "/etc/ginx/config.d/20-broken.toml:1:";
+    wait_for("the failed reload in the journal", || {
+        m.ok(&["journalctl", "-u", "ginx", "--no-pager"])
+            .lines()
+            .any(|l| l.contains("configuration reload failed") && l.contains(want))
+            .then_some(())
+    });
+    let line = m
+        .ok(&["journalctl", "-u", "ginx", "--no-pager"])
+        .lines()
+        .rfind(|l| l.contains("configuration reload failed"))
+        .unwrap()
+        .to_owned();
+    assert!(line.contains("expected"), "no parse error in: {line}");
+    let status = String::from_utf8_lossy(
+        &m.exec(&["systemctl", "status", "ginx", "--no-pager"])
+            .stdout,
+    )
+    .into_owned();
+    assert!(
+        status
+            .lines()
+            .any(|l| l.contains("configuration reload failed") && l.contains(want)),
+        "systemctl status ginx does not show why the reload failed:\n{status}"
+    );
+    m.ok(&["rm", "/etc/ginx/config.d/20-broken.toml"]);
+}
+
+/// Fields journald or the sender give every entry: not the event's own.
+fn standard_field(name: &str) -> bool {
+    name.starts_with('_')
+        || name.starts_with("SYSLOG_")
+        || ["MESSAGE", "PRIORITY", "TARGET", "CODE_FILE", "CODE_LINE"].contains(&name)
+}
+
+/// No entry of ginx has two MESSAGE values, and every warning or error has the fields that say
+/// why in its MESSAGE (as `name=value`, the journal field being the name upper-cased).
+fn every_entry_is_one_self_contained_message(entries: &[Value]) {
+    let ginx: Vec<&Value> = entries
+        .iter()
+        .filter(|e| e["SYSLOG_IDENTIFIER"] == "ginx")
+        .collect();
+    assert!(ginx.len() > 10, "{} entries", ginx.len());
+    let mut warnings = 0;
+    for e in &ginx {
+        let message = e["MESSAGE"]
+            .as_str()
+            .unwrap_or_else(|| panic!("MESSAGE is not one string: {e}"));
+        let priority: u8 = e["PRIORITY"].as_str().unwrap().parse().unwrap();
+        let own: Vec<&String> = e
+            .as_object()
+            .unwrap()
+            .keys()
+            .filter(|k| !standard_field(k))
+            .collect();
+        if priority > 4 {
+            continue;
+        }
+        warnings += 1;
+        assert!(!own.is_empty(), "a warning without a reason: {message}");
+        let shown = message.to_uppercase().replace('.', "_");
+        for field in own {
+            assert!(
+                shown.contains(&format!("{field}=")),
+                "{field} is not in MESSAGE: {message}"
+            );
+        }
+    }
+    // The failed reload at least.
+    assert!(warnings >= 1);
 }
 
 /// 3. Self-update: the activation installs a new ginx binary (a copy whose version stamp
