@@ -471,6 +471,71 @@ fn ginxctl_cluster_shows_each_node_with_its_role_and_heartbeat() {
     assert!(text.contains("\nnot paused\n"), "{text}");
 }
 
+/// An open, healthy gate reads as progress, in `ginxctl status` and in `ginxctl cluster` (from
+/// the Node's `ginx.io/gate`): how long the node has been healthy of the settle, when the gate
+/// passes if nothing regresses, and when it gives up. `--json` keeps its fields.
+#[test]
+fn an_open_gate_says_how_long_when_it_passes_and_when_it_gives_up() {
+    let Some(cp) = control_plane::shared() else {
+        return;
+    };
+    let (ns, node) = ("fleet-gate", "fleet-gate-w");
+    namespace_like_ginx_system(cp, ns, &[]);
+    let mut rbac = RbacGuard::new(cp);
+    rbac.watch(node);
+    let _kubelet = Kubelet::start(cp, node, "worker");
+    let env = Env::new();
+    use_cluster(&env, cp, node, &format!("namespace = \"{ns}\""));
+    env.dropin(
+        "10-node.toml",
+        &format!(
+            "[node]\nname = \"{node}\"\nrole = \"worker\"\n\n\
+             [rollout.gate]\nsettle = \"5m\"\ntimeout = \"10m\"\n"
+        ),
+    );
+    let d = env.start();
+    let s = d.wait_status("the gate open and healthy", |s| {
+        s["apply"]["state"] == "verifying" && s["rollout"]["gate"]["passes_at"].is_string()
+    });
+    for key in [
+        "started_at",
+        "healthy_since",
+        "deadline",
+        "failing",
+        "rollback",
+    ] {
+        assert!(!s["rollout"]["gate"][key].is_null(), "{key}: {s:#}");
+    }
+    let text = d.ctl_ok(&["status"]);
+    let line = text
+        .lines()
+        .find(|l| l.contains("health gate after the activation"))
+        .unwrap_or_else(|| panic!("no gate line in:\n{text}"));
+    for part in [
+        "health gate after the activation: healthy for ",
+        " s of the 300 s settle; passes at ",
+        " if nothing regresses; gives up at ",
+    ] {
+        assert!(line.contains(part), "{part:?} not in {line:?}");
+    }
+    assert!(!text.contains("healthy since -"), "{text}");
+    let gate = wait_for("the gate on the Node", || {
+        let n = cp.node(node)?;
+        let g = n["metadata"]["annotations"]["ginx.io/gate"]
+            .as_str()?
+            .to_owned();
+        Some(serde_json::from_str::<Value>(&g).unwrap())
+    });
+    assert!(gate["passes_at"].is_string(), "{gate:#}");
+    let view = d.ctl_ok(&["cluster"]);
+    let want = format!("{node}: health gate after the activation: healthy for ");
+    assert!(
+        view.lines()
+            .any(|l| l.starts_with(&want) && l.contains("if nothing regresses; gives up at ")),
+        "{view}"
+    );
+}
+
 #[test]
 fn fleet_commands_without_a_kubeconfig_say_what_they_need() {
     let env = Env::new();

@@ -6,7 +6,7 @@ use jiff::Timestamp;
 
 use crate::control::protocol::{AcceptReport, ClearReport, FleetReport, HistoryReport, SyncReport};
 use crate::state::{Attempt, AttemptKind, Stream};
-use crate::status::{ClusterNode, ClusterView, KubeState, Pause, Status};
+use crate::status::{ApplyState, ClusterNode, ClusterView, KubeState, Pause, Status};
 use crate::types::Generation;
 use crate::util::age;
 
@@ -84,6 +84,8 @@ fn apply_lines(o: &mut String, s: &Status) {
     }
     if let Some(t) = a.next_retry_at {
         let _ = writeln!(o, "           next try {} (or `ginxctl sync`)", age(t, now));
+    } else if let (ApplyState::Verifying, Some(gate)) = (a.state, &s.rollout.gate) {
+        let _ = writeln!(o, "           {}", printable(&gate.describe(Some(now))));
     } else if let Some(reason) = &a.reason {
         let _ = writeln!(o, "           {reason}");
     }
@@ -471,6 +473,16 @@ pub fn cluster(v: &ClusterView) -> String {
             short_revision(&n.quarantined)
         );
     }
+    for n in &v.nodes {
+        if let Some(gate) = &n.gate {
+            let _ = writeln!(
+                o,
+                "{}: {}",
+                printable(&n.name),
+                printable(&gate.describe(Some(now)))
+            );
+        }
+    }
     let waiting: Vec<String> = v
         .nodes
         .iter()
@@ -728,6 +740,12 @@ mod tests {
                     rollout_phase: Some("applying".into()),
                     heartbeat_age_secs: Some(3),
                     slot: Some("control-plane/0".into()),
+                    gate: Some(crate::status::GateProgress {
+                        healthy_since: Some("2026-12-01T11:59:48Z".parse().unwrap()),
+                        passes_at: Some("2026-12-01T12:00:48Z".parse().unwrap()),
+                        deadline: Some("2026-12-01T12:05:00Z".parse().unwrap()),
+                        ..Default::default()
+                    }),
                     ..node("lucy")
                 },
                 ClusterNode {
@@ -771,6 +789,7 @@ halted: 0123456789ab on makise at 2026-12-01T10:00:00Z: health gate failed
 paused by alice@lucy since 2026-12-01T11:57:00Z (2m ago)
 revision 0123456789ab: 0/2 done; 0 building, 0 waiting, 1 activating, 0 verifying, 0 done, 0 failed, 1 quarantined
 quarantined: rei on 0123456789ab (rolled back; `ginxctl retry` there, or a new revision, ends it)
+lucy: health gate after the activation: healthy for 12 s of the 60 s settle; passes at 2026-12-01T12:00:48Z if nothing regresses; gives up at 2026-12-01T12:05:00Z
 waiting: quinn\u{fffd}[2J (after control-plane)
 ";
         assert_eq!(text, want, "\n{text}");

@@ -185,7 +185,10 @@ pub fn summary(status: &status::Status) -> String {
         ApplyState::Waiting => format!("suspended; {} {rev} waits to be applied", a.source),
         ApplyState::Building => format!("building {} {rev} before its activation", a.source),
         ApplyState::Applying => format!("applying {} {rev} ({})", a.source, a.goal),
-        ApplyState::Verifying => format!("verifying {} {rev}", a.source),
+        ApplyState::Verifying => match &status.rollout.gate {
+            Some(gate) => format!("verifying {} {rev}; {}", a.source, gate.describe(None)),
+            None => format!("verifying {} {rev}", a.source),
+        },
         ApplyState::Succeeded => format!("up to date: {} {rev} applied", a.source),
         ApplyState::Failed => format!(
             "{} {rev} failed {} time(s); next try {}",

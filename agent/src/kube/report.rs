@@ -45,6 +45,13 @@ pub fn annotations(status: &Status, prefix: &str) -> BTreeMap<String, String> {
     if let Some(q) = &status.rollout.quarantined {
         put("quarantined", q.revision.to_string());
     }
+    if let Some(g) = &status.rollout.gate {
+        // Times and names only: it changes when the gate does, not with every probe message.
+        put(
+            "gate",
+            serde_json::to_string(&g.without_messages()).unwrap_or_default(),
+        );
+    }
     if let Some(w) = status.rollout.waiting_for {
         let what = match w {
             status::WaitingFor::After => format!("after {}", status.rollout.after.join(",")),

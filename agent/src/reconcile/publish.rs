@@ -139,36 +139,26 @@ impl Reconciler {
         }
     }
 
-    fn gate_reason(&self) -> String {
-        match (
-            &self.core.state().verifying,
-            &self.core.state().gate_failure,
-        ) {
-            (Some(v), _) => {
-                let what = if v.rollback {
-                    "the rolled-back system"
-                } else {
-                    "the activation"
-                };
-                if self.gate_failing.is_empty() {
-                    format!(
-                        "health gate after {what}: healthy since {}; fails at {}",
-                        v.healthy_since
-                            .map_or_else(|| "-".to_owned(), |t| t.to_string()),
-                        v.deadline
-                    )
-                } else {
-                    format!(
-                        "health gate after {what}: failing {}; fails at {}",
-                        self.gate_failing
-                            .keys()
-                            .cloned()
-                            .collect::<Vec<_>>()
-                            .join(", "),
-                        v.deadline
-                    )
-                }
-            }
+    /// The open gate's progress (`rollout.gate`), if a gate is open.
+    fn gate_progress(&self, settle: std::time::Duration) -> Option<GateProgress> {
+        let v = self.core.state().verifying.as_ref()?;
+        Some(GateProgress {
+            revision: Some(v.revision.clone()),
+            rollback: v.rollback,
+            started_at: Some(v.started_at),
+            healthy_since: v.healthy_since,
+            deadline: Some(v.deadline),
+            failing: self.gate_failing.clone(),
+            passes_at: v.healthy_since.and_then(|t| t.checked_add(settle).ok()),
+        })
+    }
+
+    /// `apply.reason` while verifying: a text that stays true until the gate changes (times,
+    /// not durations).
+    fn gate_reason(&self, cfg: &crate::config::Config) -> String {
+        let settle = cfg.rollout.gate.settle.get();
+        match (self.gate_progress(settle), &self.core.state().gate_failure) {
+            (Some(g), _) => g.describe(None),
             (None, Some(_)) => {
                 "health gate failed; rolling back to the previous generation".to_owned()
             }
@@ -210,14 +200,7 @@ impl Reconciler {
             waiting_for,
             reason: self.core.waiting.as_ref().map(|w| w.reason.clone()),
             waiting_since: self.core.waiting.as_ref().map(|w| w.since),
-            gate: st.verifying.as_ref().map(|v| GateProgress {
-                revision: Some(v.revision.clone()),
-                rollback: v.rollback,
-                started_at: Some(v.started_at),
-                healthy_since: v.healthy_since,
-                deadline: Some(v.deadline),
-                failing: self.gate_failing.clone(),
-            }),
+            gate: self.gate_progress(cfg.rollout.gate.settle.get()),
             halt: target
                 .and_then(|t| fleet.and_then(|f| f.halt_of(t)).cloned())
                 .or_else(|| own_halt(st, cfg.node_name())),
@@ -303,7 +286,7 @@ impl Reconciler {
                 Some("suspended: run `ginxctl resume` to apply".to_owned())
             }
             ApplyState::Waiting => self.core.waiting.as_ref().map(|w| w.reason.clone()),
-            ApplyState::Verifying => Some(self.gate_reason()),
+            ApplyState::Verifying => Some(self.gate_reason(cfg)),
             ApplyState::Failed if failure.is_none() && st.gate_failure.is_some() => {
                 st.gate_failure.as_ref().map(|g| {
                     let failing = g.failing.keys().cloned().collect::<Vec<_>>().join(", ");

@@ -216,6 +216,8 @@ fn registered_node(
         waiting_for: annotation("waiting-for"),
         quarantined: annotation("quarantined"),
         group: annotation("rollout-group"),
+        // Written by a newer or older ginx: what cannot be read is left out, not an error.
+        gate: annotation("gate").and_then(|g| serde_json::from_str(&g).ok()),
     })
 }
 

@@ -10,6 +10,7 @@
 
 mod apply;
 mod bootstrap;
+mod gate;
 mod health;
 mod kubeadm;
 mod kubernetes;
@@ -26,13 +27,13 @@ use tokio::sync::watch;
 
 pub use apply::{ApplyState, ApplyStatus, Drift, Published, StateWriteError, SystemStatus};
 pub use bootstrap::{BootstrapPhase, BootstrapStatus};
+pub use gate::GateProgress;
 pub use health::{HealthMap, HealthStatus, Overall, ProbeStatus, overall};
 pub use kubeadm::KubeadmStatus;
 pub use kubernetes::{KubeState, KubeStatus};
 pub use rollout::{
-    ClusterNode, ClusterView, FailureRecord, FleetEvent, FleetState, GateProgress, Halt, HaltCause,
-    Pause, Phase, Quarantine, RebootStatus, RevisionCounts, RolloutStatus, WaitingFor,
-    WindowStatus,
+    ClusterNode, ClusterView, FailureRecord, FleetEvent, FleetState, Halt, HaltCause, Pause, Phase,
+    Quarantine, RebootStatus, RevisionCounts, RolloutStatus, WaitingFor, WindowStatus,
 };
 pub use source::{Refused, RemoteStatus, Signed, SourceStatus};
 

@@ -8,6 +8,7 @@ use std::collections::BTreeMap;
 use jiff::Timestamp;
 use serde::{Deserialize, Serialize};
 
+use super::gate::GateProgress;
 use crate::types::{Revision, Role};
 
 /// `rollout.waiting_for`: the one thing that holds a wanted revision back.
@@ -115,21 +116,6 @@ impl Phase {
             Phase::Quarantined => "quarantined",
         }
     }
-}
-
-/// The health gate's progress.
-#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
-pub struct GateProgress {
-    /// What is being verified: the new revision, or the rolled-back system.
-    pub revision: Option<Revision>,
-    pub rollback: bool,
-    pub started_at: Option<Timestamp>,
-    /// Healthy without a break since then; `null` while unhealthy.
-    pub healthy_since: Option<Timestamp>,
-    /// Passes at `healthy_since + settle`, fails at `deadline`.
-    pub deadline: Option<Timestamp>,
-    /// Probes (or checks) that block the gate now, with their messages.
-    pub failing: BTreeMap<String, String>,
 }
 
 /// A revision whose health gate failed: nodes refuse it until a new revision or
@@ -359,6 +345,9 @@ pub struct ClusterNode {
     /// The rollout group (`ginx.io/rollout-group`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub group: Option<String>,
+    /// Its open health gate (`ginx.io/gate`), the probes' messages left out.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub gate: Option<GateProgress>,
 }
 
 /// How far one revision has come through the fleet, in `ginxctl cluster`: nodes by where they
