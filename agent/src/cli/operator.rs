@@ -18,6 +18,7 @@ use super::render;
 use crate::config::{self, Config};
 use crate::control::protocol::{ClearReport, FleetReport};
 use crate::rollout::fleet::{ClearError, Fleet};
+use crate::status::{FleetStatus, HaltStatus};
 
 /// Where kubeadm writes the cluster admin's kubeconfig on control-plane nodes.
 pub const ADMIN_CONF: &str = "/etc/kubernetes/admin.conf";
@@ -169,11 +170,13 @@ async fn lift_with(cfg: &Config, creds: &Credentials, lift: Lift) -> Result<Stri
             let updated = fleet.resume(&by).await.map_err(|e| (1, e))?;
             Ok(render::resumed(&FleetReport {
                 changed: updated.changed,
-                fleet: updated.state,
+                fleet: FleetStatus::from(&updated.state),
             }))
         }
         Lift::Halt(revision) => match fleet.clear(&revision, &by).await {
-            Ok(cleared) => Ok(render::cleared(&ClearReport { cleared })),
+            Ok(cleared) => Ok(render::cleared(&ClearReport {
+                cleared: HaltStatus::from(&cleared),
+            })),
             Err(ClearError::Revision(e)) => Err((1, e.to_string())),
             Err(ClearError::Api(e)) => Err((1, e)),
         },

@@ -6,7 +6,7 @@ use jiff::Timestamp;
 
 use crate::control::protocol::{AcceptReport, ClearReport, FleetReport, HistoryReport, SyncReport};
 use crate::state::{Attempt, AttemptKind, Stream};
-use crate::status::{ApplyState, ClusterNode, ClusterView, KubeState, Pause, Status};
+use crate::status::{ApplyState, ClusterNode, ClusterView, KubeState, PauseStatus, Status};
 use crate::types::Generation;
 use crate::util::age;
 
@@ -421,7 +421,7 @@ pub fn cleared(r: &ClearReport) -> String {
     )
 }
 
-fn pause_line(p: &Pause) -> String {
+fn pause_line(p: &PauseStatus) -> String {
     format!("paused by {} since {}", printable(&p.by), time(p.at))
 }
 
@@ -697,7 +697,8 @@ mod tests {
     use std::collections::BTreeMap;
 
     use super::*;
-    use crate::status::{FleetState, Halt};
+    use crate::status::{FleetStatus, HaltStatus};
+    use crate::types::HaltCause;
     use crate::types::Role;
 
     #[test]
@@ -708,22 +709,22 @@ mod tests {
             name: name.to_owned(),
             ..ClusterNode::default()
         };
-        let mut fleet = FleetState {
-            paused: Some(Pause {
+        let mut fleet = FleetStatus {
+            paused: Some(PauseStatus {
                 by: "alice@lucy".into(),
                 at: "2026-12-01T11:57:00.123Z".parse().unwrap(),
             }),
-            ..FleetState::default()
+            ..FleetStatus::default()
         };
         fleet.halted.insert(
             rev.into(),
-            Halt {
+            HaltStatus {
                 revision: rev.parse().unwrap(),
                 node: "makise".into(),
                 probes: BTreeMap::from([("kubelet".into(), "healthz answered 500".into())]),
                 reason: "health gate failed".into(),
                 at: "2026-12-01T10:00:00Z".parse().unwrap(),
-                cause: crate::status::HaltCause::GateFailed,
+                cause: HaltCause::GateFailed,
                 group: None,
             },
         );

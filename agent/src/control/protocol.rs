@@ -11,7 +11,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::source::SyncOutcome;
 use crate::state::Attempt;
-use crate::status::{BootstrapStatus, FleetState, Halt};
+use crate::status::{BootstrapStatus, FleetStatus, HaltStatus};
 use crate::types::Revision;
 
 pub const PROTOCOL_VERSION: u32 = 1;
@@ -238,14 +238,14 @@ pub struct FleetReport {
     /// False when the fleet already was in that state (nothing was written).
     pub changed: bool,
     /// The fleet state as the ConfigMap has it now.
-    pub fleet: FleetState,
+    pub fleet: FleetStatus,
 }
 
 /// The answer to `rollout-clear`.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct ClearReport {
     /// The halt that was lifted.
-    pub cleared: Halt,
+    pub cleared: HaltStatus,
 }
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]

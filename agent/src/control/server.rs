@@ -23,7 +23,7 @@ use crate::k8s::KubeClients;
 use crate::reconcile;
 use crate::rollout::fleet::Fleet;
 use crate::source::PollerCmd;
-use crate::status::{BootstrapStatus, Parts, Status};
+use crate::status::{BootstrapStatus, FleetStatus, Parts, Status};
 
 /// Connections served at once; more are refused with a reply that says why.
 pub const MAX_CONNECTIONS: usize = 64;
@@ -284,7 +284,7 @@ impl Backend {
         }
         Ok(FleetReport {
             changed: updated.changed,
-            fleet: updated.state,
+            fleet: FleetStatus::from(&updated.state),
         })
     }
 

@@ -245,13 +245,13 @@ impl Reconciler {
             return;
         }
         let node = cfg.node_name().to_owned();
-        let halt = crate::status::Halt {
+        let halt = crate::rollout::Halt {
             revision: revision.clone(),
             node,
             probes: std::collections::BTreeMap::new(),
             reason: format!("build-failed: {error}"),
             at: util::now(),
-            cause: crate::status::HaltCause::BuildFailed,
+            cause: crate::types::HaltCause::BuildFailed,
             group: None,
         };
         match self.gatekeeper.halt(halt).await {

@@ -5,10 +5,10 @@ use crate::apply::system;
 use crate::rollout::window::WindowState;
 use crate::state::{AfterGate, AttemptKind, Held, RebootPhase, State};
 use crate::status::{
-    ApplyState, ApplyStatus, GateProgress, Halt, Phase, Published, RebootStatus, RolloutStatus,
-    SystemStatus, WaitingFor, WindowStatus,
+    ApplyState, ApplyStatus, GateProgress, HaltStatus, PauseStatus, Phase, Published, RebootStatus,
+    RolloutStatus, SystemStatus, WaitingFor, WindowStatus,
 };
-use crate::types::Revision;
+use crate::types::{HaltCause, Revision};
 use crate::util;
 
 fn window_status(windows: &[crate::config::Window]) -> Option<WindowStatus> {
@@ -91,17 +91,17 @@ fn phase_of(st: &State, state: ApplyState) -> Phase {
 }
 
 /// The halt this node's own failed gate wrote (not a quarantine), as status shows it.
-fn own_halt(st: &State, node: &str) -> Option<Halt> {
+fn own_halt(st: &State, node: &str) -> Option<HaltStatus> {
     st.gate_failure
         .as_ref()
         .filter(|g| g.halted && !g.quarantined)
-        .map(|g| Halt {
+        .map(|g| HaltStatus {
             revision: g.revision.clone(),
             node: node.to_owned(),
             probes: g.failing.clone(),
             reason: "health gate failed on this node".to_owned(),
             at: g.at,
-            cause: crate::status::HaltCause::GateFailed,
+            cause: HaltCause::GateFailed,
             group: None,
         })
 }
@@ -202,9 +202,10 @@ impl Reconciler {
             waiting_since: self.core.waiting.as_ref().map(|w| w.since),
             gate: self.gate_progress(cfg.rollout.gate.settle.get()),
             halt: target
-                .and_then(|t| fleet.and_then(|f| f.halt_of(t)).cloned())
+                .and_then(|t| fleet.and_then(|f| f.halt_of(t)))
+                .map(HaltStatus::from)
                 .or_else(|| own_halt(st, cfg.node_name())),
-            paused: fleet.and_then(|f| f.paused.clone()),
+            paused: fleet.and_then(|f| f.paused.as_ref()).map(PauseStatus::from),
             window: window_status(&cfg.rollout.windows),
             reboot: self.reboot_status(&cfg),
             passed_revision: st.passed.clone(),

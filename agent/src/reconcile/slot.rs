@@ -8,12 +8,12 @@ use std::time::Instant;
 use super::Reconciler;
 use super::core::{Core, Decision, Desired};
 use super::verify::gated;
-use crate::rollout::Permit;
 use crate::rollout::gate;
 use crate::rollout::lease::SlotPhase;
+use crate::rollout::{Halt, Permit};
 use crate::state::{AfterGate, AttemptKind};
-use crate::status::{Halt, WaitingFor};
-use crate::types::Reason;
+use crate::status::WaitingFor;
+use crate::types::{HaltCause, Reason};
 use crate::util;
 
 impl Reconciler {
@@ -79,7 +79,7 @@ impl Reconciler {
         };
         let st = self.core.state();
         for halt in fleet.halted.values() {
-            if halt.cause != crate::status::HaltCause::HolderVanished || halt.node != node {
+            if halt.cause != HaltCause::HolderVanished || halt.node != node {
                 continue;
             }
             let running = st
@@ -189,7 +189,7 @@ impl Reconciler {
             probes: g.failing.clone(),
             reason,
             at: g.at,
-            cause: crate::status::HaltCause::GateFailed,
+            cause: HaltCause::GateFailed,
             group: None,
         };
         match self.gatekeeper.fail(halt).await {

@@ -19,12 +19,13 @@ use std::time::Duration;
 
 use jiff::Timestamp;
 
+use super::fleet_state::FleetState;
 use super::lease::LockError;
 use super::window::{self, WindowState};
 use crate::config::{OnApiUnavailable, Window};
 use crate::state::Held;
-use crate::status::{FleetState, HaltCause, WaitingFor};
-use crate::types::Revision;
+use crate::status::WaitingFor;
+use crate::types::{HaltCause, Revision};
 
 /// What the lock is asked for.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

@@ -3,7 +3,7 @@
 
 use super::*;
 use crate::config::{ClockTime, Day};
-use crate::status::{Halt, Pause};
+use crate::rollout::fleet_state::{Halt, Pause};
 
 fn rev(c: char) -> Revision {
     std::iter::repeat_n(c, 40)

@@ -21,11 +21,12 @@ use kube::Api;
 use kube::api::ListParams;
 
 use super::fleet::Fleet;
+use super::fleet_state::FleetState;
 use super::lease::GROUP_LABEL;
 use super::slots::Observed;
 use crate::config::{Config, KubernetesConfig};
 use crate::k8s::{code, describe};
-use crate::status::{ClusterNode, ClusterView, FleetState, RevisionCounts};
+use crate::status::{ClusterNode, ClusterView, FleetStatus, RevisionCounts};
 use crate::types::Role;
 
 /// The label kubeadm puts on control-plane nodes.
@@ -132,7 +133,7 @@ pub fn build(
         revisions: revision_counts(&out),
         nodes: out,
         slots,
-        fleet,
+        fleet: FleetStatus::from(&fleet),
         at: Some(now),
     }
 }

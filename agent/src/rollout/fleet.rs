@@ -19,8 +19,8 @@
 //! Other keys are left as they are. Writes are read-modify-write with optimistic concurrency
 //! on `resourceVersion`: a 409 means someone else wrote in between, so the object is read again
 //! and the change applied to what is there now, a bounded number of times (as the heartbeat
-//! does). Owns the encoding and these writes; what a halt or a pause means for applying is the
-//! gate's business.
+//! does). Owns the encoding and these writes; the types themselves are in `fleet_state.rs`;
+//! what a halt or a pause means for applying is the gate's business.
 
 use std::collections::BTreeMap;
 
@@ -29,9 +29,9 @@ use k8s_openapi::api::core::v1::ConfigMap;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kube::Api;
 
+use super::fleet_state::{FailureRecord, FleetEvent, FleetState, Halt, Pause};
 use crate::k8s::{ApiError, Edit, EditError, MAX_CONFLICT_RETRIES, replace_with_retry};
-use crate::status::{FailureRecord, FleetEvent, FleetState, Halt, HaltCause, Pause};
-use crate::types::Revision;
+use crate::types::{HaltCause, Revision};
 
 /// The key of the fleet pause.
 pub const PAUSED_KEY: &str = "paused";
@@ -133,7 +133,7 @@ pub fn decode_lenient(data: &BTreeMap<String, String>) -> (FleetState, Vec<Strin
                 FailureRecord {
                     at: Timestamp::UNIX_EPOCH,
                     reason: format!("the {key} key cannot be read; see the ConfigMap"),
-                    cause: crate::status::HaltCause::GateFailed,
+                    cause: HaltCause::GateFailed,
                 }
             });
             state
@@ -178,7 +178,7 @@ fn unreadable(revision: Revision, key: &str) -> Halt {
         probes: BTreeMap::new(),
         reason: format!("the {key} key cannot be read; see the ConfigMap"),
         at: Timestamp::UNIX_EPOCH,
-        cause: crate::status::HaltCause::GateFailed,
+        cause: HaltCause::GateFailed,
         group: None,
     }
 }
@@ -311,8 +311,8 @@ pub fn apply_halt(state: &mut FleetState, halt: Halt) -> bool {
     // A vanished holder that came back and whose gate failed: its halt becomes the failed
     // gate's (the revision is bad, and the holder is no longer in flight).
     let replaces_vanished = state.halted.get(&key).is_some_and(|h| {
-        h.cause == crate::status::HaltCause::HolderVanished
-            && halt.cause == crate::status::HaltCause::GateFailed
+        h.cause == HaltCause::HolderVanished
+            && halt.cause == HaltCause::GateFailed
             && h.node == halt.node
     });
     if state.halted.contains_key(&key) && !replaces_vanished {
@@ -401,7 +401,7 @@ pub fn apply_lift_vanished(
     let ours = state
         .halted
         .get(&key)
-        .is_some_and(|h| h.cause == crate::status::HaltCause::HolderVanished && h.node == node);
+        .is_some_and(|h| h.cause == HaltCause::HolderVanished && h.node == node);
     if !ours {
         return false;
     }
@@ -706,7 +706,7 @@ mod tests {
             probes: BTreeMap::from([("kubelet".to_owned(), "healthz answered 500".to_owned())]),
             reason: "health gate failed".to_owned(),
             at: t("2026-12-01T10:00:00Z"),
-            cause: crate::status::HaltCause::GateFailed,
+            cause: HaltCause::GateFailed,
             group: None,
         }
     }
@@ -750,7 +750,7 @@ mod tests {
         // A vanished holder that comes back and passes takes its failure back with its halt.
         let mut s = FleetState::default();
         let mut v = halt(A, "makise");
-        v.cause = crate::status::HaltCause::HolderVanished;
+        v.cause = HaltCause::HolderVanished;
         apply_halt(&mut s, v);
         assert_eq!(s.failures_of(&r), 1);
         assert!(apply_lift_vanished(
@@ -959,7 +959,7 @@ mod tests {
         let at = t("2026-12-01T10:00:00Z");
         let mut state = FleetState::default();
         let mut h = halt(&"b".repeat(40), "lucy");
-        h.cause = crate::status::HaltCause::HolderVanished;
+        h.cause = HaltCause::HolderVanished;
         state.halted.insert(rev.to_string(), h.clone());
         // Another node's gate passing says nothing of lucy's death.
         assert!(!apply_lift_vanished(&mut state, &rev, "makise", at));

@@ -14,10 +14,11 @@ use tokio::sync::watch;
 
 use super::admission::{self, Purpose, Verdict};
 use super::fleet::Fleet;
+use super::fleet_state::FleetState;
 use super::lease;
 use crate::config::Config;
 use crate::k8s::{KubeClients, describe, refusal, unavailable};
-use crate::status::{FleetState, WaitingFor};
+use crate::status::WaitingFor;
 use crate::types::Revision;
 
 /// The read before a take is taken from the last read while the watch has seen no change

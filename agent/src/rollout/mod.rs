@@ -13,6 +13,7 @@ pub mod cluster;
 mod evidence;
 pub mod fleet;
 mod fleet_cache;
+mod fleet_state;
 pub mod fleetlock;
 pub mod gate;
 mod holding;
@@ -25,6 +26,7 @@ pub mod slots;
 mod takeover;
 pub mod window;
 
+pub use fleet_state::{FailureRecord, FleetEvent, FleetState, Halt, Pause};
 pub use keeper::{
     CONTROL_PLANE_REQUIRED, Effective, Gatekeeper, Later, Permit, Purpose, QUEUED_RECHECK, RECHECK,
     Reach, Wiring, effective,

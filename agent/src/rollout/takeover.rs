@@ -10,10 +10,10 @@ use std::collections::BTreeMap;
 
 use jiff::Timestamp;
 
+use super::fleet_state::Halt;
 use super::lease::Vanished;
 use crate::config::OnHolderLost;
-use crate::status::{Halt, HaltCause};
-use crate::types::Revision;
+use crate::types::{HaltCause, Revision};
 
 /// What a take-over comes to.
 #[derive(Debug, PartialEq, Eq)]

@@ -1,7 +1,10 @@
 //! The rollout's part of status: the lock (backend, group, slot), what a waiting node waits
 //! for, the health gate's progress, and the cluster-wide state of the `ginx-rollout` ConfigMap
-//! (halted revisions, the fleet pause). The reconciler fills in [`RolloutStatus`]; the rollout
-//! worker reads and writes [`FleetState`]; `ginxctl cluster` prints a [`ClusterView`].
+//! (halted revisions, the fleet pause) as shown. The reconciler fills in [`RolloutStatus`];
+//! `ginxctl cluster` prints a [`ClusterView`].
+//!
+//! Owns: these views and their JSON. Not the ConfigMap's stored format, which the rollout
+//! worker owns (and converts into [`FleetStatus`], [`HaltStatus`], [`PauseStatus`]).
 
 use std::collections::BTreeMap;
 
@@ -9,7 +12,7 @@ use jiff::Timestamp;
 use serde::{Deserialize, Serialize};
 
 use super::gate::GateProgress;
-use crate::types::{Revision, Role};
+use crate::types::{HaltCause, Revision, Role};
 
 /// `rollout.waiting_for`: the one thing that holds a wanted revision back.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -118,10 +121,10 @@ impl Phase {
     }
 }
 
-/// A revision whose health gate failed: nodes refuse it until a new revision or
-/// `ginxctl rollout clear`.
+/// A halted revision as status and `ginxctl cluster` show it: nodes refuse it until a new
+/// revision or `ginxctl rollout clear`.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-pub struct Halt {
+pub struct HaltStatus {
     pub revision: Revision,
     /// The node whose gate failed, or that vanished while applying or verifying it.
     pub node: String,
@@ -138,96 +141,44 @@ pub struct Halt {
     pub group: Option<String>,
 }
 
-/// Why a revision is halted.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "kebab-case")]
-pub enum HaltCause {
-    /// Its health gate failed on `node`.
-    #[default]
-    GateFailed,
-    /// `node` held a slot while applying or verifying it and stopped renewing it (died, lost
-    /// its network, or was cut off); the node that took the slot over halted it. Lifted by
-    /// itself when `node` comes back and its gate passes.
-    HolderVanished,
-    /// The revision failed to build on `node` (`rollout.halt_on_build_failure`).
-    BuildFailed,
-}
-
-impl HaltCause {
-    pub fn is_gate_failed(&self) -> bool {
-        *self == HaltCause::GateFailed
-    }
-
-    pub fn as_str(self) -> &'static str {
-        match self {
-            HaltCause::GateFailed => "gate-failed",
-            HaltCause::HolderVanished => "holder-vanished",
-            HaltCause::BuildFailed => "build-failed",
-        }
-    }
-}
-
-/// `ginxctl rollout pause`: no node starts applying until `resume`.
+/// `ginxctl rollout pause` as shown: no node starts applying until `resume`.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-pub struct Pause {
+pub struct PauseStatus {
     /// `user@node` of who paused.
     pub by: String,
     pub at: Timestamp,
 }
 
-/// A change of the fleet state made by a person: who, when, what.
+/// A change of the fleet state made by a person, as shown: who, when, what.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-pub struct FleetEvent {
+pub struct FleetEventStatus {
     pub by: String,
     pub at: Timestamp,
     /// `pause`, `resume`, `clear <revision>`, `halt <revision>`.
     pub action: String,
 }
 
-/// The `ginx-rollout` ConfigMap's contents.
+/// The `ginx-rollout` ConfigMap's contents as `ginxctl cluster --json` and the answer to
+/// `ginxctl rollout pause` show them.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
-pub struct FleetState {
-    pub paused: Option<Pause>,
+pub struct FleetStatus {
+    pub paused: Option<PauseStatus>,
     /// Halted revisions, by full revision.
-    pub halted: BTreeMap<String, Halt>,
+    pub halted: BTreeMap<String, HaltStatus>,
     /// The latest changes, newest last (a bounded list).
-    pub events: Vec<FleetEvent>,
+    pub events: Vec<FleetEventStatus>,
     /// The failures counted against each revision's budget (`rollout.halt_after`): full
     /// revision → node → what failed there.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
-    pub failures: BTreeMap<String, BTreeMap<String, FailureRecord>>,
+    pub failures: BTreeMap<String, BTreeMap<String, FailureStatus>>,
 }
 
-/// One node's failure of a revision, counted against its budget.
+/// One node's failure of a revision, counted against its budget, as shown.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-pub struct FailureRecord {
+pub struct FailureStatus {
     pub at: Timestamp,
     pub reason: String,
-    /// Last, so that the admission policy can anchor on it (see packaging/kubernetes/vap.yaml).
     pub cause: HaltCause,
-}
-
-impl FleetState {
-    pub fn halt_of(&self, revision: &Revision) -> Option<&Halt> {
-        self.halted.get(revision.as_str())
-    }
-
-    /// How many failures count against `revision`'s budget.
-    pub fn failures_of(&self, revision: &Revision) -> usize {
-        self.failures
-            .get(revision.as_str())
-            .map_or(0, BTreeMap::len)
-    }
-
-    /// A `holder-vanished` halt in `group`: a holder of the group's slots stopped renewing
-    /// while activating or verifying, and may still be doing so (partitioned, stopped), so no
-    /// node of the group starts anything until it comes back and its gate passes, or an
-    /// operator clears the halt.
-    pub fn vanished_in(&self, group: &str) -> Option<&Halt> {
-        self.halted
-            .values()
-            .find(|h| h.cause == HaltCause::HolderVanished && h.group.as_deref() == Some(group))
-    }
 }
 
 /// `rollout` in `ginxctl status --json`.
@@ -251,8 +202,8 @@ pub struct RolloutStatus {
     pub waiting_since: Option<Timestamp>,
     pub gate: Option<GateProgress>,
     /// The halt that concerns this node's target revision, if any.
-    pub halt: Option<Halt>,
-    pub paused: Option<Pause>,
+    pub halt: Option<HaltStatus>,
+    pub paused: Option<PauseStatus>,
     /// The maintenance windows (`[[rollout.windows]]`) now; absent when none are configured.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub window: Option<WindowStatus>,
@@ -369,7 +320,7 @@ pub struct ClusterView {
     pub nodes: Vec<ClusterNode>,
     /// `group/slot` → holder.
     pub slots: BTreeMap<String, String>,
-    pub fleet: FleetState,
+    pub fleet: FleetStatus,
     pub at: Option<Timestamp>,
     /// Each target revision (full) → its nodes by phase.
     #[serde(default)]

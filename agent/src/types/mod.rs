@@ -1,13 +1,15 @@
 //! Value types that several layers share, below everything else in the crate: commit ids
 //! ([`Revision`]), Git remotes ([`RemoteUrl`], [`Transport`]), probe endpoints
 //! ([`EndpointUrl`]), the apply goal ([`Goal`]), the node's [`Role`], a system [`Generation`],
-//! and what a source's poller reports ([`SourceReport`]).
+//! what a source's poller reports ([`SourceReport`]), and why a revision is halted
+//! ([`HaltCause`]).
 //!
 //! Owns: their parsing, validation and how they print. Must not import anything else of the
 //! crate; `config`, `status`, `state` and the workers take these from here.
 
 mod closure;
 mod endpoint;
+mod halt;
 pub mod notice;
 mod remote;
 mod source;
@@ -19,6 +21,7 @@ use serde::{Deserialize, Serialize};
 
 pub use closure::{ClosureInfo, ClosureOrigin, STORE_DIR, check_store_path};
 pub use endpoint::EndpointUrl;
+pub use halt::HaltCause;
 pub use notice::{Notice, Notices, Reason};
 pub use remote::{RemoteUrl, Revision, Transport, unfit_for_ssh_option};
 pub use source::{AcceptedSignature, RefusedHead, RemoteReport, SourceReport, SourceReports};

@@ -27,6 +27,7 @@ pub use super::after::Later;
 use super::evidence::Evidence;
 pub use super::evidence::Reach;
 use super::fleet_cache::FleetCache;
+use super::fleet_state::{FleetState, Halt};
 use super::gate::Check;
 use super::lease::SlotPhase;
 use super::locker::Locker;
@@ -35,8 +36,8 @@ use crate::config::{Config, LockBackend, OnHolderLost};
 use crate::k8s::KubeClients;
 use crate::metrics::Metrics;
 use crate::state::Held;
-use crate::status::{FleetState, Halt, HaltCause, HealthMap, WaitingFor};
-use crate::types::{Reason, Revision, Role};
+use crate::status::{HealthMap, WaitingFor};
+use crate::types::{HaltCause, Reason, Revision, Role};
 use crate::util;
 
 /// While waiting, the verdict is looked at again this often even if no watch fired (another
