@@ -14,7 +14,7 @@ here=$(cd "$(dirname "$0")/.." && pwd)
 echo "==> building ginx, ginxctl and the test control plane"
 cargo build --quiet --manifest-path "$here/Cargo.toml" --bin ginx --bin ginxctl
 bash "$here/tests/control-plane/build.sh" | sed 's/^/    /'
-bin="$here/target/debug"
+built="${CARGO_TARGET_DIR:-$here/target}/debug"
 cpbin="$here/target/control-plane/control-plane"
 nodes=(lucy makise quinn)
 
@@ -38,6 +38,11 @@ cleanup() {
   rm -rf "$work"
 }
 trap cleanup EXIT
+# The daemons run from copies: each attempt starts ginx's own binary again, which a cargo build
+# elsewhere during the demo would replace.
+mkdir "$work/bin"
+cp "$built/ginx" "$built/ginxctl" "$work/bin/"
+bin=$work/bin
 
 free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
 kubectl() { "$cpbin" kubectl --kubeconfig "$work/admin.kubeconfig" "$@"; }

@@ -7,7 +7,7 @@ set -euo pipefail
 here=$(cd "$(dirname "$0")/.." && pwd)
 echo "==> building ginx and ginxctl"
 cargo build --quiet --manifest-path "$here/Cargo.toml" --bin ginx --bin ginxctl
-bin="$here/target/debug"
+built="${CARGO_TARGET_DIR:-$here/target}/debug"
 
 work=$(mktemp -d -t ginx-demo-XXXXXX)
 ginx_pid=
@@ -19,6 +19,11 @@ cleanup() {
   rm -rf "$work"
 }
 trap cleanup EXIT
+# The daemons run from copies: each attempt starts ginx's own binary again, which a cargo build
+# elsewhere during the demo would replace.
+mkdir "$work/bin"
+cp "$built/ginx" "$built/ginxctl" "$work/bin/"
+bin=$work/bin
 
 git_() { git -C "$work/hephaestus" -c user.name=Demo -c user.email=demo@example.com "$@"; }
 
