@@ -37,10 +37,15 @@ git_ commit -q -m "initial hive"
 echo "==> a stand-in for colmena apply-local (real colmena needs Nix)"
 cat > "$work/colmena" <<'STUB'
 #!/usr/bin/env bash
-# argv: apply-local --node NAME GOAL; runs in the checked-out tree of the revision.
+# argv: apply-local --node NAME GOAL; runs in the checked-out tree of the revision. GOAL is
+# `build` first (apply.prebuild, before any slot), then `switch` (or `boot`): the activation.
 echo "[INFO ] Evaluating the hive in $PWD for node $3"
 sleep 1
-echo "[INFO ] Activation ($4) of revision ${GINX_REVISION:0:12} on $3 done"
+if [ "$4" = build ]; then
+  echo "[INFO ] Build of revision ${GINX_REVISION:0:12} for $3 done"
+else
+  echo "[INFO ] Activation ($4) of revision ${GINX_REVISION:0:12} on $3 done"
+fi
 STUB
 chmod +x "$work/colmena"
 
