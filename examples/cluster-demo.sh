@@ -14,7 +14,7 @@ here=$(cd "$(dirname "$0")/.." && pwd)
 echo "==> building ginx, ginxctl and the test control plane"
 cargo build --quiet --manifest-path "$here/Cargo.toml" --bin ginx --bin ginxctl
 bash "$here/tests/control-plane/build.sh" | sed 's/^/    /'
-bin="$here/target/debug"
+built="${CARGO_TARGET_DIR:-$here/target}/debug"
 cpbin="$here/target/control-plane/control-plane"
 nodes=(lucy makise quinn)
 
@@ -38,6 +38,11 @@ cleanup() {
   rm -rf "$work"
 }
 trap cleanup EXIT
+# The daemons run from copies: each attempt starts ginx's own binary again, which a cargo build
+# elsewhere during the demo would replace.
+mkdir "$work/bin"
+cp "$built/ginx" "$built/ginxctl" "$work/bin/"
+bin=$work/bin
 
 free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
 kubectl() { "$cpbin" kubectl --kubeconfig "$work/admin.kubeconfig" "$@"; }
@@ -188,11 +193,17 @@ git_ commit -q -m "initial hive"
 cat > "$work/colmena" <<STUB
 #!/usr/bin/env bash
 # argv: apply-local --node NAME GOAL; runs in the checked-out tree of the revision. Takes 2 s,
-# and notes its start and end in one journal for all three nodes.
-echo "\$(date +%T.%3N) \$3 activating \${GINX_REVISION:0:12}" >> "$work/journal"
+# and notes its start and end in one journal for all three nodes. GOAL is \`build\` first
+# (apply.prebuild: no slot, every node at once), then \`switch\`: the activation, under the lock.
+if [ "\$4" = build ]; then started=building ended=built; else started=activating ended=activated; fi
+echo "\$(date +%T.%3N) \$3 \$started \${GINX_REVISION:0:12}" >> "$work/journal"
 sleep 2
-echo "[INFO ] Activation (\$4) of revision \${GINX_REVISION:0:12} on \$3 done"
-echo "\$(date +%T.%3N) \$3 activated" >> "$work/journal"
+if [ "\$4" = build ]; then
+  echo "[INFO ] Build of revision \${GINX_REVISION:0:12} for \$3 done"
+else
+  echo "[INFO ] Activation (\$4) of revision \${GINX_REVISION:0:12} on \$3 done"
+fi
+echo "\$(date +%T.%3N) \$3 \$ended" >> "$work/journal"
 STUB
 chmod +x "$work/colmena"
 
@@ -273,14 +284,46 @@ second=$(git_ rev-parse HEAD)
 for n in "${nodes[@]}"; do
   echo "    $n: $(ctl "$n" sync)"
 done
-sleep 1
-echo "==> ginxctl cluster, a second into the rollout: one node holds the slot, the others wait"
+# The builds (2 s each) run at once without a slot; show the fleet once the Nodes tell of the
+# first activation (each daemon writes its node's annotations a moment after a change).
+activation_shown() { ctl lucy cluster | grep -q ', 1 activating,'; }
+wait_until "the first activation in ginxctl cluster" activation_shown
+echo "==> ginxctl cluster, during the first activation: one node holds the slot, the others wait"
 ctl lucy cluster | sed 's/^/    /'
 wait_until "every node annotated with $second" annotated "$second"
 echo "==> kubectl get nodes (the revision annotation moved to ${second:0:12})"
 show
-echo "==> the journal: one node at a time, its gate passed before the next one starts"
+echo "==> the journal: the builds at once (no slot), then one activation at a time, its gate passed before the next one starts"
 grep -v 'gate check' "$work/journal" | sed 's/^/    /'
+# What the heading says, checked: no activation starts before the one before it ended and its
+# node's health gate ran, and every node activated once.
+python3 - "$work/journal" "${nodes[@]}" <<'PY'
+import sys
+nodes = sys.argv[2:]
+active = None   # the node activating now
+done = []       # the nodes activated, in order
+gated = set()   # of those, the ones whose gate command ran after their activation
+def fail(why):
+    sys.exit(f"cluster demo FAILED: {why} (journal above)")
+for line in open(sys.argv[1]):
+    at, node, what = line.split()[:3]
+    if what == "activating":
+        if active is not None:
+            fail(f"at {at} {node} started activating while {active} was still activating")
+        if done and done[-1] not in gated:
+            fail(f"at {at} {node} started activating before {done[-1]}'s health gate ran")
+        active = node
+    elif what == "activated":
+        if active != node:
+            fail(f"at {at} {node} ended an activation it had not started")
+        active = None
+        done.append(node)
+    elif what == "gate" and node in done:
+        gated.add(node)
+if active is not None or sorted(done) != sorted(nodes):
+    fail(f"activations ended: {done}, still activating: {active}; wanted each of {nodes} once")
+print(f"    checked: {' -> '.join(done)}, one at a time, each after the gate of the one before")
+PY
 echo "==> who wrote the slot Lease ginx-rollout-control-plane-0, in order (audit log)"
 python3 - "$work/audit.log" <<'PY' | sed 's/^/    /'
 import json, sys

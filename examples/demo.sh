@@ -7,7 +7,7 @@ set -euo pipefail
 here=$(cd "$(dirname "$0")/.." && pwd)
 echo "==> building ginx and ginxctl"
 cargo build --quiet --manifest-path "$here/Cargo.toml" --bin ginx --bin ginxctl
-bin="$here/target/debug"
+built="${CARGO_TARGET_DIR:-$here/target}/debug"
 
 work=$(mktemp -d -t ginx-demo-XXXXXX)
 ginx_pid=
@@ -19,6 +19,11 @@ cleanup() {
   rm -rf "$work"
 }
 trap cleanup EXIT
+# The daemons run from copies: each attempt starts ginx's own binary again, which a cargo build
+# elsewhere during the demo would replace.
+mkdir "$work/bin"
+cp "$built/ginx" "$built/ginxctl" "$work/bin/"
+bin=$work/bin
 
 git_() { git -C "$work/hephaestus" -c user.name=Demo -c user.email=demo@example.com "$@"; }
 
@@ -32,10 +37,15 @@ git_ commit -q -m "initial hive"
 echo "==> a stand-in for colmena apply-local (real colmena needs Nix)"
 cat > "$work/colmena" <<'STUB'
 #!/usr/bin/env bash
-# argv: apply-local --node NAME GOAL; runs in the checked-out tree of the revision.
+# argv: apply-local --node NAME GOAL; runs in the checked-out tree of the revision. GOAL is
+# `build` first (apply.prebuild, before any slot), then `switch` (or `boot`): the activation.
 echo "[INFO ] Evaluating the hive in $PWD for node $3"
 sleep 1
-echo "[INFO ] Activation ($4) of revision ${GINX_REVISION:0:12} on $3 done"
+if [ "$4" = build ]; then
+  echo "[INFO ] Build of revision ${GINX_REVISION:0:12} for $3 done"
+else
+  echo "[INFO ] Activation ($4) of revision ${GINX_REVISION:0:12} on $3 done"
+fi
 STUB
 chmod +x "$work/colmena"
 

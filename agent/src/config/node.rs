@@ -10,7 +10,7 @@ use crate::types::Role;
 #[serde(deny_unknown_fields, default)]
 pub struct NodeConfig {
     /// The node's name in the hive and in Kubernetes. Filled from the kernel hostname when
-    /// absent, so after [`load`] it is always set.
+    /// absent, so once the configuration is loaded it is always set.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub name: Option<String>,
     /// Control-plane nodes are the ones a rollout must never take down together, so an

@@ -24,7 +24,7 @@ pub struct NotifyConfig {
     /// send, so it can be rotated. Never logged.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub token_file: Option<PathBuf>,
-    /// The reasons sent (Event reasons: `RevisionHalted`, `RolledBack`, …); default
+    /// The Event reasons sent (docs/src/monitoring.md lists them); default
     /// [`DEFAULT_EVENTS`].
     #[serde(default = "default_events")]
     pub events: Vec<Reason>,

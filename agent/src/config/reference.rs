@@ -8,12 +8,19 @@
 //! (`[a.b]`, `[[a.b]]`, `[a.<name>]`). The test `the_reference_is_current` fails when the
 //! checked-in reference differs (`GINX_BLESS=1 cargo test -p ginx --lib reference` writes it)
 //! or when a key has no doc comment.
+//!
+//! Doc comments are written for rustdoc too, so they hold intra-doc links (`[`X`]`); [`links`]
+//! turns each into text: what the caller's table spells out for it (a constant's value), else
+//! its code span. A link whose target would vanish from the page is an error, listed with the
+//! undocumented keys: better the build fails than the reader meets "default" and nothing.
 
 use std::collections::BTreeMap;
 use std::fmt::Write;
 
 use super::Config;
 use super::bounds::{COUNTS, DURATIONS};
+
+mod links;
 
 /// One field of a schema struct.
 #[derive(Clone, Debug)]
@@ -129,15 +136,36 @@ fn default_of(defaults: &toml::Value, path: &[String]) -> String {
     }
     match v {
         toml::Value::Table(_) => "-".to_owned(),
-        other => {
-            let s = other.to_string();
-            if s.len() > 60 {
-                format!("{}…", s.chars().take(57).collect::<String>())
-            } else {
-                s
-            }
-        }
+        other => short(other),
     }
+}
+
+/// `v` as TOML writes it, cut to about 60 characters for a table cell: a list after its last
+/// whole item that fits, anything else mid-way.
+fn short(v: &toml::Value) -> String {
+    const WIDTH: usize = 60;
+    let s = v.to_string();
+    if s.len() <= WIDTH {
+        return s;
+    }
+    let toml::Value::Array(items) = v else {
+        return format!("{}…", s.chars().take(WIDTH - 3).collect::<String>());
+    };
+    let mut out = String::from("[");
+    for item in items.iter().map(toml::Value::to_string) {
+        // Room for this item, its separator and the closing ", …]".
+        if out.len() + item.len() + 2 + 5 > WIDTH {
+            break;
+        }
+        if out.len() > 1 {
+            out.push_str(", ");
+        }
+        out.push_str(&item);
+    }
+    if out.len() > 1 {
+        out.push_str(", ");
+    }
+    out + "…]"
 }
 
 /// The bounds of `key` (`a.b[].c`, `sources.<name>.interval`, `health.<probe>.timeout`).
@@ -179,19 +207,27 @@ type Defaults = Option<(toml::Value, Vec<String>)>;
 /// name of its struct.
 type Item = (String, String, Defaults, String);
 
-/// Undocumented keys are errors: `Err` lists them. `entries` gives the defaults of the tables
-/// that are entries of a list or a map (`sources.<name>.`, `notify[].`), by key prefix: an
-/// entry made with only its required keys, which are left out.
+/// What the caller tells [`render`] beyond the sources: the defaults of the tables that are
+/// entries of a list or a map (`sources.<name>.`, `notify[].`), by key prefix, each an entry
+/// made with only its required keys, which are left out; and the intra-doc links it can spell
+/// out, by the name of their target (`DEFAULT_EVENTS` → its reasons).
+pub struct Known<'a> {
+    pub entries: &'a [(&'a str, toml::Value, &'a [&'a str])],
+    pub links: &'a [(&'a str, String)],
+}
+
+/// Undocumented keys and links that would leave nothing on the page are errors: `Err` lists
+/// them, one line each, naming the key (or the table).
 pub fn render(
     files: &[(String, String)],
     defaults: &Config,
-    entries: &[(&str, toml::Value, &[&str])],
+    given: &Known<'_>,
 ) -> Result<String, Vec<String>> {
     let known = structs(files);
     let defaults =
         toml::Value::try_from(defaults).unwrap_or(toml::Value::Table(Default::default()));
     let mut out = String::from(PREAMBLE);
-    let mut missing = Vec::new();
+    let mut problems = Vec::new();
     let mut queue: Vec<Item> = vec![(
         String::new(),
         String::new(),
@@ -202,14 +238,14 @@ pub fn render(
         let Some(s) = known.get(&item.3) else {
             continue;
         };
-        let nested = section(&mut out, &mut missing, s, item, &known, entries);
+        let nested = section(&mut out, &mut problems, s, item, &known, given);
         // In the order written (the queue is a stack).
         queue.extend(nested.into_iter().rev());
     }
-    if missing.is_empty() {
+    if problems.is_empty() {
         Ok(out)
     } else {
-        Err(missing)
+        Err(problems)
     }
 }
 
@@ -226,17 +262,31 @@ fn entry_defaults(entries: &[(&str, toml::Value, &[&str])], prefix: &str) -> Def
     Some((v, Vec::new()))
 }
 
+/// `doc` of `key` (a key or a table's header) for the page: its links resolved through
+/// `given`, the ones that would be lost added to `problems`.
+fn prose(doc: &str, key: &str, given: &Known<'_>, problems: &mut Vec<String>) -> String {
+    let (text, lost) = links::resolve(doc, given.links);
+    for target in lost {
+        problems.push(format!(
+            "{key}: its doc comment links to `{target}`, which the reference cannot spell out \
+             (write it in words, or name it in the link's text)"
+        ));
+    }
+    text
+}
+
 /// Writes the table `s` (described by `item`) to `out`: its title, its doc, a row per key.
-/// Keys without a doc go to `missing`; the tables nested in it are returned, in the order
-/// written.
+/// Keys without a doc and links that would be lost go to `problems`; the tables nested in it
+/// are returned, in the order written.
 fn section(
     out: &mut String,
-    missing: &mut Vec<String>,
+    problems: &mut Vec<String>,
     s: &Struct,
     (header, prefix, path, _): Item,
     known: &BTreeMap<String, Struct>,
-    entries: &[(&str, toml::Value, &[&str])],
+    given: &Known<'_>,
 ) -> Vec<Item> {
+    let entries = given.entries;
     let title = if header.is_empty() {
         "Top level".to_owned()
     } else {
@@ -244,7 +294,7 @@ fn section(
     };
     let _ = write!(out, "\n## {title}\n\n");
     if !s.doc.is_empty() && !header.is_empty() {
-        let _ = write!(out, "{}\n\n", s.doc);
+        let _ = write!(out, "{}\n\n", prose(&s.doc, &header, given, problems));
     }
     let mut rows = Vec::new();
     let mut nested = Vec::new();
@@ -270,7 +320,7 @@ fn section(
             }
             Shape::Value => {
                 if f.doc.is_empty() {
-                    missing.push(key.clone());
+                    problems.push(format!("{key}: no doc comment"));
                 }
                 let default = fpath
                     .as_ref()
@@ -281,7 +331,7 @@ fn section(
                     f.name,
                     cell(&default),
                     cell(&bounds),
-                    cell(&f.doc)
+                    cell(&prose(&f.doc, &key, given, problems))
                 ));
             }
         }
@@ -337,12 +387,28 @@ mod tests {
         ]
     }
 
+    /// The intra-doc links of the schema's doc comments the reference spells out, each made
+    /// from the item it names.
+    fn links() -> Vec<(&'static str, String)> {
+        let events = super::super::NOTIFY_DEFAULT_EVENTS.map(|r| format!("`{}`", r.as_str()));
+        vec![("DEFAULT_EVENTS", events.join(", "))]
+    }
+
+    fn rendered() -> Result<String, Vec<String>> {
+        let (entries, links) = (entries(), links());
+        let given = Known {
+            entries: &entries,
+            links: &links,
+        };
+        render(&schema_files(), &Config::default(), &given)
+    }
+
     #[test]
     fn the_reference_is_current() {
-        let text = match render(&schema_files(), &Config::default(), &entries()) {
+        let text = match rendered() {
             Ok(t) => t,
-            Err(missing) => panic!(
-                "these keys have no doc comment in agent/src/config (the reference is made from them): {missing:?}"
+            Err(problems) => panic!(
+                "the reference is made from the doc comments in agent/src/config, and these keys' are not fit for it: {problems:#?}"
             ),
         };
         let path =
@@ -359,8 +425,7 @@ mod tests {
 
     #[test]
     fn tables_nest_by_type_and_defaults_and_bounds_are_filled_in() {
-        let text = render(&schema_files(), &Config::default(), &entries())
-            .unwrap_or_else(|m| panic!("{m:?}"));
+        let text = rendered().unwrap_or_else(|m| panic!("{m:?}"));
         for want in [
             "## `[kubernetes]`",
             "## `[sources.<name>]`",
@@ -372,5 +437,61 @@ mod tests {
         ] {
             assert!(text.contains(want), "{want} in\n{text}");
         }
+    }
+
+    #[test]
+    fn the_reference_has_no_rustdoc_link_left_and_spells_out_the_default_events() {
+        let text = rendered().unwrap_or_else(|m| panic!("{m:?}"));
+        if let Some(link) = links::leftover(&text) {
+            panic!("{link} is rustdoc's syntax, not the manual's: add its target to `links()`");
+        }
+        for want in [
+            "default `RevisionHalted`, `RolledBack`, `RollbackUnhealthy`,",
+            "`ApplyFailed`.",
+            "| `events` | `[\"RevisionHalted\", \"RolledBack\", \"RollbackUnhealthy\", …]` |",
+        ] {
+            assert!(text.contains(want), "{want} in\n{text}");
+        }
+    }
+
+    #[test]
+    fn an_undocumented_key_and_a_link_that_would_be_lost_are_both_errors() {
+        let files = vec![(
+            "x.rs".to_owned(),
+            "pub struct Config {\n    pub quiet: bool,\n    /// Like [its twin](crate::Twin).\n    pub loud: bool,\n}\n".to_owned(),
+        )];
+        let given = Known {
+            entries: &[],
+            links: &[],
+        };
+        let problems = render(&files, &Config::default(), &given).unwrap_err();
+        assert_eq!(
+            problems,
+            [
+                "quiet: no doc comment",
+                "loud: its doc comment links to `crate::Twin`, which the reference cannot spell out (write it in words, or name it in the link's text)",
+            ]
+        );
+    }
+
+    #[test]
+    fn a_long_list_is_cut_after_a_whole_item_and_anything_else_mid_way() {
+        let list = toml::Value::try_from([
+            "RevisionHalted",
+            "RolledBack",
+            "RollbackUnhealthy",
+            "SlotLost",
+        ])
+        .unwrap();
+        assert_eq!(
+            short(&list),
+            "[\"RevisionHalted\", \"RolledBack\", \"RollbackUnhealthy\", …]"
+        );
+        let one = toml::Value::try_from(["x".repeat(70)]).unwrap();
+        assert_eq!(short(&one), "[…]");
+        let text = toml::Value::String("y".repeat(70));
+        assert_eq!(short(&text), format!("\"{}…", "y".repeat(56)));
+        let fits = toml::Value::try_from(["a", "b"]).unwrap();
+        assert_eq!(short(&fits), "[\"a\", \"b\"]");
     }
 }
