@@ -5,13 +5,15 @@
 //! another. The runner itself is started either as a transient systemd unit (`systemd-run`, so
 //! an activation that restarts ginx does not kill it) or as a child process that dies with
 //! ginx ([`isolation`]). [`system`] reads what NixOS leaves behind: generations, the booted and
-//! the current system.
+//! the current system. [`plan`] reads what activating a built system would do, and what the
+//! disruption policy makes of it.
 //!
 //! A worker (layer 5): imports `types`, `config`, `state`, `util`, never another worker. Not
 //! here: when to apply, retries and what is recorded where (see `reconcile`).
 
 pub mod closure;
 pub mod isolation;
+pub mod plan;
 pub mod process;
 pub mod runner;
 pub mod step;

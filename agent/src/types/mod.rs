@@ -1,13 +1,14 @@
 //! Value types that several layers share, below everything else in the crate: commit ids
 //! ([`Revision`]), Git remotes ([`RemoteUrl`], [`Transport`]), probe endpoints
 //! ([`EndpointUrl`]), the apply goal ([`Goal`]), the node's [`Role`], a system [`Generation`],
-//! what a source's poller reports ([`SourceReport`]), and why a revision is halted
-//! ([`HaltCause`]).
+//! what a source's poller reports ([`SourceReport`]), why a revision is halted
+//! ([`HaltCause`]), and what an activation does to the node's workloads ([`Disruption`]).
 //!
 //! Owns: their parsing, validation and how they print. Must not import anything else of the
 //! crate; `config`, `status`, `state` and the workers take these from here.
 
 mod closure;
+mod disruption;
 mod endpoint;
 mod halt;
 pub mod notice;
@@ -20,6 +21,7 @@ use std::path::PathBuf;
 use serde::{Deserialize, Serialize};
 
 pub use closure::{ClosureInfo, ClosureOrigin, STORE_DIR, check_store_path};
+pub use disruption::Disruption;
 pub use endpoint::EndpointUrl;
 pub use halt::HaltCause;
 pub use notice::{Notice, Notices, Reason};
