@@ -416,9 +416,8 @@ impl Reconciler {
     /// default: reboot into it, in the same slot.
     pub(super) fn reboot_into_rollback(&mut self) {
         tracing::warn!(
-            reason =
-                "the health gate after the reboot failed and the rollback made it the boot default",
-            "rebooting into the previous generation"
+            reason = "the health gate after the reboot failed",
+            "the previous generation is the boot default now; rebooting into it"
         );
         self.reboot_view.cordon_checked = false;
         self.reboot_view.commanded_at = None;
