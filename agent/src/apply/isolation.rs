@@ -93,6 +93,8 @@ pub struct Launch {
     pub description: String,
     /// Given to the runner, which writes it into `result.json`.
     pub token: String,
+    /// A build's plan: the runner computes it after the command succeeded (`plan-spec.json`).
+    pub plan: Option<crate::apply::plan::PlanSpec>,
 }
 
 impl Launch {
@@ -134,6 +136,13 @@ pub enum Handle {
 /// Starts the runner.
 pub async fn launch(iso: &Isolation, l: &Launch) -> Result<Handle, String> {
     make_attempt_dir(&l.dir)?;
+    if let Some(spec) = &l.plan {
+        let path = l.dir.join(crate::apply::plan::SPEC_FILE);
+        serde_json::to_vec(spec)
+            .map_err(std::io::Error::other)
+            .and_then(|b| crate::state::write_atomic(&path, &b))
+            .map_err(|e| format!("cannot write {}: {e}", path.display()))?;
+    }
     let runner = std::env::current_exe()
         .map_err(|e| format!("cannot find ginx's own binary to run the attempt: {e}"))?;
     match iso {

@@ -8,6 +8,9 @@
 //! process left below it, even ones that left the group, then writes `<dir>/result.json`
 //! atomically. A result file therefore means the attempt is over and nothing of it runs.
 //!
+//! After a build that succeeded, it computes the revision's plan (`apply::plan::compute`) when
+//! the attempt's folder holds a `plan-spec.json`, and writes `plan.json` before the result.
+//!
 //! The result carries the token ginx gave the runner (`--token`), so a result left in a folder
 //! by some other run is never taken for this attempt's.
 
@@ -147,6 +150,9 @@ pub fn run(args: RunArgs) -> ExitCode {
         _ => args.kill_grace,
     };
     process::kill_descendants(grace);
+    if finished.exit == Exit::Code(0) {
+        plan(&args.dir, output.as_mut());
+    }
     if let Exit::SpawnFailed(m) = &finished.exit {
         record_line(
             output.as_mut(),
@@ -172,6 +178,51 @@ pub fn run(args: RunArgs) -> ExitCode {
     match finished.exit {
         Exit::Code(c) => ExitCode::from(u8::try_from(c).unwrap_or(1)),
         _ => ExitCode::from(1),
+    }
+}
+
+/// After a build that succeeded, with a `plan-spec.json` in `dir`: computes the plan and
+/// writes `plan.json`, before the result says the attempt is over. Its steps are bounded
+/// (`disruption.timeout` each); what could not be learned is said in the plan.
+fn plan(dir: &Path, output: Option<&mut std::fs::File>) {
+    use crate::apply::plan::{PLAN_FILE, PlanSpec, SPEC_FILE, compute};
+    let Ok(bytes) = std::fs::read(dir.join(SPEC_FILE)) else {
+        return;
+    };
+    let say = |output: Option<&mut std::fs::File>, line: String| {
+        record_line(
+            output,
+            &OutputLine {
+                stream: Stream::Stderr,
+                line,
+            },
+        );
+    };
+    let spec: PlanSpec = match serde_json::from_slice(&bytes) {
+        Ok(s) => s,
+        Err(e) => {
+            say(output, format!("ginx: cannot read {SPEC_FILE}: {e}; no plan"));
+            return;
+        }
+    };
+    let plan = compute::compute(&spec);
+    let what = match (&plan.unknown, &plan.units) {
+        (Some(why), _) => format!("the plan is unknown: {why}"),
+        (None, Some(u)) => format!(
+            "the plan: {} unit(s) stopped or restarted, {} reloaded, {} started",
+            u.interrupted().len(),
+            u.reload.len(),
+            u.start.len()
+        ),
+        (None, None) => "the plan: nothing known".to_owned(),
+    };
+    let written = serde_json::to_vec(&plan)
+        .map_err(std::io::Error::other)
+        .and_then(|b| crate::state::write_atomic(&dir.join(PLAN_FILE), &b));
+    let mut output = output;
+    say(output.as_deref_mut(), format!("ginx: {what} ({} ms)", plan.took_ms));
+    if let Err(e) = written {
+        say(output, format!("ginx: cannot write {PLAN_FILE}: {e}"));
     }
 }
 

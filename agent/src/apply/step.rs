@@ -90,3 +90,29 @@ pub async fn prepare(
         }
     }
 }
+
+impl StepCommand {
+    /// What the runner needs to compute the plan of the system this step builds: the store
+    /// path in closure mode, else `disruption.system_command` run in the checkout.
+    pub fn plan_spec(&self, cfg: &Config) -> super::plan::PlanSpec {
+        let node = cfg.node_name();
+        super::plan::PlanSpec {
+            system: self.closure.as_ref().map(|c| PathBuf::from(&c.path)),
+            system_command: cfg
+                .disruption
+                .system_command
+                .iter()
+                .map(|a| a.replace("{node}", node))
+                .collect(),
+            cwd: self.cwd.clone(),
+            current: cfg.system.current_system.clone(),
+            booted: cfg.system.booted_system.clone(),
+            nix: cfg
+                .apply
+                .closure
+                .as_ref()
+                .map_or_else(|| PathBuf::from("nix"), |c| c.nix.clone()),
+            timeout_secs: cfg.disruption.timeout.get().as_secs(),
+        }
+    }
+}

@@ -79,6 +79,14 @@ fn apply_lines(o: &mut String, s: &Status) {
             .unwrap_or_default();
         let _ = writeln!(o, "           applied: {}{when}", applied.short());
     }
+    if let Some(p) = &a.plan {
+        let _ = writeln!(
+            o,
+            "           next: {} — {}",
+            p.revision.short(),
+            printable(&p.summary)
+        );
+    }
     if let Some(err) = &a.error {
         let _ = writeln!(o, "           error ({} attempt(s)): {err}", a.attempts);
     }
@@ -338,6 +346,9 @@ pub fn history(h: &HistoryReport, output: bool) -> String {
         let _ = writeln!(o, "{}", attempt_row(a));
         if let Some(c) = &a.closure {
             let _ = writeln!(o, "      closure {}", printable(&closure_line(c)));
+        }
+        if let Some(p) = &a.plan {
+            let _ = writeln!(o, "      plan    {}", printable(&p.summary()));
         }
         if output {
             for l in &a.output {

@@ -327,6 +327,13 @@ pub const NOTIFY_RETRIES: CountBound = CountBound {
     ceiling: 10,
     why: "sends after a failed one, 1 s apart doubling up to 30 s",
 };
+pub const DISRUPTION_TIMEOUT: DurationBound = bound(
+    "disruption.timeout",
+    secs(1),
+    secs(HOUR),
+    "each step of computing a revision's plan (dry-activate, the closure difference); past it \
+     the plan is unknown and disruption.unknown applies",
+);
 pub const STAGE_TIMEOUT: DurationBound =
     bound("bootstrap.stages[].timeout", secs(1), secs(DAY), TIMEOUT);
 pub const FLUX_TIMEOUT: DurationBound =
@@ -364,6 +371,7 @@ pub const DURATIONS: &[&DurationBound] = &[
     &DRAIN_TIMEOUT,
     &GRACE_PERIOD,
     &REBOOT_WINDOW_LENGTH,
+    &DISRUPTION_TIMEOUT,
     &NOTIFY_TIMEOUT,
     &STAGE_TIMEOUT,
     &FLUX_TIMEOUT,

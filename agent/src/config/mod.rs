@@ -17,6 +17,7 @@ mod apply;
 mod bootstrap;
 pub mod bounds;
 mod control;
+mod disruption;
 mod duration;
 mod health;
 pub mod kubeadm;
@@ -44,6 +45,7 @@ pub use apply::{
 };
 pub use bootstrap::{BootstrapConfig, FluxConfig, Stage, Wait};
 pub use control::ControlConfig;
+pub use disruption::{DEFAULT_DRAIN_UNITS, DisruptionConfig, DisruptionRule, check_glob};
 pub use duration::Duration;
 pub use health::{
     ApiserverProbe, CiliumProbe, HealthConfig, KubeVipProbe, KubeletProbe, NodeReadyProbe,
@@ -94,6 +96,8 @@ pub struct Config {
     pub kubeadm: KubeadmConfig,
     pub rollout: RolloutConfig,
     pub reboot: RebootConfig,
+    /// What a revision's changes call for before its activation (`[disruption]`).
+    pub disruption: DisruptionConfig,
     pub bootstrap: BootstrapConfig,
     /// Webhooks told of halts, rollbacks, lost slots, blocked drains, reboots and failing
     /// applies (`[[notify]]`).
@@ -117,6 +121,7 @@ impl Default for Config {
             kubeadm: KubeadmConfig::default(),
             rollout: RolloutConfig::default(),
             reboot: RebootConfig::default(),
+            disruption: DisruptionConfig::default(),
             bootstrap: BootstrapConfig::default(),
             notify: Vec::new(),
         }
@@ -426,6 +431,7 @@ impl Config {
         }
         self.rollout.validate(ctx)?;
         self.reboot.validate(&self.rollout, ctx)?;
+        self.disruption.validate(ctx)?;
         self.bootstrap.validate(&self.sources, ctx)?;
         if self.rollout.lock == LockBackend::Kubernetes && self.kubernetes.kubeconfig.is_none() {
             return Err(ctx.error(

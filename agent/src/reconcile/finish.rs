@@ -11,7 +11,7 @@ use crate::apply::system::{self, SelfImage};
 use crate::apply::{Exit, Finished};
 use crate::config::Config;
 use crate::state::{Attempt, AttemptKind, InFlight, Outcome};
-use crate::types::{ClosureInfo, Goal, Revision};
+use crate::types::{ClosureInfo, Goal, Plan, Revision};
 use crate::util;
 
 /// An attempt's end as far as it is known before the core records it.
@@ -19,6 +19,8 @@ struct Concluded {
     class: Classified,
     closure: Option<ClosureInfo>,
     max_rss_kib: Option<u64>,
+    /// A build's plan, decided by the disruption policy.
+    plan: Option<Plan>,
 }
 
 impl Reconciler {
@@ -40,6 +42,7 @@ impl Reconciler {
             outcome: c.class.outcome,
             error: c.class.error.clone(),
             give_up: c.class.give_up,
+            plan: c.plan.clone(),
         };
         let policy = self.policy();
         let done = match self.core.complete(id, ending, now, policy) {
@@ -80,6 +83,7 @@ impl Reconciler {
             isolation: done.isolation.clone(),
             closure: c.closure,
             max_rss_kib: c.max_rss_kib,
+            plan: c.plan,
         };
         let took = attempt.finished_at.duration_since(attempt.started_at);
         self.metrics
@@ -126,10 +130,16 @@ impl Reconciler {
         }
         let seen = closure.clone();
         let _ = self.core.closure_seen(seen, class.outcome);
+        let plan = running
+            .as_ref()
+            .filter(|r| r.kind == AttemptKind::Build && class.outcome == Outcome::Succeeded)
+            .and_then(|r| crate::apply::plan::compute::read(r.dir.as_ref()?))
+            .map(|p| crate::apply::plan::judged(p, &crate::apply::plan::Policy::new(&cfg.disruption)));
         Concluded {
             class,
             closure,
             max_rss_kib,
+            plan,
         }
     }
 

@@ -43,7 +43,7 @@ use crate::apply::{Exit, Finished};
 use crate::config::Config;
 use crate::source::{Pin, Workspace};
 use crate::state::{self, Attempt, AttemptKind, History, State};
-use crate::status::{Drift, Published, StateWriteError};
+use crate::status::{Drift, Published, StateWriteError, WaitingFor};
 use crate::types::{Revision, SourceReports};
 use crate::util;
 
@@ -128,6 +128,8 @@ pub struct Reconciler {
     kube: watch::Receiver<Option<crate::k8s::KubeClients>>,
     /// The reboot as far as it is not persisted: what it waits for, the drain's pods.
     reboot_view: reboot::RebootView,
+    /// The drain before a live activation, as far as it is not persisted.
+    live_drain: reboot::LiveDrain,
 }
 
 /// How often a failed write of the state is tried again.
@@ -238,6 +240,7 @@ impl Reconciler {
             wall_steps: util::WallSteps::default(),
             lock_retry_at: None,
             reboot_view: reboot::RebootView::default(),
+            live_drain: reboot::LiveDrain::default(),
         };
         if guard_downgrade {
             // At once: the guard must hold across every restart until an operator resumes,
@@ -396,6 +399,7 @@ impl Reconciler {
             // A build holds no slot: it goes on whatever the rollout says (a reboot's turn
             // comes first).
             if attempting.is_none() {
+                self.settle_live_drain().await;
                 self.settle_lock(&decision).await;
                 self.write_halt().await;
             }
@@ -410,6 +414,9 @@ impl Reconciler {
                     attempting = started;
                 }
                 continue;
+            }
+            if reboot_wait.is_none() {
+                reboot_wait = self.live_drain.again.take().map(reboot::Step::After);
             }
             let (sentinel, window_edge) = self.looks();
             let (sentinel, window_edge) = (sleep_for(sentinel), sleep_for(window_edge));
@@ -500,7 +507,12 @@ impl Reconciler {
     async fn act(&mut self, decision: &Decision, now: Timestamp) -> Acted {
         match decision {
             Decision::Start(desired) if self.blocked.as_ref() != Some(&desired.revision) => {
-                if self.ask(desired).await {
+                if let Some(why) = self.live_drain.put_off(&desired.revision) {
+                    if self.core.set_waiting(Some((WaitingFor::Pods, why)), now) {
+                        self.publish();
+                    }
+                } else if self.ask(desired).await {
+                    self.live_drain_activated(&desired.revision);
                     let testing = self.desired().is_some_and(|(_, t)| t);
                     return Acted::Again(
                         self.start_apply(desired.clone(), testing, AttemptKind::Apply)

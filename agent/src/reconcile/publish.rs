@@ -375,6 +375,7 @@ impl Reconciler {
                 .and_then(|r| r.closure.clone())
                 .or_else(|| st.closure.clone())
                 .filter(|_| cfg.apply.mode == crate::config::ApplyMode::Closure),
+            plan: next_plan(st),
         };
         drop(cfg);
         let next = Published {
@@ -405,6 +406,19 @@ impl Reconciler {
             changed
         });
     }
+}
+
+/// The plan of the revision built and not applied yet, if one was computed.
+fn next_plan(st: &crate::state::State) -> Option<crate::status::PlanStatus> {
+    let built = st.built.as_ref()?;
+    let applied = st.applied.as_ref().map(|a| &a.revision);
+    if applied == Some(&built.revision) {
+        return None;
+    }
+    Some(crate::status::PlanStatus::of(
+        &built.revision,
+        built.plan.as_ref()?,
+    ))
 }
 
 #[cfg(test)]

@@ -77,6 +77,7 @@ impl Reconciler {
             .map_err(|e| format!("cannot start the rollback: {e}"))?;
         tracing::warn!(attempt = id, from_generation = ?generation.number, "rolling back to the previous generation");
         let launch = Launch {
+            plan: None,
             dir: self.attempt_dir(id),
             unit,
             cwd: cfg.state_dir.clone(),

@@ -48,6 +48,20 @@ impl Reconciler {
                     tracing::error!(error = %e, "cannot record the rollout lock; not applying");
                     return false;
                 }
+                // The drain the plan calls for comes before the baseline (the gate compares
+                // with the drained node) and before the fencing (last before the activation).
+                if let Err((waiting_for, why)) =
+                    self.drain_before_activation(&desired.revision).await
+                {
+                    if self
+                        .core
+                        .set_waiting(Some((waiting_for, why.clone())), util::now())
+                    {
+                        tracing::info!(revision = %desired.revision.short(), waiting_for = waiting_for.as_str(),
+                            reason = %why, "waiting to activate");
+                    }
+                    return false;
+                }
                 if gated(desired.goal) {
                     self.gatekeeper.new_gate();
                     self.baseline = gate::baseline(&self.gatekeeper.baseline_checks().await);
@@ -126,7 +140,8 @@ impl Reconciler {
                 AfterGate::RollBack | AfterGate::RollbackUnhealthy | AfterGate::Manual
             )
         });
-        let about_to = matches!(decision, Decision::Start(d) if d.revision == held.revision);
+        let about_to = matches!(decision, Decision::Start(d) if d.revision == held.revision)
+            && self.live_drain.put_off(&held.revision).is_none();
         let needed = st.in_flight.is_some()
             || st.verifying.is_some()
             || kept

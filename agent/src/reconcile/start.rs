@@ -239,7 +239,9 @@ impl Reconciler {
         let (source, revision, goal) = (&cfg.apply.source, &desired.revision, desired.goal);
         let building = kind == AttemptKind::Build;
         let step_goal = if building { Goal::Build } else { goal };
+        let plan = building.then(|| step.plan_spec(cfg));
         Launch {
+            plan,
             dir: self.attempt_dir(id),
             unit,
             cwd: step.cwd,

@@ -21,7 +21,7 @@ use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
 
 use crate::status::HealthStatus;
-use crate::types::{ClosureInfo, Generation, Goal, Revision};
+use crate::types::{ClosureInfo, Generation, Goal, Plan, Revision};
 
 /// Bumped when a change is not backwards compatible; readers refuse newer versions.
 pub const STATE_VERSION: u32 = 1;
@@ -106,6 +106,30 @@ pub struct State {
     /// The last revision whose health gate passed on this node (or that was applied without
     /// one): what `rollout.after` of other groups waits for.
     pub passed: Option<Revision>,
+    /// A drain before a live activation that its plan called for (`[disruption]`): found at
+    /// start-up, it goes on where it was, and the node cordoned by it is uncordoned by it.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub apply_drain: Option<ApplyDrain>,
+}
+
+/// A drain before the activation of `revision`: cordoned, drained, activated, then (once the
+/// gate is over) uncordoned.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ApplyDrain {
+    pub revision: Revision,
+    /// What in the plan called for it (`restarts containerd.service`).
+    #[serde(default)]
+    pub because: Vec<String>,
+    pub started_at: Timestamp,
+    /// ginx made the node unschedulable (and annotated it so): it uncordons it at the end.
+    #[serde(default)]
+    pub cordoned: bool,
+    /// The node was drained then; the activation may start.
+    #[serde(default)]
+    pub drained_at: Option<Timestamp>,
+    /// The activation began after the drain.
+    #[serde(default)]
+    pub activated: bool,
 }
 
 /// A revision built ahead of its activation.
@@ -113,6 +137,10 @@ pub struct State {
 pub struct Built {
     pub revision: Revision,
     pub at: Timestamp,
+    /// What activating it would do, computed after the build; absent when it was not (built
+    /// by an older ginx, or the runner wrote none).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub plan: Option<Plan>,
 }
 
 /// Where a reboot carried out by ginx stands.
@@ -404,6 +432,9 @@ pub struct Attempt {
     /// The memory high-water mark of the attempt's largest process, in KiB (from the runner).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub max_rss_kib: Option<u64>,
+    /// A build: the plan of the revision it built.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub plan: Option<Plan>,
 }
 
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
@@ -714,6 +745,7 @@ mod tests {
             isolation: "process".into(),
             closure: None,
             max_rss_kib: None,
+            plan: None,
         }
     }
 
@@ -808,6 +840,7 @@ mod tests {
                 isolation: "process".into(),
                 closure: None,
                 max_rss_kib: None,
+                plan: None,
             });
         }
         assert_eq!(h.attempts.len(), HISTORY_LIMIT);

@@ -6,7 +6,7 @@ use std::path::PathBuf;
 use jiff::Timestamp;
 use serde::{Deserialize, Serialize};
 
-use crate::types::{Generation, Goal, Revision};
+use crate::types::{Disruption, Generation, Goal, Plan, Revision, UnitChanges};
 
 /// `apply.state` in `ginxctl status --json`.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -81,6 +81,52 @@ pub struct ApplyStatus {
     /// Closure mode: the store path being applied, or of the last attempt.
     #[serde(default)]
     pub closure: Option<crate::types::ClosureInfo>,
+    /// What activating the revision built and not yet applied would do.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub plan: Option<PlanStatus>,
+}
+
+/// `apply.plan` in `ginxctl status --json`: the plan of the built revision that comes next.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PlanStatus {
+    pub revision: Revision,
+    /// `none` (live), `drain` or `reboot`.
+    pub action: Disruption,
+    /// One line, as `ginxctl status` prints it after "next:".
+    pub summary: String,
+    /// What calls for the action (`restarts kubelet.service`, `kernel changed: …`).
+    #[serde(default)]
+    pub because: Vec<String>,
+    /// Why the activation's effect is not known, when it is not.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub unknown: Option<String>,
+    /// The units dry-activate named, by what would happen to them.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub units: Option<UnitChanges>,
+    /// Packages whose versions or sizes change, and the closure's growth in bytes.
+    #[serde(default)]
+    pub packages: usize,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub added_bytes: Option<i64>,
+    /// How long computing it took, the build excluded.
+    #[serde(default)]
+    pub took_ms: u64,
+}
+
+impl PlanStatus {
+    pub fn of(revision: &Revision, p: &Plan) -> PlanStatus {
+        PlanStatus {
+            revision: revision.clone(),
+            action: p.action,
+            summary: p.summary(),
+            because: p.because.clone(),
+            unknown: p.unknown.clone(),
+            units: p.units.clone(),
+            packages: p.packages.len(),
+            added_bytes: p.added_bytes,
+            took_ms: p.took_ms,
+        }
+    }
 }
 
 /// `system` in `ginxctl status --json`: what the machine runs.

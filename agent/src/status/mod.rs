@@ -25,7 +25,9 @@ use jiff::Timestamp;
 use serde::{Deserialize, Serialize};
 use tokio::sync::watch;
 
-pub use apply::{ApplyState, ApplyStatus, Drift, Published, StateWriteError, SystemStatus};
+pub use apply::{
+    ApplyState, ApplyStatus, Drift, PlanStatus, Published, StateWriteError, SystemStatus,
+};
 pub use bootstrap::{BootstrapPhase, BootstrapStatus};
 pub use gate::GateProgress;
 pub use health::{HealthMap, HealthStatus, Overall, ProbeStatus, overall};

@@ -3,6 +3,7 @@
 //! to do next; and the checked transitions that record each attempt's start and end. No I/O,
 //! no clock: the caller passes `now`.
 
+mod apply_drain;
 mod reboot;
 
 use std::collections::BTreeMap;
@@ -18,7 +19,7 @@ use crate::state::{
 };
 use crate::status::{ApplyState, WaitingFor};
 use crate::types::ClosureInfo;
-use crate::types::{Goal, Revision};
+use crate::types::{Goal, Plan, Revision};
 use crate::util;
 
 /// The revision the source offers and the goal it is to be applied with (the testing branch
@@ -88,6 +89,12 @@ pub enum TransitionError {
         expected: &'static str,
         found: &'static str,
     },
+    #[error("a drain before the activation of {0} is already under way")]
+    AlreadyDraining(Revision),
+    #[error("no drain before an activation is under way")]
+    NotDraining,
+    #[error("the node is not drained yet for {0}")]
+    NotDrained(Revision),
 }
 
 /// Retry policy for failed revisions.
@@ -105,6 +112,8 @@ pub struct Ending {
     pub error: Option<String>,
     /// Retrying cannot help (a configuration error): give up at once.
     pub give_up: bool,
+    /// A build's plan, kept with the built revision.
+    pub plan: Option<Plan>,
 }
 
 /// The persisted state plus what only lives in memory.
@@ -307,12 +316,12 @@ impl Core {
             self.state.built = Some(Built {
                 revision: done.revision.clone(),
                 at: now,
+                plan: ending.plan,
             });
             self.state.interrupted = None;
             return Ok(done);
         }
-        let mut outcome = ending.outcome;
-        let mut error = ending.error;
+        let (mut outcome, mut error) = (ending.outcome, ending.error);
         if outcome == Outcome::Interrupted {
             let count = match &self.state.interrupted {
                 Some(i) if i.revision == done.revision => i.count + 1,
@@ -735,6 +744,7 @@ mod tests {
             outcome,
             error: None,
             give_up: false,
+            plan: None,
         }
     }
 
@@ -862,6 +872,7 @@ mod tests {
             outcome: Outcome::Failed,
             error: Some("node missing".into()),
             give_up: true,
+            plan: None,
         };
         c.complete(id, e, t(1), POLICY).unwrap();
         let f = c.state.failure.as_ref().unwrap();

@@ -14,7 +14,7 @@ use super::{COMMAND_AGAIN, EVICT_AGAIN, REBOOT_AGAIN};
 use crate::config::{RebootMode, RollbackPolicy, Window};
 use crate::rollout::window::{self, WindowState};
 use crate::state::{AfterGate, RebootPhase, Rebooting, State, Verifying};
-use crate::types::Revision;
+use crate::types::{Disruption, Plan, Revision};
 use crate::util;
 
 /// Whether the sentinel file, modified at `modified`, asks for a reboot: it does unless the last
@@ -90,6 +90,41 @@ pub(super) fn keeps_slot(rebooting: bool, may_begin: bool, window: &WindowState)
 pub(super) fn drain_overdue(r: &Rebooting, timeout: Duration, now: Timestamp) -> bool {
     let started = r.drain_started_at.unwrap_or(r.started_at);
     now >= util::after(started, timeout)
+}
+
+/// Whether a drain before a live activation that began at `started` is late at `now`.
+pub(super) fn apply_drain_overdue(started: Timestamp, timeout: Duration, now: Timestamp) -> bool {
+    now >= util::after(started, timeout)
+}
+
+/// What in `plan` calls for a drain before the activation, when its action is `drain`; `None`
+/// when it does not call for one (activated live, or a reboot, which drains as ever) or when
+/// there is no plan (not built first: `apply.prebuild` off).
+pub(in crate::reconcile) fn drain_wanted(plan: Option<&Plan>) -> Option<Vec<String>> {
+    let p = plan?;
+    (p.action == Disruption::Drain).then(|| p.because.clone())
+}
+
+/// Whether the drain before an activation is over and the node can be uncordoned: the
+/// activation ran, no attempt runs, no gate is open, no reboot is under way (it keeps its own
+/// cordon), and no failed gate of that revision still holds the node (a rollback to come, an
+/// unhealthy rollback, a manual one).
+pub(in crate::reconcile) fn apply_drain_over(st: &State) -> bool {
+    let Some(d) = &st.apply_drain else {
+        return false;
+    };
+    let held = st.gate_failure.as_ref().is_some_and(|g| {
+        g.revision == d.revision
+            && matches!(
+                g.next,
+                AfterGate::RollBack | AfterGate::RollbackUnhealthy | AfterGate::Manual
+            )
+    });
+    d.activated
+        && st.in_flight.is_none()
+        && st.verifying.is_none()
+        && st.rebooting.is_none()
+        && !held
 }
 
 /// When a given-up drain is tried again: when the next window opens after the current one
@@ -484,5 +519,83 @@ mod tests {
             auto
         );
         assert_eq!(gate_policy(None, None, auto), auto);
+    }
+
+    #[test]
+    fn only_a_plan_that_says_drain_drains_before_the_activation() {
+        assert_eq!(drain_wanted(None), None);
+        let mut p = Plan {
+            because: vec!["restarts kubelet.service".into()],
+            ..Plan::default()
+        };
+        assert_eq!(drain_wanted(Some(&p)), None);
+        p.action = Disruption::Reboot;
+        assert_eq!(drain_wanted(Some(&p)), None);
+        p.action = Disruption::Drain;
+        assert_eq!(
+            drain_wanted(Some(&p)),
+            Some(vec!["restarts kubelet.service".to_owned()])
+        );
+    }
+
+    #[test]
+    fn a_drain_is_over_once_its_activation_and_gate_are_and_nothing_holds_the_node() {
+        use crate::state::{ApplyDrain, GateFailure, InFlight};
+        let r = Revision::from_oid(git2::Oid::from_bytes(&[1; 20]).unwrap());
+        let mut st = State {
+            apply_drain: Some(ApplyDrain {
+                revision: r.clone(),
+                because: vec![],
+                started_at: Timestamp::UNIX_EPOCH,
+                cordoned: true,
+                drained_at: Some(Timestamp::UNIX_EPOCH),
+                activated: false,
+            }),
+            ..State::default()
+        };
+        // Drained, not activated yet: the node stays cordoned.
+        assert!(!apply_drain_over(&st));
+        st.apply_drain.as_mut().unwrap().activated = true;
+        assert!(apply_drain_over(&st));
+        st.in_flight = Some(InFlight {
+            id: 1,
+            kind: crate::state::AttemptKind::Apply,
+            source: "h".into(),
+            revision: r.clone(),
+            goal: crate::types::Goal::Switch,
+            started_at: Timestamp::UNIX_EPOCH,
+            testing: false,
+            isolation: "process".into(),
+            unit: None,
+            dir: None,
+            token: None,
+            generation_before: None,
+            pgid: None,
+            boot_id: None,
+            start_time: None,
+            closure: None,
+        });
+        assert!(!apply_drain_over(&st), "the activation runs");
+        st.in_flight = None;
+        let failed = |next| GateFailure {
+            revision: r.clone(),
+            failing: BTreeMap::new(),
+            at: Timestamp::UNIX_EPOCH,
+            next,
+            halted: false,
+            quarantined: false,
+            baseline: BTreeMap::new(),
+            after_reboot: false,
+        };
+        for (next, over) in [
+            (AfterGate::RollBack, false),
+            (AfterGate::RollbackUnhealthy, false),
+            (AfterGate::Manual, false),
+            (AfterGate::RolledBack, true),
+        ] {
+            st.gate_failure = Some(failed(next));
+            assert_eq!(apply_drain_over(&st), over, "{next:?}");
+        }
+        assert!(!apply_drain_over(&State::default()));
     }
 }

@@ -165,7 +165,7 @@ impl Reconciler {
     /// One look at the node's pods: evicts what is due. `Ok(true)` when the node is drained.
     /// `client` is the node's own identity (its pods, their evictions); `main` ginx's (the
     /// budgets that hold an eviction).
-    async fn drain_pass(
+    pub(super) async fn drain_pass(
         &mut self,
         cfg: &Config,
         client: &kube::Client,

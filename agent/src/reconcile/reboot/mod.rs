@@ -23,9 +23,12 @@
 //! passed in); the drain's steps in `draining`, its Kubernetes calls in `drain`; the persisted
 //! record changes only through the core's reboot transitions.
 
-mod decide;
+pub(super) mod decide;
 mod drain;
 mod draining;
+mod live;
+
+pub(super) use live::LiveDrain;
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
