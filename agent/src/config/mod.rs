@@ -17,6 +17,7 @@ mod apply;
 mod bootstrap;
 pub mod bounds;
 mod control;
+mod disruption;
 mod duration;
 mod health;
 pub mod kubeadm;
@@ -44,6 +45,7 @@ pub use apply::{
 };
 pub use bootstrap::{BootstrapConfig, FluxConfig, Stage, Wait};
 pub use control::ControlConfig;
+pub use disruption::{DEFAULT_DRAIN_UNITS, DisruptionConfig, DisruptionRule, check_glob};
 pub use duration::Duration;
 pub use health::{
     ApiserverProbe, CiliumProbe, HealthConfig, KubeVipProbe, KubeletProbe, NodeReadyProbe,

@@ -2,7 +2,8 @@
 //! ([`Revision`]), Git remotes ([`RemoteUrl`], [`Transport`]), probe endpoints
 //! ([`EndpointUrl`]), the apply goal ([`Goal`]), the node's [`Role`], a system [`Generation`],
 //! what a source's poller reports ([`SourceReport`]), why a revision is halted
-//! ([`HaltCause`]), and what an activation does to the node's workloads ([`Disruption`]).
+//! ([`HaltCause`]), what an activation does to the node's workloads ([`Disruption`]), and a revision's
+//! [`Plan`].
 //!
 //! Owns: their parsing, validation and how they print. Must not import anything else of the
 //! crate; `config`, `status`, `state` and the workers take these from here.
@@ -12,6 +13,7 @@ mod disruption;
 mod endpoint;
 mod halt;
 pub mod notice;
+mod plan;
 mod remote;
 mod source;
 
@@ -25,6 +27,7 @@ pub use disruption::Disruption;
 pub use endpoint::EndpointUrl;
 pub use halt::HaltCause;
 pub use notice::{Notice, Notices, Reason};
+pub use plan::{PackageChange, Plan, UnitChanges, signed_size};
 pub use remote::{RemoteUrl, Revision, Transport, unfit_for_ssh_option};
 pub use source::{AcceptedSignature, RefusedHead, RemoteReport, SourceReport, SourceReports};
 

@@ -10,23 +10,7 @@
 //!
 //! Pure: the text in, the changes out.
 
-use serde::{Deserialize, Serialize};
-
-/// One package whose versions or size change.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-pub struct PackageChange {
-    pub name: String,
-    /// The versions that go; empty when the package is new.
-    #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    pub from: Vec<String>,
-    /// The versions that come; empty when the package goes away.
-    #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    pub to: Vec<String>,
-    /// How many bytes its paths grow (negative: shrink); absent when Nix did not say (under
-    /// 8 KiB).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub bytes: Option<i64>,
-}
+pub use crate::types::PackageChange;
 
 /// The packages of `output` that change, and the sum of their size changes in bytes.
 pub fn parse(output: &str) -> (Vec<PackageChange>, i64) {

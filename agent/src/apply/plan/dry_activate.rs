@@ -18,51 +18,7 @@
 
 use std::collections::BTreeSet;
 
-use serde::{Deserialize, Serialize};
-
-/// The units an activation would touch, by what would happen to them.
-#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
-pub struct UnitChanges {
-    #[serde(default, skip_serializing_if = "BTreeSet::is_empty")]
-    pub stop: BTreeSet<String>,
-    #[serde(default, skip_serializing_if = "BTreeSet::is_empty")]
-    pub restart: BTreeSet<String>,
-    #[serde(default, skip_serializing_if = "BTreeSet::is_empty")]
-    pub reload: BTreeSet<String>,
-    #[serde(default, skip_serializing_if = "BTreeSet::is_empty")]
-    pub start: BTreeSet<String>,
-    /// Changed, but marked not to be stopped (`X-RestartIfChanged=false` and the like).
-    #[serde(default, skip_serializing_if = "BTreeSet::is_empty")]
-    pub skip: BTreeSet<String>,
-    /// Swap devices that would be turned off.
-    #[serde(default, skip_serializing_if = "BTreeSet::is_empty")]
-    pub swap_off: BTreeSet<String>,
-    /// systemd itself would be re-executed (a new systemd, or a new `system.conf`).
-    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
-    pub restart_systemd: bool,
-}
-
-impl UnitChanges {
-    /// The units that would go down for a while: stopped (and maybe started again) or
-    /// restarted. A reload keeps a unit's processes; a start of a unit that is not running
-    /// takes nothing down.
-    pub fn interrupted(&self) -> BTreeSet<&str> {
-        self.stop
-            .iter()
-            .chain(&self.restart)
-            .map(String::as_str)
-            .collect()
-    }
-
-    /// A restart is said as a restart: a unit stopped and started again is one.
-    pub fn restarted(&self) -> BTreeSet<&str> {
-        self.restart
-            .iter()
-            .chain(self.stop.intersection(&self.start))
-            .map(String::as_str)
-            .collect()
-    }
-}
+pub use crate::types::UnitChanges;
 
 /// Picks the set of [`UnitChanges`] a line fills.
 type Pick = fn(&mut UnitChanges) -> &mut BTreeSet<String>;

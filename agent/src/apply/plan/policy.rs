@@ -9,7 +9,8 @@
 //!
 //! Pure: the plan's parts in, the action and its reasons out.
 
-use crate::types::Disruption;
+use crate::config::{DisruptionConfig, check_glob};
+use crate::types::{Disruption, Plan};
 
 use super::dry_activate::UnitChanges;
 
@@ -26,7 +27,7 @@ impl Rule {
         let units = units
             .iter()
             .enumerate()
-            .map(|(i, u)| glob::Pattern::new(u).map_err(|e| (i, pattern_error(u, &e))))
+            .map(|(i, u)| check_glob(u).map_err(|e| (i, e)))
             .collect::<Result<_, _>>()?;
         Ok(Rule { units, action })
     }
@@ -36,15 +37,6 @@ impl Rule {
     }
 }
 
-fn pattern_error(glob: &str, e: &glob::PatternError) -> String {
-    format!(
-        "{glob:?} is not a unit pattern: {} at character {}; write a unit name or a glob like \
-         \"kubelet.service\" or \"cilium*.service\"",
-        e.msg,
-        e.pos + 1
-    )
-}
-
 /// The rules and what a plan that could not be computed calls for.
 #[derive(Clone, Debug)]
 pub struct Policy {
@@ -52,8 +44,27 @@ pub struct Policy {
     pub unknown: Disruption,
 }
 
-/// The action a plan calls for, and why, one reason per unit or part that decided it (empty
-/// for `none`).
+impl Policy {
+    /// The policy `[disruption]` configures. Its globs were checked when the configuration was
+    /// loaded; one that is not a pattern would match nothing.
+    pub fn new(cfg: &DisruptionConfig) -> Policy {
+        let rules = cfg
+            .rules
+            .iter()
+            .map(|r| Rule {
+                units: r.units.iter().filter_map(|u| check_glob(u).ok()).collect(),
+                action: r.action,
+            })
+            .collect();
+        Policy {
+            rules,
+            unknown: cfg.unknown,
+        }
+    }
+}
+
+/// The action a plan calls for, and why: one reason per unit or part that decided it, as in
+/// `restarts kubelet.service` (empty for `none`).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Verdict {
     pub action: Disruption,
@@ -78,27 +89,16 @@ pub fn decide(policy: &Policy, units: Result<&UnitChanges, &str>, reboot: &[Stri
             };
         }
     };
-    let restarted = changes.restarted();
     let mut strongest = Disruption::None;
     let mut because: Vec<(Disruption, String)> = Vec::new();
     for unit in changes.interrupted() {
-        let Some((i, rule)) = policy
-            .rules
-            .iter()
-            .enumerate()
-            .find(|(_, r)| r.matches(unit))
-        else {
+        let Some(rule) = policy.rules.iter().find(|r| r.matches(unit)) else {
             continue;
         };
         if rule.action == Disruption::None {
             continue;
         }
-        let verb = if restarted.contains(unit) {
-            "restarts"
-        } else {
-            "stops"
-        };
-        because.push((rule.action, format!("{verb} {unit} (rule {})", i + 1)));
+        because.push((rule.action, format!("{} {unit}", changes.verb(unit))));
         strongest = strongest.max(rule.action);
     }
     Verdict {
@@ -109,6 +109,16 @@ pub fn decide(policy: &Policy, units: Result<&UnitChanges, &str>, reboot: &[Stri
             .map(|(_, b)| b)
             .collect(),
     }
+}
+
+/// `plan` with the action `policy` calls for, and why, filled in.
+pub fn judged(mut plan: Plan, policy: &Policy) -> Plan {
+    let why = plan.unknown.clone().unwrap_or_default();
+    let units = plan.units.as_ref().ok_or(why.as_str());
+    let v = decide(policy, units, &plan.reboot);
+    plan.action = v.action;
+    plan.because = v.because;
+    plan
 }
 
 #[cfg(test)]
@@ -148,8 +158,8 @@ mod tests {
             Verdict {
                 action: Disruption::Drain,
                 because: vec![
-                    "restarts cilium-agent.service (rule 2)".into(),
-                    "restarts containerd.service (rule 2)".into()
+                    "restarts cilium-agent.service".into(),
+                    "restarts containerd.service".into()
                 ]
             }
         );
@@ -158,7 +168,7 @@ mod tests {
             decide(&p, Ok(&stop), &[]),
             Verdict {
                 action: Disruption::Reboot,
-                because: vec!["stops data.mount (rule 3)".into()]
+                because: vec!["stops data.mount".into()]
             }
         );
     }
@@ -199,5 +209,44 @@ mod tests {
             "{message}"
         );
         assert!(message.contains("at character"), "{message}");
+    }
+}
+
+#[cfg(test)]
+mod default_tests {
+    use super::super::dry_activate::parse;
+    use super::*;
+
+    #[test]
+    fn the_default_policy_drains_for_the_runtime_and_the_network_and_not_for_nginx() {
+        let p = Policy::new(&DisruptionConfig::default());
+        let judge = |out: &str| {
+            let plan = Plan {
+                units: Some(parse(out)),
+                ..Plan::default()
+            };
+            judged(plan, &p)
+        };
+        let nginx = judge("would restart the following units: nginx.service\n");
+        assert_eq!((nginx.action, nginx.because.len()), (Disruption::None, 0));
+        let c = judge(
+            "would stop the following units: containerd.service\n\
+             would start the following units: containerd.service\n\
+             would restart the following units: firewall.service, nginx.service\n",
+        );
+        assert_eq!(c.action, Disruption::Drain);
+        assert_eq!(
+            c.because,
+            vec!["restarts containerd.service", "restarts firewall.service"]
+        );
+        let unknown = judged(
+            Plan {
+                unknown: Some("dry-activate timed out".into()),
+                ..Plan::default()
+            },
+            &p,
+        );
+        assert_eq!(unknown.action, Disruption::Drain);
+        assert!(unknown.because[0].contains("timed out"));
     }
 }
