@@ -3,8 +3,8 @@
 //! difference. Each step runs in a process group of its own, bounded by `disruption.timeout`
 //! (killed past it, the plan then unknown) and by [`OUTPUT_CAP`] bytes of output.
 //!
-//! Run by the attempt's runner after a build (`ginx run-attempt --plan`), so that it is part
-//! of the build attempt: isolated like it, followed like it, and over when the attempt is.
+//! Run by the attempt's runner after a build (`plan-spec.json` in the attempt's folder), so that
+//! it is part of the build attempt: isolated like it, followed like it, and over when it is.
 
 use std::io::Read;
 use std::os::unix::process::CommandExt;
@@ -135,7 +135,8 @@ pub fn system_from(stdout: &str) -> Result<PathBuf, String> {
         .rfind(|l| !l.is_empty())
         .ok_or("it printed nothing")?;
     let path = if line.starts_with('"') {
-        serde_json::from_str::<String>(line).map_err(|e| format!("{line:?} is not a string: {e}"))?
+        serde_json::from_str::<String>(line)
+            .map_err(|e| format!("{line:?} is not a string: {e}"))?
     } else {
         line.to_owned()
     };
@@ -177,7 +178,9 @@ pub fn compute(spec: &PlanSpec) -> Plan {
                 let text = format!("{}\n{}", c.stderr, c.stdout);
                 plan.units = Some(dry_activate::parse(&text));
             }
-            Ok(c) => plan.unknown = Some(failed("switch-to-configuration dry-activate", &c, timeout)),
+            Ok(c) => {
+                plan.unknown = Some(failed("switch-to-configuration dry-activate", &c, timeout))
+            }
             Err(e) => plan.unknown = Some(e),
         }
         let argv = [
@@ -219,10 +222,17 @@ mod tests {
     #[test]
     fn a_system_is_read_as_colmena_prints_it_or_as_a_plain_line() {
         let p = "/nix/store/0123456789abcdfghijklmnpqrsvwxyz-nixos-system-a";
-        assert_eq!(system_from(&format!("warning: x\n\"{p}\"\n")).unwrap(), PathBuf::from(p));
+        assert_eq!(
+            system_from(&format!("warning: x\n\"{p}\"\n")).unwrap(),
+            PathBuf::from(p)
+        );
         assert_eq!(system_from(&format!("{p}\n\n")).unwrap(), PathBuf::from(p));
         assert!(system_from("").unwrap_err().contains("nothing"));
-        assert!(system_from("\"relative\"").unwrap_err().contains("absolute"));
+        assert!(
+            system_from("\"relative\"")
+                .unwrap_err()
+                .contains("absolute")
+        );
     }
 
     #[test]
@@ -232,12 +242,16 @@ mod tests {
         let script = format!("sleep 60 & echo $! > {}; wait", pid_file.display());
         let c = capture(&sh(&script), dir.path(), Duration::from_millis(300)).unwrap();
         assert!(c.timed_out && c.code.is_none());
-        let pid: i32 = std::fs::read_to_string(&pid_file).unwrap().trim().parse().unwrap();
+        let pid: i32 = std::fs::read_to_string(&pid_file)
+            .unwrap()
+            .trim()
+            .parse()
+            .unwrap();
         // The grandchild went with the group (SIGKILL is delivered, not waited for: it is
         // looked at until it is gone or a zombie, for at most 2 s).
         let alive = || {
             std::fs::read_to_string(format!("/proc/{pid}/stat"))
-                .is_ok_and(|s| !s.split_whitespace().nth(2).is_some_and(|st| st == "Z"))
+                .is_ok_and(|s| s.split_whitespace().nth(2).is_none_or(|st| st != "Z"))
         };
         let start = Instant::now();
         while alive() && start.elapsed() < Duration::from_secs(2) {
@@ -258,7 +272,10 @@ mod tests {
         .unwrap();
         assert_eq!(c.code, Some(3));
         assert_eq!(c.stdout.len(), OUTPUT_CAP);
-        assert_eq!(failed("x", &c, Duration::from_secs(1)), "x exited with 3: done");
+        assert_eq!(
+            failed("x", &c, Duration::from_secs(1)),
+            "x exited with 3: done"
+        );
     }
 
     #[test]
