@@ -195,6 +195,16 @@ cat > "$work/colmena" <<STUB
 # argv: apply-local --node NAME GOAL; runs in the checked-out tree of the revision. Takes 2 s,
 # and notes its start and end in one journal for all three nodes. GOAL is \`build\` first
 # (apply.prebuild: no slot, every node at once), then \`switch\`: the activation, under the lock.
+# \`eval -E EXPR\` (after the build, for ginx's plan) prints the built system's path; its
+# switch-to-configuration answers \`dry-activate\` as NixOS does, on stderr.
+if [ "\$1" = eval ]; then
+  sys="$work/systems/\$GINX_REVISION"
+  mkdir -p "\$sys/bin"
+  printf '#!/bin/sh\\necho "would restart the following units: nginx.service" >&2\\n' > "\$sys/bin/switch-to-configuration"
+  chmod +x "\$sys/bin/switch-to-configuration"
+  echo "\"\$sys\""
+  exit 0
+fi
 if [ "\$4" = build ]; then started=building ended=built; else started=activating ended=activated; fi
 echo "\$(date +%T.%3N) \$3 \$started \${GINX_REVISION:0:12}" >> "$work/journal"
 sleep 2
@@ -224,6 +234,9 @@ interval = "1h"      # the demo triggers fetches with 'ginxctl sync'
 
 [apply]
 command = ["$work/colmena", "apply-local", "--node", "{node}"]
+
+[disruption]         # after the build, the stand-in tells ginx where the built system is
+system_command = ["$work/colmena", "eval", "-E", "{ nodes, ... }: nodes.\\"{node}\\".config.system.build.toplevel.outPath"]
 
 [control]
 group = "$(id -gn)"

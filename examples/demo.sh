@@ -39,6 +39,16 @@ cat > "$work/colmena" <<'STUB'
 #!/usr/bin/env bash
 # argv: apply-local --node NAME GOAL; runs in the checked-out tree of the revision. GOAL is
 # `build` first (apply.prebuild, before any slot), then `switch` (or `boot`): the activation.
+# `eval -E EXPR` (after the build, for ginx's plan) prints the built system's path; that
+# system's switch-to-configuration answers `dry-activate` as NixOS does, on stderr.
+if [ "$1" = eval ]; then
+  sys="$(dirname "$0")/systems/$GINX_REVISION"
+  mkdir -p "$sys/bin"
+  printf '#!/bin/sh\necho "would restart the following units: nginx.service" >&2\n' > "$sys/bin/switch-to-configuration"
+  chmod +x "$sys/bin/switch-to-configuration"
+  echo "\"$sys\""
+  exit 0
+fi
 echo "[INFO ] Evaluating the hive in $PWD for node $3"
 sleep 1
 if [ "$4" = build ]; then
@@ -62,6 +72,9 @@ interval = "1h"      # the demo triggers fetches with 'ginxctl sync'
 
 [apply]
 command = ["$work/colmena", "apply-local", "--node", "{node}"]
+
+[disruption]         # after the build, the stand-in tells ginx where the built system is
+system_command = ["$work/colmena", "eval", "-E", "{ nodes, ... }: nodes.\\"{node}\\".config.system.build.toplevel.outPath"]
 
 [control]
 group = "$(id -gn)"

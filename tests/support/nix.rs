@@ -96,7 +96,8 @@ impl Systems {
 
     /// Builds `nixos-system-lucy-<name>` (or `name` itself when it starts with
     /// `nixos-system-`); without `nixos`, a path that is no NixOS system. Its switch appends
-    /// `<path> <goal>` to the log, and fails or hangs when marked so.
+    /// `<path> <goal>` to the log, and fails or hangs when marked so; `dry-activate` (ginx's plan)
+    /// answers that nothing changes, and is not logged.
     pub fn build(&self, name: &str, nixos: bool) -> String {
         let full = if name.starts_with("nixos-system-") {
             name.to_owned()
@@ -107,7 +108,7 @@ impl Systems {
         std::fs::write(
             &script,
             format!(
-                "#!/bin/sh\ndate +%s%N > {d}/started-{name}\nself=\"$(cd \"$(dirname \"$0\")/..\" && pwd)\"\necho \"$self $*\" >> {d}/switch.log\n\
+                "#!/bin/sh\n[ \"$1\" = dry-activate ] && exit 0\ndate +%s%N > {d}/started-{name}\nself=\"$(cd \"$(dirname \"$0\")/..\" && pwd)\"\necho \"$self $*\" >> {d}/switch.log\n\
                  if [ -e {d}/fail-{name} ]; then echo 'activation script failed' >&2; exit 1; fi\n\
                  if [ -e {d}/hang-{name} ]; then exec sleep 600; fi\n",
                 d = self.dir.display()

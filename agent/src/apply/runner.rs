@@ -201,7 +201,10 @@ fn plan(dir: &Path, output: Option<&mut std::fs::File>) {
     let spec: PlanSpec = match serde_json::from_slice(&bytes) {
         Ok(s) => s,
         Err(e) => {
-            say(output, format!("ginx: cannot read {SPEC_FILE}: {e}; no plan"));
+            say(
+                output,
+                format!("ginx: cannot read {SPEC_FILE}: {e}; no plan"),
+            );
             return;
         }
     };
@@ -220,7 +223,10 @@ fn plan(dir: &Path, output: Option<&mut std::fs::File>) {
         .map_err(std::io::Error::other)
         .and_then(|b| crate::state::write_atomic(&dir.join(PLAN_FILE), &b));
     let mut output = output;
-    say(output.as_deref_mut(), format!("ginx: {what} ({} ms)", plan.took_ms));
+    say(
+        output.as_deref_mut(),
+        format!("ginx: {what} ({} ms)", plan.took_ms),
+    );
     if let Err(e) = written {
         say(output, format!("ginx: cannot write {PLAN_FILE}: {e}"));
     }

@@ -96,7 +96,11 @@ impl DisruptionConfig {
                 }
             }
         }
-        if self.system_command.first().is_none_or(|p| p.trim().is_empty()) {
+        if self
+            .system_command
+            .first()
+            .is_none_or(|p| p.trim().is_empty())
+        {
             return Err(ctx.error("disruption.system_command", "must name a program"));
         }
         bounds::DISRUPTION_TIMEOUT.check(ctx, self.timeout)

@@ -782,6 +782,32 @@ url = "ssh://git@git.example.com/infra/hephaestus.git"
     }
 
     #[test]
+    fn a_bad_disruption_rule_is_named_where_it_is() {
+        let rule = |units: &str, action: &str| {
+            format!("{BASE}\n[[disruption.rules]]\nunits = {units}\naction = {action}\n")
+        };
+        let ok = load_text(&rule(r#"["kubelet.service", "cilium*"]"#, r#""drain""#)).unwrap();
+        assert_eq!(
+            ok.disruption.rules.len(),
+            1,
+            "written rules replace the defaults"
+        );
+        let e = err_text(&rule(r#"["ok.service", "kube[let"]"#, r#""drain""#));
+        assert!(
+            e.contains("config.toml:11:24: disruption.rules[0].units[1]: \"kube[let\" is not a unit pattern"),
+            "{e}"
+        );
+        let e = err_text(&rule(r#"["ok.service"]"#, r#""evict""#));
+        assert!(
+            e.contains("config.toml:12:10: disruption.rules[0].action"),
+            "{e}"
+        );
+        assert!(e.contains("unknown variant `evict`"), "{e}");
+        let e = err_text(&format!("{BASE}\n[disruption]\ntimeout = \"2h\"\n"));
+        assert!(e.contains("config.toml:11:11: disruption.timeout"), "{e}");
+    }
+
+    #[test]
     fn unknown_key_names_file_line_column_and_key() {
         let e = err_text(&format!("{BASE}\n[apply]\ncomand = [\"x\"]\n"));
         assert!(

@@ -134,7 +134,9 @@ impl Reconciler {
             .as_ref()
             .filter(|r| r.kind == AttemptKind::Build && class.outcome == Outcome::Succeeded)
             .and_then(|r| crate::apply::plan::compute::read(r.dir.as_ref()?))
-            .map(|p| crate::apply::plan::judged(p, &crate::apply::plan::Policy::new(&cfg.disruption)));
+            .map(|p| {
+                crate::apply::plan::judged(p, &crate::apply::plan::Policy::new(&cfg.disruption))
+            });
         Concluded {
             class,
             closure,

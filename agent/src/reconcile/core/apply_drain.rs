@@ -83,7 +83,10 @@ mod tests {
     fn a_drain_goes_from_begun_to_cordoned_drained_activated_and_ended() {
         let mut c = core();
         let r = rev('a');
-        assert_eq!(c.apply_drain_cordoned(true), Err(TransitionError::NotDraining));
+        assert_eq!(
+            c.apply_drain_cordoned(true),
+            Err(TransitionError::NotDraining)
+        );
         c.begin_apply_drain(&r, vec!["restarts kubelet.service".into()], t(1))
             .unwrap();
         assert_eq!(

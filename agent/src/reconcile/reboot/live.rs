@@ -197,14 +197,22 @@ impl Reconciler {
             let node = self.config.borrow().node_name().to_owned();
             let client = self.node_client().map_err(|e| {
                 self.live_drain.again = Some(EVICT_AGAIN);
-                (WaitingFor::Api, format!("waiting to uncordon the node: {e}"))
+                (
+                    WaitingFor::Api,
+                    format!("waiting to uncordon the node: {e}"),
+                )
             })?;
             match drain::uncordon(&client, &node).await {
-                Ok(true) => tracing::info!(node = %node, revision = %d.revision.short(), "uncordoned"),
+                Ok(true) => {
+                    tracing::info!(node = %node, revision = %d.revision.short(), "uncordoned")
+                }
                 Ok(false) => {}
                 Err(e) => {
                     self.live_drain.again = Some(EVICT_AGAIN);
-                    return Err((WaitingFor::Api, format!("waiting to uncordon the node: {e}")));
+                    return Err((
+                        WaitingFor::Api,
+                        format!("waiting to uncordon the node: {e}"),
+                    ));
                 }
             }
         }
