@@ -768,6 +768,10 @@ pub struct AuditEvent {
     pub uri: String,
     /// `stageTimestamp`, RFC 3339 with microseconds.
     pub time: String,
+    /// `requestReceivedTimestamp`, RFC 3339 with microseconds: a request that was sent after
+    /// another one's answer came back was received after it, which the completion stamps
+    /// (taken after the answer is written) do not promise.
+    pub received: String,
     /// `ginx/<version>` for ginx's requests (whichever identity made them).
     pub user_agent: String,
     /// `responseStatus.message`: why a request was refused.
@@ -797,6 +801,7 @@ impl AuditEvent {
             code: e["responseStatus"]["code"].as_u64().unwrap_or(0) as u16,
             uri: s(&e["requestURI"]),
             time: s(&e["stageTimestamp"]),
+            received: s(&e["requestReceivedTimestamp"]),
             user_agent: s(&e["userAgent"]),
             message: s(&e["responseStatus"]["message"]),
             request: if o["resource"] == "leases" {

@@ -61,11 +61,6 @@ impl Reconciler {
         let next = outcome::aftermath(done.kind, c.class.outcome, done.testing, after_reboot);
         let generation_after = system::generation(&cfg.system.profile);
         let generation = generation_after.as_ref().and_then(|g| g.number);
-        self.report_end(&cfg, id, &done, &c.class, next, generation)
-            .await;
-        if let Some(dir) = &done.dir {
-            let _ = std::fs::remove_dir_all(dir);
-        }
         let attempt = Attempt {
             id,
             kind: done.kind,
@@ -85,12 +80,15 @@ impl Reconciler {
             max_rss_kib: c.max_rss_kib,
             plan: c.plan,
         };
+        // In the history before anything writes the state that no longer has it in flight.
+        self.remember(attempt.clone());
+        self.report_end(&cfg, id, &done, &c.class, next, generation)
+            .await;
         let took = attempt.finished_at.duration_since(attempt.started_at);
         self.metrics
             .applied(c.class.outcome.as_str(), took.as_secs_f64().max(0.0));
         self.run_hook(&cfg, &attempt);
-        self.follow_up(&cfg, &done, c.class.outcome, next, attempt)
-            .await;
+        self.follow_up(&cfg, &done, c.class.outcome, next).await;
     }
 
     /// What the running attempt's exit means, with closure mode's report; a profile a closure
@@ -206,16 +204,15 @@ impl Reconciler {
         }
     }
 
-    /// What follows the attempt: its gate opened before its record is written (a restart finds
-    /// the gate open, never skipped), the reboot moved on, the record, the anchor, and a
-    /// restart into a new ginx.
+    /// What follows the attempt: its gate opened, the reboot moved on, the state and history
+    /// written (then the attempt's directory freed), the anchor, and a restart into a new
+    /// ginx.
     async fn follow_up(
         &mut self,
         cfg: &Config,
         done: &InFlight,
         outcome: Outcome,
         next: Aftermath,
-        attempt: Attempt,
     ) {
         if outcome == Outcome::Succeeded && self.open_gate(done.kind, done.goal) {
             self.gatekeeper
@@ -227,7 +224,13 @@ impl Reconciler {
             Some(RebootNext::GateFailed) => self.after_reboot_gate(false),
             None => {}
         }
-        self.record(attempt);
+        // The attempt's directory (its result) goes only once the record is on disk: until
+        // then a restart finds the attempt in flight and records it again from the result.
+        if self.save_state().is_ok()
+            && let Some(dir) = &done.dir
+        {
+            let _ = std::fs::remove_dir_all(dir);
+        }
         if next.record_deployed {
             self.record_deployed(&done.source, done.revision.clone())
                 .await;

@@ -282,25 +282,29 @@ impl Reconciler {
 
     /// Writes the state (and the history, when it changed). A failure is kept in `unsaved`,
     /// shown in status and health, and holds applies back until a later write succeeds.
+    /// Writes the history (when it changed) and then the state. In that order: a finished
+    /// attempt leaves the state (no longer in flight) only once its record is on disk, so a
+    /// stop between the two writes finds it still in flight and records it again (the same
+    /// id, replaced), where the other order would lose it.
     fn save_state(&mut self) -> Result<(), String> {
-        let result = state::save(&self.state_path, self.core.state())
-            .map_err(|e| {
+        let history = if self.history_dirty {
+            state::save(&self.history_path, &self.history).map_err(|e| {
+                format!(
+                    "cannot write the history file {}: {e}",
+                    self.history_path.display()
+                )
+            })
+        } else {
+            Ok(())
+        };
+        let result = history.and_then(|()| {
+            state::save(&self.state_path, self.core.state()).map_err(|e| {
                 format!(
                     "cannot write the state file {}: {e}",
                     self.state_path.display()
                 )
             })
-            .and_then(|()| {
-                if !self.history_dirty {
-                    return Ok(());
-                }
-                state::save(&self.history_path, &self.history).map_err(|e| {
-                    format!(
-                        "cannot write the history file {}: {e}",
-                        self.history_path.display()
-                    )
-                })
-            });
+        });
         match &result {
             Ok(()) => {
                 self.history_dirty = false;
@@ -348,11 +352,11 @@ impl Reconciler {
         }
     }
 
-    fn record(&mut self, attempt: Attempt) {
+    /// Puts `attempt` in the history in memory; the next write of the state writes it first.
+    fn remember(&mut self, attempt: Attempt) {
         self.last = Some((attempt.started_at, Some(attempt.finished_at)));
         self.history.push(attempt);
         self.history_dirty = true;
-        let _ = self.save_state();
     }
 
     /// A slot lost while held is told once per loss (the metric and a `SlotLost` notice).

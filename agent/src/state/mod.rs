@@ -537,8 +537,15 @@ fn fit(output: &mut Vec<OutputLine>) {
 }
 
 impl History {
+    /// Adds `attempt`, or replaces the one of the same id: an attempt whose end is recorded
+    /// again (ginx was stopped after the history was written, before the state was) is one
+    /// attempt, not two.
     pub fn push(&mut self, mut attempt: Attempt) {
         fit(&mut attempt.output);
+        if let Some(same) = self.attempts.iter_mut().rev().find(|a| a.id == attempt.id) {
+            *same = attempt;
+            return;
+        }
         self.attempts.push(attempt);
         let excess = self.attempts.len().saturating_sub(HISTORY_LIMIT);
         self.attempts.drain(..excess);
@@ -845,5 +852,21 @@ mod tests {
         }
         assert_eq!(h.attempts.len(), HISTORY_LIMIT);
         assert_eq!(h.attempts[0].id, 5);
+    }
+
+    /// An attempt recorded again (ginx stopped between writing the history and the state)
+    /// replaces its first record, wherever it is, and keeps its place.
+    #[test]
+    fn an_attempt_recorded_twice_is_one_attempt() {
+        let mut h = History::default();
+        for id in [3, 4, 5] {
+            h.push(big_attempt(id, 1, 1));
+        }
+        let mut again = big_attempt(4, 1, 1);
+        again.outcome = Outcome::Interrupted;
+        h.push(again);
+        let ids: Vec<u64> = h.attempts.iter().map(|a| a.id).collect();
+        assert_eq!(ids, [3, 4, 5]);
+        assert_eq!(h.attempts[1].outcome, Outcome::Interrupted);
     }
 }
