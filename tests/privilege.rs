@@ -228,6 +228,11 @@ fn a_stolen_node_credential_reaches_one_node_not_the_fleet() {
     let mut forged_heartbeat = heartbeat.clone();
     forged_heartbeat["spec"]["renewTime"] = json!(micro(jiff::Timestamp::now()));
     forged_heartbeat["spec"]["holderIdentity"] = json!("lucy");
+    // Makise's heartbeat as makise wrote it, with a plan forged on it (ginx.io/plan): what
+    // another node's operators would read as makise's next disruption.
+    let mut forged_plan = heartbeat.clone();
+    forged_plan["metadata"]["annotations"]["ginx.io/plan"] =
+        json!(json!({"revision": REV, "action": "none"}).to_string());
     let mut stolen = slot.clone();
     stolen["spec"]["holderIdentity"] = json!("lucy");
     stolen["spec"]["renewTime"] = json!(micro(jiff::Timestamp::now()));
@@ -315,6 +320,11 @@ fn a_stolen_node_credential_reaches_one_node_not_the_fleet() {
             "forge makise's heartbeat",
             &replace,
             &forged_heartbeat.to_string(),
+        ),
+        attack(
+            "write a plan on makise's heartbeat",
+            &replace,
+            &forged_plan.to_string(),
         ),
         attack(
             "create a heartbeat for a node that does not exist",
@@ -531,12 +541,16 @@ fn a_stolen_node_credential_reaches_one_node_not_the_fleet() {
         ],
         &eviction("web-lucy"),
     );
+    let mut own = lease("ginx-lucy", "lucy", 40, jiff::Timestamp::now());
+    own["metadata"]["annotations"] = json!({"ginx.io/plan":
+        json!({"revision": REV, "action": "drain", "because": ["restarts containerd.service"]})
+            .to_string()});
     ok(
         &cp,
         &kc("lucy"),
-        "heartbeat",
+        "heartbeat with its plan",
         &create,
-        &lease("ginx-lucy", "lucy", 40, jiff::Timestamp::now()).to_string(),
+        &own.to_string(),
     );
     ok(
         &cp,

@@ -763,3 +763,329 @@ fn a_reboot_waits_for_its_window_and_starts_in_it() {
         "rebooted at {rebooted_at}, the window opens at {opens}"
     );
 }
+
+/// A worker `name` of `group` that builds each revision first (`apply.prebuild`), its plan
+/// from the stand-in dry-activate saying `dry` (`extra` appended to the prebuild drop-in).
+fn planning_node(
+    cp: &ControlPlane,
+    origin: &Env,
+    journal: &std::path::Path,
+    (name, group): (&str, &str),
+    dry: &str,
+    extra: &str,
+) -> Node {
+    let n = node(
+        cp,
+        &origin.repo.path,
+        journal,
+        name,
+        "worker",
+        group,
+        ["", ""],
+    );
+    n.env.dropin(
+        "90-prebuild.toml",
+        &format!("[apply]\nprebuild = true\n{extra}"),
+    );
+    n.env.stub("journal", &journal.display().to_string());
+    n.env.stub("dry_activate", dry);
+    n
+}
+
+/// The plan decides the drain (`[disruption]`, default rules): a revision whose dry-activate
+/// restarts only nginx is activated live, and the node is never unschedulable; one that
+/// restarts containerd is cordoned before its activation starts, its pod under a
+/// PodDisruptionBudget evicted, then activated, its gate passed, and the node uncordoned.
+/// Asserted from a watch of the Node, the pods, the audit of the node's writes and the
+/// journal of activations.
+#[test]
+fn a_plan_that_restarts_containerd_drains_first_and_one_that_restarts_nginx_goes_live() {
+    let Some(cp) = control_plane::shared() else {
+        return;
+    };
+    let mut rbac = RbacGuard::new(cp);
+    let origin = Env::new();
+    let journal = origin.root.join("journal");
+    let name = "dr-plan";
+    let _kubelet = Kubelet::start(cp, name, "worker");
+    let ns = "dr-plan";
+    namespace(cp, ns);
+    cp.apply(
+        &json!({"apiVersion": "policy/v1", "kind": "PodDisruptionBudget",
+            "metadata": {"name": "web", "namespace": ns},
+            "spec": {"maxUnavailable": 1, "selector": {"matchLabels": {"app": "web"}}}})
+        .to_string(),
+    );
+    replicaset(cp, ns, "web", &[name], &json!({}));
+    wait_for("the budget to allow one disruption", || {
+        let b = cp.get_path(&format!(
+            "/apis/policy/v1/namespaces/{ns}/poddisruptionbudgets/web"
+        ))?;
+        (b["status"]["disruptionsAllowed"] == 1).then_some(())
+    });
+    let mut n = planning_node(
+        cp,
+        &origin,
+        &journal,
+        (name, "dr-plan"),
+        "would restart the following units: nginx.service\n",
+        "",
+    );
+    let watch = Unschedulable::watch(cp, &[name.to_owned()]);
+    rbac.watch(name);
+    n.start();
+    n.d().wait_applied(&origin.repo.head());
+    let s = n.d().ctl_ok(&["history"]);
+    assert!(s.contains("plan    live: restarts nginx.service"), "{s}");
+    assert_eq!(
+        watch.most.load(std::sync::atomic::Ordering::SeqCst),
+        0,
+        "a live activation never cordons"
+    );
+    let before = pods(cp, ns, "web");
+    assert_eq!(before.len(), 1, "{before:?}");
+
+    // containerd restarts: drained first.
+    n.env.stub(
+        "dry_activate",
+        "would stop the following units: containerd.service\n\
+         would start the following units: containerd.service\n",
+    );
+    let head = origin
+        .repo
+        .commit("two", "containerd", "restart containerd");
+    n.d().ctl_ok(&["sync"]);
+    n.d().wait_applied(&head);
+    let s = n
+        .d()
+        .wait_status("the gate over and the node given back", |s| {
+            s["rollout"]["slot"].is_null()
+        });
+    assert!(s["apply"]["plan"].is_null(), "applied: no next plan: {s:#}");
+    assert!(!unschedulable(cp, name), "uncordoned after the gate");
+    assert_eq!(watch.most.load(std::sync::atomic::Ordering::SeqCst), 1);
+    let after = pods(cp, ns, "web");
+    assert!(
+        !after.iter().any(|p| p.1 == before[0].1),
+        "the pod under the budget was evicted: {after:?}"
+    );
+    let evictions: Vec<_> = rbac
+        .requests()
+        .into_iter()
+        .filter(|e| e.subresource == "eviction")
+        .collect();
+    assert_eq!(evictions.len(), 1, "{evictions:?}");
+    // In the journal: cordoned, drained, then the activation; after the gate, uncordoned.
+    let log = n.d().log();
+    let at = |what: &str| {
+        log.find(what)
+            .unwrap_or_else(|| panic!("{what:?} is not in the log:\n{log}"))
+    };
+    assert!(at("cordoned before the activation") < at("drained; the activation starts"));
+    let applying = log.rfind("applying").unwrap();
+    assert!(at("drained; the activation starts") < applying, "{log}");
+    assert!(
+        at("health gate passed") < log.rfind("uncordoned").unwrap(),
+        "{log}"
+    );
+    let h = n.d().ctl_ok(&["history"]);
+    assert!(
+        h.contains("plan    drain: restarts containerd.service"),
+        "{h}"
+    );
+    cp.kubectl(&["delete", "namespace", ns, "--wait=false"]);
+}
+
+/// A plan that cannot be computed takes the policy's fallback (`disruption.unknown`, `drain` by
+/// default): a dry-activate that fails is told with its exit code and last line, one that hangs
+/// is killed at `disruption.timeout` (2 s here) and told so; each revision is drained first and
+/// then activated, and the daemon goes on (the second revision is applied at all: nothing
+/// waited on the hung process).
+#[test]
+fn a_plan_that_cannot_be_computed_takes_the_fallback_and_nothing_hangs() {
+    let Some(cp) = control_plane::shared() else {
+        return;
+    };
+    let mut rbac = RbacGuard::new(cp);
+    let origin = Env::new();
+    let journal = origin.root.join("journal");
+    let name = "dr-unknown";
+    let _kubelet = Kubelet::start(cp, name, "worker");
+    let mut n = planning_node(
+        cp,
+        &origin,
+        &journal,
+        (name, "dr-unknown"),
+        "error: the activation script is broken\n",
+        "\n[disruption]\ntimeout = \"2s\"\n",
+    );
+    n.env.stub("dry_activate_exit", "1");
+    let watch = Unschedulable::watch(cp, &[name.to_owned()]);
+    rbac.watch(name);
+    n.start();
+    n.d().wait_applied(&origin.repo.head());
+    let h = n.d().ctl_ok(&["history"]);
+    assert!(
+        h.contains("switch-to-configuration dry-activate exited with 1: error: the activation script is broken"),
+        "{h}"
+    );
+    assert!(h.contains("plan    drain: the plan is unknown"), "{h}");
+    n.d().wait_status("the first drain over", |s| {
+        s["rollout"]["slot"].is_null() && s["apply"]["drain"].is_null()
+    });
+    assert_eq!(watch.most.load(std::sync::atomic::Ordering::SeqCst), 1);
+
+    n.env.stub("dry_activate_exit", "0");
+    n.env.stub("dry_activate_hang", "");
+    let head = origin.repo.commit("two", "hang", "dry-activate hangs");
+    n.d().ctl_ok(&["sync"]);
+    n.d().wait_applied(&head);
+    let h = n.d().ctl_ok(&["history"]);
+    assert!(
+        h.contains(
+            "switch-to-configuration dry-activate did not finish within 2s (disruption.timeout)"
+        ),
+        "{h}"
+    );
+    n.d().wait_status("the second drain over", |s| {
+        s["rollout"]["slot"].is_null() && s["apply"]["drain"].is_null()
+    });
+    assert!(!unschedulable(cp, name), "uncordoned after the gate");
+    let cordons = rbac
+        .requests()
+        .into_iter()
+        .filter(|e| e.resource == "nodes" && e.verb == "patch" && e.code < 300)
+        .count();
+    assert!(
+        cordons >= 4,
+        "a cordon and an uncordon per revision: {cordons}"
+    );
+}
+
+/// Plans reach the fleet: three nodes of one group, one slot, each activation held long
+/// enough that every node has built the revision and waits with its plan. Each node's plan is
+/// on its own heartbeat Lease (`ginx.io/plan`, written by its own identity: the audit log), the
+/// cluster view counts them for the revision with what accounts for the drains, each Node has
+/// a `Planned` Event and each ginx counts its plan in `ginx_plans_total{action}`; once
+/// applied, no heartbeat carries a plan.
+#[test]
+fn every_node_publishes_its_plan_and_the_cluster_view_counts_them() {
+    let Some(cp) = control_plane::shared() else {
+        return;
+    };
+    let mut rbac = RbacGuard::new(cp);
+    let origin = Env::new();
+    let journal = origin.root.join("journal");
+    let names = ["pl-a", "pl-b", "pl-c"];
+    let said = [
+        "would restart the following units: containerd.service\n",
+        "would restart the following units: nginx.service\n",
+        "would restart the following units: containerd.service, kubelet.service\n",
+    ];
+    let _kubelets: Vec<Kubelet> = names
+        .iter()
+        .map(|n| Kubelet::start(cp, n, "worker"))
+        .collect();
+    let mark = cp.audit_mark();
+    let mut nodes: Vec<Node> = names
+        .iter()
+        .zip(said)
+        .map(|(name, dry)| {
+            rbac.watch(name);
+            let n = planning_node(cp, &origin, &journal, (name, "pl"), dry, "");
+            // Long enough that all three have built and wait while the first activates.
+            n.env.stub("sleep", "8");
+            n
+        })
+        .collect();
+    for n in &mut nodes {
+        n.start();
+    }
+    let head = origin.repo.head();
+    let view = wait_for("three plans for the revision in the cluster view", || {
+        let v: Value = serde_json::from_str(&nodes[1].d().ctl_ok(&["cluster", "--json"])).ok()?;
+        let p = &v["plans"][&head];
+        (p["live"].as_u64()? + p["drain"].as_u64()? == 3).then_some(v)
+    });
+    let p = &view["plans"][&head];
+    assert_eq!(
+        (&p["live"], &p["drain"], &p["reboot"]),
+        (&json!(1), &json!(2), &json!(0)),
+        "{view:#}"
+    );
+    assert_eq!(p["because"]["restarts containerd.service"], 2, "{p}");
+    assert_eq!(p["because"]["restarts kubelet.service"], 1, "{p}");
+    let text = nodes[1].d().ctl_ok(&["cluster"]);
+    assert!(
+        text.contains(&format!(
+            "plan for {}: 1 live, 2 drain, 0 reboot; restarts containerd.service (2), restarts kubelet.service (1)",
+            &head[..12]
+        )),
+        "{text}"
+    );
+    let hb = cp.lease("ginx-system", "ginx-pl-b").unwrap();
+    let plan: Value = serde_json::from_str(
+        hb["metadata"]["annotations"]["ginx.io/plan"]
+            .as_str()
+            .unwrap(),
+    )
+    .unwrap();
+    assert_eq!(plan["revision"], head.as_str());
+    assert_eq!(plan["action"], "none");
+
+    for n in &nodes {
+        n.d().wait_applied(&head);
+    }
+    for (n, action) in nodes.iter().zip(["drain", "none", "drain"]) {
+        let name = &n.name;
+        let events = cp
+            .get_path(&format!(
+                "/apis/events.k8s.io/v1/namespaces/default/events?fieldSelector=regarding.name%3D{name}"
+            ))
+            .unwrap();
+        let planned: Vec<&Value> = events["items"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter(|e| e["reason"] == "Planned")
+            .collect();
+        assert_eq!(planned.len(), 1, "{name}: {events:#}");
+        let label = if action == "none" { "live" } else { action };
+        assert!(
+            planned[0]["note"]
+                .as_str()
+                .unwrap()
+                .contains(&format!("{}: {label}", &head[..12])),
+            "{name}: {}",
+            planned[0]["note"]
+        );
+        assert_eq!(
+            metric(n, &format!("ginx_plans_total{{action=\"{action}\"}}")),
+            1.0,
+            "{name}"
+        );
+        wait_for("the plan gone from the heartbeat once applied", || {
+            let hb = cp.lease("ginx-system", &format!("ginx-{name}"))?;
+            hb["metadata"]["annotations"]
+                .get("ginx.io/plan")
+                .is_none()
+                .then_some(())
+        });
+    }
+    // Each plan was written by its node's own identity, on its own heartbeat.
+    let plans: Vec<(String, String)> = cp
+        .audit_since(mark)
+        .into_iter()
+        .filter(|e| e.resource == "leases" && e.code < 300)
+        .filter(|e| !e.request["metadata"]["annotations"]["ginx.io/plan"].is_null())
+        .map(|e| (e.user.clone(), e.name.clone()))
+        .collect();
+    assert!(plans.len() >= 3, "{plans:?}");
+    for (user, lease) in &plans {
+        assert_eq!(
+            lease,
+            &format!("ginx-{}", user.trim_start_matches("ginx:")),
+            "{plans:?}"
+        );
+    }
+}

@@ -8,7 +8,10 @@
 //!   to the start of the apply command. Real colmena would first evaluate the hive and build
 //!   the system, which cannot run here (no nixpkgs): its time and memory are NOT measured;
 //! - the memory high-water mark of each attempt: the largest resident set of any process of
-//!   its tree, as the runner records it (`max_rss_kib` in history).
+//!   its tree, as the runner records it (`max_rss_kib` in history);
+//! - the time the plan adds after each build (`plan.took_ms` of the build attempt:
+//!   `switch-to-configuration dry-activate` of the fetched system, here the fake system's,
+//!   and the real `nix store diff-closures` against the running system).
 
 #[path = "../../tests/support/mod.rs"]
 mod support;
@@ -51,6 +54,17 @@ fn attempt(env: &Env, rev: &str) -> Value {
     })
 }
 
+/// How long computing the plan of `rev` took after its build (the prebuild's `plan.took_ms`:
+/// dry-activate of the built system and `nix store diff-closures`, the build excluded).
+fn plan_ms(env: &Env, rev: &str) -> Option<u64> {
+    let h: Value = serde_json::from_str(&ctl(env, &["history", "--json"])).ok()?;
+    h["attempts"]
+        .as_array()?
+        .iter()
+        .find(|a| a["revision"] == rev && a["kind"] == "build")
+        .and_then(|a| a["plan"]["took_ms"].as_u64())
+}
+
 fn stamp(path: &std::path::Path) -> u128 {
     std::fs::read_to_string(path)
         .unwrap()
@@ -86,7 +100,7 @@ fn main() {
     let systems = Systems::new(tmp.path());
     let env = closure_env(&cache, &cache.public, "");
     let d = env.start();
-    let (mut lat, mut rss) = (Vec::new(), Vec::new());
+    let (mut lat, mut rss, mut plans) = (Vec::new(), Vec::new(), Vec::new());
     for i in 0..rounds {
         let name = format!("bench-{i}");
         let path = systems.build(&name, true);
@@ -102,10 +116,18 @@ fn main() {
         let started = stamp(&systems.dir.join(format!("started-{name}")));
         lat.push(Duration::from_nanos((started - t0) as u64));
         rss.push(a["max_rss_kib"].as_u64().unwrap_or(0));
+        if let Some(ms) = plan_ms(&env, &rev) {
+            plans.push(Duration::from_millis(ms));
+        }
     }
     d.stop();
     println!("closure mode vs colmena mode ({rounds} rounds each, the same one-line change)");
     summary("closure: sync → switch start", lat, &rss);
+    if plans.is_empty() {
+        println!("plan: none computed (apply.prebuild off?)");
+    } else {
+        summary("plan after the build (real Nix)", plans, &[]);
+    }
 
     // Colmena mode, the stand-in, marking its start.
     let env = Env::new();

@@ -114,33 +114,7 @@ pub fn run(args: RunArgs) -> ExitCode {
         kill_grace: args.kill_grace,
         whole_tree: true,
     };
-    let finished = runtime.block_on(async {
-        let stop = async {
-            use tokio::signal::unix::{SignalKind, signal};
-            let (Ok(mut term), Ok(mut int), Ok(mut hup)) = (
-                signal(SignalKind::terminate()),
-                signal(SignalKind::interrupt()),
-                signal(SignalKind::hangup()),
-            ) else {
-                return std::future::pending().await;
-            };
-            tokio::select! {
-                _ = term.recv() => {}
-                _ = int.recv() => {}
-                _ = hup.recv() => {}
-            }
-        };
-        match process::start(spec) {
-            Ok(running) => {
-                running
-                    .wait(stop, |line| {
-                        record_line(output.as_mut(), line);
-                    })
-                    .await
-            }
-            Err(finished) => finished,
-        }
-    });
+    let finished = runtime.block_on(supervise(spec, output.as_mut()));
     drop(runtime);
     // Whatever escaped the process group is still below us: stop it before declaring the end.
     // After a stop it got SIGKILL already with the group (one grace period in all); after a
@@ -178,6 +152,36 @@ pub fn run(args: RunArgs) -> ExitCode {
     match finished.exit {
         Exit::Code(c) => ExitCode::from(u8::try_from(c).unwrap_or(1)),
         _ => ExitCode::from(1),
+    }
+}
+
+/// Runs `spec` to its end, each line of its output recorded; SIGTERM, SIGINT or SIGHUP to the
+/// runner stops it.
+async fn supervise(spec: Spec, mut output: Option<&mut std::fs::File>) -> process::Finished {
+    let stop = async {
+        use tokio::signal::unix::{SignalKind, signal};
+        let (Ok(mut term), Ok(mut int), Ok(mut hup)) = (
+            signal(SignalKind::terminate()),
+            signal(SignalKind::interrupt()),
+            signal(SignalKind::hangup()),
+        ) else {
+            return std::future::pending().await;
+        };
+        tokio::select! {
+            _ = term.recv() => {}
+            _ = int.recv() => {}
+            _ = hup.recv() => {}
+        }
+    };
+    match process::start(spec) {
+        Ok(running) => {
+            running
+                .wait(stop, |line| {
+                    record_line(output.as_deref_mut(), line);
+                })
+                .await
+        }
+        Err(finished) => finished,
     }
 }
 

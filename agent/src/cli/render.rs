@@ -87,6 +87,9 @@ fn apply_lines(o: &mut String, s: &Status) {
             printable(&p.summary)
         );
     }
+    if let Some(d) = &a.drain {
+        let _ = writeln!(o, "           drain: {}", drain_line(d, now));
+    }
     if let Some(err) = &a.error {
         let _ = writeln!(o, "           error ({} attempt(s)): {err}", a.attempts);
     }
@@ -642,6 +645,34 @@ fn revision_lines(o: &mut String, v: &ClusterView) {
             );
         }
     }
+    for (revision, p) in &v.plans {
+        let _ = writeln!(o, "{}", plan_line(revision, p));
+    }
+}
+
+/// What a revision will disrupt across the fleet, from the nodes' plans, as in `plan for
+/// 0123456789ab: 1 live, 2 drain, 0 reboot; restarts containerd.service (2)`.
+fn plan_line(revision: &str, p: &crate::types::PlanCounts) -> String {
+    let mut l = format!(
+        "plan for {}: {} live, {} drain, {} reboot",
+        printable(&revision.chars().take(12).collect::<String>()),
+        p.live,
+        p.drain,
+        p.reboot
+    );
+    if p.unknown > 0 {
+        let _ = write!(l, " ({} unknown, the fallback taken)", p.unknown);
+    }
+    if !p.because.is_empty() {
+        let mut because: Vec<(&String, &u32)> = p.because.iter().collect();
+        because.sort_by(|a, b| b.1.cmp(a.1).then(a.0.cmp(b.0)));
+        let said: Vec<String> = because
+            .iter()
+            .map(|(b, n)| format!("{} ({n})", printable(b)))
+            .collect();
+        let _ = write!(l, "; {}", said.join(", "));
+    }
+    l
 }
 
 /// A closure in short: path, size, time to fetch, where the pointer came from.
@@ -701,6 +732,21 @@ fn duration(from: Timestamp, to: Timestamp) -> String {
         60..=3599 => format!("{}m{:02}s", secs / 60, secs % 60),
         _ => format!("{}h{:02}m", secs / 3600, (secs % 3600) / 60),
     }
+}
+
+/// The drain before an activation, in a line: where it is and what called for it.
+fn drain_line(d: &crate::status::ApplyDrainStatus, now: Timestamp) -> String {
+    let step = match (d.drained_at, d.activated) {
+        (None, _) => format!("draining since {}", age(d.started_at, now)),
+        (Some(_), false) => "drained; the activation starts".to_owned(),
+        (Some(_), true) => "activated; uncordoned once the gate is over".to_owned(),
+    };
+    format!(
+        "{} for {} ({})",
+        step,
+        d.revision.short(),
+        printable(&d.because.join(", "))
+    )
 }
 
 #[cfg(test)]
@@ -788,6 +834,21 @@ mod tests {
                 },
             )]
             .into(),
+            plans: [(
+                rev.to_owned(),
+                crate::types::PlanCounts {
+                    live: 1,
+                    drain: 2,
+                    unknown: 1,
+                    because: [
+                        ("restarts kubelet.service".to_owned(), 1),
+                        ("restarts containerd.service".to_owned(), 2),
+                    ]
+                    .into(),
+                    ..Default::default()
+                },
+            )]
+            .into(),
         };
         let text = cluster(&v);
         let want = "\
@@ -800,6 +861,7 @@ halted: 0123456789ab on makise at 2026-12-01T10:00:00Z: health gate failed
   kubelet: healthz answered 500
 paused by alice@lucy since 2026-12-01T11:57:00Z (2m ago)
 revision 0123456789ab: 0/2 done; 0 building, 0 waiting, 1 activating, 0 verifying, 0 done, 0 failed, 1 quarantined
+plan for 0123456789ab: 1 live, 2 drain, 0 reboot (1 unknown, the fallback taken); restarts containerd.service (2), restarts kubelet.service (1)
 quarantined: rei on 0123456789ab (rolled back; `ginxctl retry` there, or a new revision, ends it)
 lucy: health gate after the activation: healthy for 12 s of the 60 s settle; passes at 2026-12-01T12:00:48Z if nothing regresses; gives up at 2026-12-01T12:05:00Z
 waiting: quinn\u{fffd}[2J (after control-plane)

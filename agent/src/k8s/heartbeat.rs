@@ -3,7 +3,8 @@
 //! It says that the node's ginx is alive (`renewTime`, renewed as the kubelet's node lease
 //! controller renews the node's Lease), the node's rollout group and the last revision whose
 //! gate passed on it ([`GROUP_LABEL`], [`PASSED_ANNOTATION`]: how `rollout.after` of another
-//! group finds it), and, while the node queues for a slot of a large group, which slot
+//! group finds it), the plan of the revision it waits for ([`PLAN_ANNOTATION`]: how
+//! `ginxctl cluster` tells what a revision will disrupt), and, while the node queues for a slot of a large group, which slot
 //! ([`WAITS_GROUP_LABEL`], [`WAITS_SLOT_LABEL`]: how a releasing holder finds it). The reporter
 //! renews it ([`Heartbeat`]); the rollout lock sets and clears the queue marks
 //! ([`queue_mark`]). Every write is a compare-and-swap through
@@ -24,6 +25,10 @@ pub const HEARTBEAT_PASSED_ANNOTATION: &str = "ginx.io/passed-revision";
 pub use HEARTBEAT_GROUP_LABEL as GROUP_LABEL;
 pub use HEARTBEAT_PASSED_ANNOTATION as PASSED_ANNOTATION;
 
+/// On the heartbeat Lease: the plan of the revision the node waits for or is about to apply
+/// ([`PlanMark`](crate::types::PlanMark) as compact JSON); absent when none is computed.
+pub const PLAN_ANNOTATION: &str = "ginx.io/plan";
+
 /// On a heartbeat Lease, while its node queues for a slot: the group.
 pub const WAITS_GROUP_LABEL: &str = "ginx.io/waits-group";
 /// On a heartbeat Lease, while its node queues for a slot: the slot Lease's name.
@@ -38,9 +43,19 @@ pub struct Heartbeat {
     cached: Option<Lease>,
     /// The API server's clock, learned from each write and written in.
     clock: ServerClock,
-    /// The node's rollout group and the last revision whose gate passed on it, written on the
-    /// Lease ([`GROUP_LABEL`], [`PASSED_ANNOTATION`]).
-    marks: (String, Option<String>),
+    /// What the Lease says of the node's rollout.
+    marks: Marks,
+}
+
+/// What a heartbeat Lease says of its node's rollout, besides that it is alive.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Marks {
+    /// The rollout group ([`GROUP_LABEL`]); empty: none written.
+    pub group: String,
+    /// The last revision whose gate passed on the node ([`PASSED_ANNOTATION`]).
+    pub passed: Option<String>,
+    /// The next revision's plan, encoded ([`PLAN_ANNOTATION`]).
+    pub plan: Option<String>,
 }
 
 /// Why a renewal failed.
@@ -61,16 +76,15 @@ impl Heartbeat {
             duration_seconds,
             cached: None,
             clock,
-            marks: (String::new(), None),
+            marks: Marks::default(),
         }
     }
 
     /// Sets what the Lease says of the node's rollout (written with the next renewal); returns
     /// whether it changed.
-    pub fn set_marks(&mut self, group: &str, passed: Option<&str>) -> bool {
-        let next = (group.to_owned(), passed.map(str::to_owned));
-        let changed = next != self.marks;
-        self.marks = next;
+    pub fn set_marks(&mut self, marks: Marks) -> bool {
+        let changed = marks != self.marks;
+        self.marks = marks;
         changed
     }
 
@@ -121,19 +135,24 @@ impl Heartbeat {
 }
 
 /// Writes the node's rollout marks on the Lease's metadata.
-fn mark(meta: &mut ObjectMeta, (group, passed): &(String, Option<String>)) {
-    if !group.is_empty() {
+fn mark(meta: &mut ObjectMeta, marks: &Marks) {
+    if !marks.group.is_empty() {
         meta.labels
             .get_or_insert_with(Default::default)
-            .insert(GROUP_LABEL.to_owned(), group.clone());
+            .insert(GROUP_LABEL.to_owned(), marks.group.clone());
     }
     let a = meta.annotations.get_or_insert_with(Default::default);
-    match passed {
-        Some(p) => {
-            a.insert(PASSED_ANNOTATION.to_owned(), p.clone());
-        }
-        None => {
-            a.remove(PASSED_ANNOTATION);
+    for (key, value) in [
+        (PASSED_ANNOTATION, &marks.passed),
+        (PLAN_ANNOTATION, &marks.plan),
+    ] {
+        match value {
+            Some(v) => {
+                a.insert(key.to_owned(), v.clone());
+            }
+            None => {
+                a.remove(key);
+            }
         }
     }
 }
@@ -206,12 +225,27 @@ mod tests {
     }
 
     #[test]
-    fn the_marks_say_the_group_and_the_revision_passed_or_nothing() {
+    fn the_marks_say_the_group_the_revision_passed_and_the_plan_or_nothing() {
         let mut meta = ObjectMeta::default();
-        mark(&mut meta, &("workers".into(), Some("abc".into())));
+        let marks = Marks {
+            group: "workers".into(),
+            passed: Some("abc".into()),
+            plan: Some("{}".into()),
+        };
+        mark(&mut meta, &marks);
         assert_eq!(meta.labels.as_ref().unwrap()[GROUP_LABEL], "workers");
-        assert_eq!(meta.annotations.as_ref().unwrap()[PASSED_ANNOTATION], "abc");
-        mark(&mut meta, &("workers".into(), None));
-        assert!(!meta.annotations.unwrap().contains_key(PASSED_ANNOTATION));
+        let a = meta.annotations.clone().unwrap();
+        assert_eq!(a[PASSED_ANNOTATION], "abc");
+        assert_eq!(a[PLAN_ANNOTATION], "{}");
+        mark(
+            &mut meta,
+            &Marks {
+                group: "workers".into(),
+                ..Marks::default()
+            },
+        );
+        let a = meta.annotations.unwrap();
+        assert!(!a.contains_key(PASSED_ANNOTATION));
+        assert!(!a.contains_key(PLAN_ANNOTATION));
     }
 }

@@ -16,10 +16,11 @@ use tokio::sync::watch;
 
 use super::report::{self, NodeReport, Written};
 use crate::config::Config;
-use crate::k8s::heartbeat::{Heartbeat, RenewError};
+use crate::k8s::heartbeat::{Heartbeat, Marks, RenewError};
 use crate::k8s::{KubeClients, code, describe};
 use crate::metrics::Metrics;
-use crate::status::{KubeState, KubeStatus, Parts};
+use crate::status::{KubeState, KubeStatus, Parts, Status};
+use crate::types::PlanMark;
 use crate::util;
 
 /// First wait after a failed renewal; doubles up to the renew interval.
@@ -201,11 +202,7 @@ impl Reporter {
         let Some(hb) = session.heartbeat.as_mut() else {
             return interval;
         };
-        let status = self.parts.status();
-        hb.set_marks(
-            &status.rollout.group,
-            status.rollout.passed_revision.as_ref().map(|r| r.as_str()),
-        );
+        hb.set_marks(marks(&self.parts.status()));
         match hb.renew().await {
             Ok(()) => {
                 let was_failing = session.failures > 0;
@@ -289,13 +286,10 @@ impl Reporter {
         }
         tokio::time::sleep(DEBOUNCE).await;
         // A passed gate is told to the groups that come after this one at once, not a renewal
-        // later: one extra write per revision.
+        // later, and so is a new plan: one extra write per revision.
         let status = self.parts.status();
         if let Some(hb) = session.heartbeat.as_mut()
-            && hb.set_marks(
-                &status.rollout.group,
-                status.rollout.passed_revision.as_ref().map(|r| r.as_str()),
-            )
+            && hb.set_marks(marks(&status))
             && let Err(e) = hb.renew().await
         {
             tracing::debug!(error = ?e, "cannot write the passed revision on the heartbeat now; the next renewal does");
@@ -420,5 +414,28 @@ impl Reporter {
         if changed {
             tracing::warn!(error = %msg, "cannot report to the node");
         }
+    }
+}
+
+/// What the heartbeat Lease says of the node's rollout: its group, the last revision whose
+/// gate passed, and the plan of the revision it waits for.
+fn marks(status: &Status) -> Marks {
+    Marks {
+        group: status.rollout.group.clone(),
+        passed: status
+            .rollout
+            .passed_revision
+            .as_ref()
+            .map(|r| r.as_str().to_owned()),
+        plan: status.apply.plan.as_ref().map(|p| {
+            PlanMark::new(
+                &p.revision,
+                p.action,
+                &p.because,
+                p.added_bytes,
+                p.unknown.as_deref(),
+            )
+            .encode()
+        }),
     }
 }

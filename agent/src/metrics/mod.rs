@@ -44,6 +44,12 @@ pub struct ResultLabels {
     pub result: String,
 }
 
+/// `none`, `drain` or `reboot`: what a plan calls for.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ActionLabels {
+    pub action: String,
+}
+
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct StateLabels {
     pub state: String,
@@ -107,6 +113,7 @@ pub struct Metrics {
     fetch_last_success: Family<SourceLabels, Gauge<f64, AtomicU64>>,
     revision: Family<RevisionLabels, Gauge>,
     applies: Family<ResultLabels, Counter>,
+    plans: Family<ActionLabels, Counter>,
     apply_duration: Histogram,
     apply_state: Family<StateLabels, Gauge>,
     suspended: Gauge,
@@ -180,6 +187,7 @@ impl Metrics {
             fetch_last_success: Family::default(),
             revision: Family::default(),
             applies: Family::default(),
+            plans: Family::default(),
             apply_duration: Histogram::new(exponential_buckets(1.0, 2.0, 14)),
             apply_state: Family::default(),
             suspended: Gauge::default(),
@@ -241,6 +249,11 @@ impl Metrics {
     /// The apply attempts and the state they leave the node in.
     fn register_apply_families(&self, registry: &mut Registry) {
         registry.register("applies", "Apply attempts by result", self.applies.clone());
+        registry.register(
+            "plans",
+            "Plans computed after a build, by the action the disruption policy calls for: none (live), drain, reboot",
+            self.plans.clone(),
+        );
         registry.register(
             "apply_duration_seconds",
             "Duration of apply attempts",
@@ -412,6 +425,11 @@ impl Metrics {
                 result: result.to_owned(),
             });
         }
+        for action in crate::types::Disruption::ALL {
+            let _ = self.plans.get_or_create(&ActionLabels {
+                action: action.as_str().to_owned(),
+            });
+        }
         for result in ["passed", "failed", "rollback-passed", "rollback-failed"] {
             let _ = self.rollout_gates.get_or_create(&ResultLabels {
                 result: result.to_owned(),
@@ -525,6 +543,14 @@ impl Metrics {
                 })
                 .set(seconds(t));
         }
+    }
+
+    pub fn planned(&self, action: crate::types::Disruption) {
+        self.plans
+            .get_or_create(&ActionLabels {
+                action: action.as_str().to_owned(),
+            })
+            .inc();
     }
 
     pub fn applied(&self, result: &str, seconds: f64) {

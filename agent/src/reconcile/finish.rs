@@ -84,6 +84,9 @@ impl Reconciler {
         self.remember(attempt.clone());
         self.report_end(&cfg, id, &done, &c.class, next, generation)
             .await;
+        if let Some(plan) = &attempt.plan {
+            self.tell_plan(&done.revision, plan);
+        }
         let took = attempt.finished_at.duration_since(attempt.started_at);
         self.metrics
             .applied(c.class.outcome.as_str(), took.as_secs_f64().max(0.0));
@@ -202,6 +205,23 @@ impl Reconciler {
             self.notices
                 .emit(reason, Some(done.revision.as_str()), message);
         }
+    }
+
+    /// A plan computed after a build: counted, logged, and told as a `Planned` notice.
+    fn tell_plan(&self, revision: &crate::types::Revision, plan: &Plan) {
+        self.metrics.planned(plan.action);
+        let summary = plan.summary();
+        tracing::info!(revision = %revision.short(), action = plan.action.as_str(),
+            took_ms = plan.took_ms, "the plan of the revision: {summary}");
+        self.notices.emit(
+            crate::types::Reason::Planned,
+            Some(revision.as_str()),
+            format!(
+                "revision {}: {summary} (computed in {} ms)",
+                revision.short(),
+                plan.took_ms
+            ),
+        );
     }
 
     /// What follows the attempt: its gate opened, the reboot moved on, the state and history

@@ -376,6 +376,17 @@ impl Reconciler {
                 .or_else(|| st.closure.clone())
                 .filter(|_| cfg.apply.mode == crate::config::ApplyMode::Closure),
             plan: next_plan(st),
+            drain: st
+                .apply_drain
+                .as_ref()
+                .map(|d| crate::status::ApplyDrainStatus {
+                    revision: d.revision.clone(),
+                    because: d.because.clone(),
+                    started_at: d.started_at,
+                    cordoned: d.cordoned,
+                    drained_at: d.drained_at,
+                    activated: d.activated,
+                }),
         };
         drop(cfg);
         let next = Published {

@@ -25,9 +25,10 @@ use super::fleet_state::FleetState;
 use super::lease::GROUP_LABEL;
 use super::slots::Observed;
 use crate::config::{Config, KubernetesConfig};
+use crate::k8s::heartbeat::PLAN_ANNOTATION;
 use crate::k8s::{code, describe};
 use crate::status::{ClusterNode, ClusterView, FleetStatus, RevisionCounts};
-use crate::types::Role;
+use crate::types::{PlanMark, Role, plan_counts};
 
 /// The label kubeadm puts on control-plane nodes.
 pub const CONTROL_PLANE_LABEL: &str = "node-role.kubernetes.io/control-plane";
@@ -131,6 +132,7 @@ pub fn build(
     out.sort_by(|a, b| a.name.cmp(&b.name));
     ClusterView {
         revisions: revision_counts(&out),
+        plans: plan_counts(out.iter().filter_map(|n| n.plan.as_ref())),
         nodes: out,
         slots,
         fleet: FleetStatus::from(&fleet),
@@ -219,6 +221,7 @@ fn registered_node(
         group: annotation("rollout-group"),
         // Written by a newer or older ginx: what cannot be read is left out, not an error.
         gate: annotation("gate").and_then(|g| serde_json::from_str(&g).ok()),
+        plan: heartbeat.and_then(plan_of),
     })
 }
 
@@ -247,10 +250,18 @@ fn unregistered_nodes(
             name: node.to_owned(),
             heartbeat_age_secs: age_secs(age(lease)),
             slot: held.get(node).map(|s| s.join(",")),
+            plan: plan_of(lease),
             ..ClusterNode::default()
         });
     }
     out
+}
+
+/// The plan a heartbeat Lease tells ([`PLAN_ANNOTATION`]); one this ginx cannot read is left
+/// out.
+fn plan_of(lease: &Lease) -> Option<PlanMark> {
+    let a = lease.metadata.annotations.as_ref()?;
+    PlanMark::decode(a.get(PLAN_ANNOTATION)?)
 }
 
 /// Each target revision's nodes by where they are with it: from the rollout phase each node

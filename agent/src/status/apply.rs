@@ -84,6 +84,28 @@ pub struct ApplyStatus {
     /// What activating the revision built and not yet applied would do.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub plan: Option<PlanStatus>,
+    /// The drain before a live activation that its plan called for, from the cordon until the
+    /// uncordon after the gate.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub drain: Option<ApplyDrainStatus>,
+}
+
+/// `apply.drain` in `ginxctl status --json`.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ApplyDrainStatus {
+    pub revision: Revision,
+    /// What in the plan called for it (`restarts containerd.service`).
+    #[serde(default)]
+    pub because: Vec<String>,
+    pub started_at: Timestamp,
+    /// ginx cordoned the node (and uncordons it at the end); false when it was already
+    /// unschedulable.
+    pub cordoned: bool,
+    /// When the node was drained; absent while pods are being evicted.
+    #[serde(default)]
+    pub drained_at: Option<Timestamp>,
+    /// The activation started after the drain.
+    pub activated: bool,
 }
 
 /// `apply.plan` in `ginxctl status --json`: the plan of the built revision that comes next.

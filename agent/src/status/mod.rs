@@ -26,7 +26,8 @@ use serde::{Deserialize, Serialize};
 use tokio::sync::watch;
 
 pub use apply::{
-    ApplyState, ApplyStatus, Drift, PlanStatus, Published, StateWriteError, SystemStatus,
+    ApplyDrainStatus, ApplyState, ApplyStatus, Drift, PlanStatus, Published, StateWriteError,
+    SystemStatus,
 };
 pub use bootstrap::{BootstrapPhase, BootstrapStatus};
 pub use gate::GateProgress;

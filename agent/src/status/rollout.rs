@@ -299,6 +299,9 @@ pub struct ClusterNode {
     /// Its open health gate (`ginx.io/gate`), the probes' messages left out.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub gate: Option<GateProgress>,
+    /// The plan of the revision it waits for (`ginx.io/plan` on its heartbeat Lease).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub plan: Option<crate::types::PlanMark>,
 }
 
 /// How far one revision has come through the fleet, in `ginxctl cluster`: nodes by where they
@@ -325,4 +328,8 @@ pub struct ClusterView {
     /// Each target revision (full) → its nodes by phase.
     #[serde(default)]
     pub revisions: BTreeMap<String, RevisionCounts>,
+    /// Each revision (full) that nodes have a plan for → how many go live, drain or reboot,
+    /// and what accounts for it.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub plans: BTreeMap<String, crate::types::PlanCounts>,
 }

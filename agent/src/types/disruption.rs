@@ -24,6 +24,17 @@ pub enum Disruption {
 }
 
 impl Disruption {
+    /// Weakest first.
+    pub const ALL: [Disruption; 3] = [Disruption::None, Disruption::Drain, Disruption::Reboot];
+
+    /// As a plan's line says it: `live`, `drain`, `reboot`.
+    pub fn label(self) -> &'static str {
+        match self {
+            Disruption::None => "live",
+            a => a.as_str(),
+        }
+    }
+
     pub fn as_str(self) -> &'static str {
         match self {
             Disruption::None => "none",

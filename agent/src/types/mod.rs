@@ -14,6 +14,7 @@ mod endpoint;
 mod halt;
 pub mod notice;
 mod plan;
+mod plan_mark;
 mod remote;
 mod source;
 
@@ -28,6 +29,7 @@ pub use endpoint::EndpointUrl;
 pub use halt::HaltCause;
 pub use notice::{Notice, Notices, Reason};
 pub use plan::{PackageChange, Plan, UnitChanges, signed_size};
+pub use plan_mark::{PlanCounts, PlanMark, plan_counts};
 pub use remote::{RemoteUrl, Revision, Transport, unfit_for_ssh_option};
 pub use source::{AcceptedSignature, RefusedHead, RemoteReport, SourceReport, SourceReports};
 

@@ -40,10 +40,12 @@ pub enum Reason {
     DriftDetected,
     /// A stage of `ginxctl bootstrap` began, held, or failed.
     BootstrapStage,
+    /// A revision was built and its plan computed: what activating it will disrupt.
+    Planned,
 }
 
 impl Reason {
-    pub const ALL: [Reason; 16] = [
+    pub const ALL: [Reason; 17] = [
         Reason::Applying,
         Reason::Applied,
         Reason::ApplyFailed,
@@ -60,6 +62,7 @@ impl Reason {
         Reason::Rebooted,
         Reason::DriftDetected,
         Reason::BootstrapStage,
+        Reason::Planned,
     ];
 
     pub fn as_str(self) -> &'static str {
@@ -80,6 +83,7 @@ impl Reason {
             Reason::Rebooted => "Rebooted",
             Reason::DriftDetected => "DriftDetected",
             Reason::BootstrapStage => "BootstrapStage",
+            Reason::Planned => "Planned",
         }
     }
 
@@ -109,6 +113,7 @@ impl Reason {
             Reason::Rebooting | Reason::Rebooted => "Reboot",
             Reason::DriftDetected => "DriftCheck",
             Reason::BootstrapStage => "Bootstrap",
+            Reason::Planned => "Plan",
         }
     }
 }

@@ -115,33 +115,33 @@ impl Plan {
     /// One line: the action, what calls for it, and the closure's growth, as in
     /// `drain: restarts containerd.service, kubelet.service; +42.0 MiB`.
     pub fn summary(&self) -> String {
-        let label = match self.action {
-            Disruption::None => "live",
-            a => a.as_str(),
-        };
-        let mut parts = Vec::new();
-        if !self.because.is_empty() {
-            parts.push(merge_verbs(&self.because));
-        } else if let Some(u) = &self.units {
-            let said: Vec<String> = u
-                .interrupted()
-                .into_iter()
-                .map(|n| format!("{} {n}", u.verb(n)))
-                .collect();
-            parts.push(if said.is_empty() {
-                "no unit stopped or restarted".to_owned()
-            } else {
-                merge_verbs(&said)
-            });
-        }
-        if let Some(b) = self.added_bytes {
-            parts.push(signed_size(b));
-        }
-        if parts.is_empty() {
-            label.to_owned()
+        let said = if !self.because.is_empty() {
+            Some(merge_verbs(&self.because))
         } else {
-            format!("{label}: {}", parts.join("; "))
-        }
+            self.units.as_ref().map(|u| {
+                let said: Vec<String> = u
+                    .interrupted()
+                    .into_iter()
+                    .map(|n| format!("{} {n}", u.verb(n)))
+                    .collect();
+                if said.is_empty() {
+                    "no unit stopped or restarted".to_owned()
+                } else {
+                    merge_verbs(&said)
+                }
+            })
+        };
+        summary_line(self.action, said, self.added_bytes)
+    }
+}
+
+/// A plan in a line: `action: what calls for it; growth`, each part when known.
+pub(super) fn summary_line(action: Disruption, said: Option<String>, added: Option<i64>) -> String {
+    let parts: Vec<String> = said.into_iter().chain(added.map(signed_size)).collect();
+    if parts.is_empty() {
+        action.label().to_owned()
+    } else {
+        format!("{}: {}", action.label(), parts.join("; "))
     }
 }
 
