@@ -580,10 +580,10 @@ fn a_gate_failing_after_the_reboot_rolls_back_reboots_again_and_halts() {
     nodes[0].env.dropin(
         "90-breaks.toml",
         &format!(
-            "[rollout.gate]\ntimeout = \"5s\"\ncommand = [\"sh\", \"-c\", \"echo verify {name} >> {j}; ! readlink -f {b}/kernel | grep -q kernel-2\"]\n\n\
+            "[rollout.gate]\ntimeout = \"5s\"\ncommand = [\"sh\", \"-c\", \"{gate}; ! readlink -f {b}/kernel | grep -q kernel-2\"]\n\n\
              [system]\nrollback_command = [\"ln\", \"-sfn\", \"system-2-link\", \"{{profile}}\"]\n\
              boot_command = [\"true\"]\n",
-            j = journal.display(),
+            gate = crate::support::gate_writes(name, &journal),
             b = nix.join("run/booted-system").display(),
         ),
     );

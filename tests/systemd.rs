@@ -1010,14 +1010,14 @@ fn real_reboots_one_machine_at_a_time() {
             cp.ginx_kubeconfig(&kc, name);
             let extra = format!(
                 "interval = \"200ms\"\ntimeout = \"15s\"\n\
-                 command = [\"sh\", \"-c\", \"echo verify {name} >> {j}; test ! -e /run/booted-system/broken\"]\n\n\
+                 command = [\"sh\", \"-c\", \"{gate}; test ! -e /run/booted-system/broken\"]\n\n\
                  [kubernetes]\nkubeconfig = \"/etc/ginx/kubeconfig\"\nrenew_interval = \"1s\"\n\n\
                  [health]\ninterval = \"200ms\"\n[health.kubelet]\nenabled = false\n\
                  [health.apiserver]\nenabled = false\n[health.cilium]\nenabled = false\n\
                  [health.node_ready]\nenabled = true\n\n\
                  [rollout]\nlock = \"auto\"\ngroup = \"sdr\"\nlease_duration = \"5s\"\n\n\
                  [reboot]\nmode = \"when-required\"\nlock_ttl = \"60s\"\n",
-                j = journal.display()
+                gate = crate::support::gate_writes(name, &journal)
             );
             nix_machine_with(image, name, env, &[&origin.root], &extra, |m| {
                 m.write(
@@ -1027,7 +1027,10 @@ fn real_reboots_one_machine_at_a_time() {
                         origin.repo.path.display()
                     ),
                 );
-                m.write("/etc/ginx/kubeconfig", &std::fs::read_to_string(&kc).unwrap());
+                m.write(
+                    "/etc/ginx/kubeconfig",
+                    &std::fs::read_to_string(&kc).unwrap(),
+                );
                 m.write(
                     "/etc/kubernetes/kubelet.conf",
                     &std::fs::read_to_string(control_plane::node_kubeconfig(&kc)).unwrap(),

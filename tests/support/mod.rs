@@ -119,6 +119,16 @@ pub fn which(tool: &str) -> Option<PathBuf> {
     })
 }
 
+/// The shell words a test's gate command starts with: one journal line per run, `baseline
+/// NODE` for a baseline (ginx tells the step in `GINX_GATE_STEP`) and `verify NODE` for a look
+/// at the open gate. No double quotes: it goes into a TOML string inside a Rust one.
+pub(crate) fn gate_writes(name: &str, journal: &Path) -> String {
+    format!(
+        "w=verify; [ $GINX_GATE_STEP = baseline ] && w=baseline; echo $w {name} >> {}",
+        journal.display()
+    )
+}
+
 /// Polls `f` until it returns `Some`, failing the test with `what` after [`PATIENCE`].
 pub fn wait_for<T>(what: &str, f: impl FnMut() -> Option<T>) -> T {
     wait_for_up_to(what, PATIENCE, f)

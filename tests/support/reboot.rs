@@ -73,12 +73,12 @@ pub fn node(
             "[node]\nrole = \"{role}\"\n\n[health.node_ready]\nenabled = true\n\n\
              [rollout]\nlock = \"auto\"\ngroup = \"{group}\"\nlease_duration = \"5s\"\n{extra_rollout}\n\n\
              [rollout.gate]\nsettle = \"1s\"\ninterval = \"200ms\"\n\
-             command = [\"sh\", \"-c\", \"echo verify {name} >> {journal}\"]\n\n\
+             command = [\"sh\", \"-c\", \"{gate}\"]\n\n\
              [system]\nboot_id = \"{boot}\"\n\n\
              [reboot]\nmode = \"when-required\"\nreboot_command = [\"{stub}\"]\n\
              sentinel = \"{sentinel}\"\nlock_ttl = \"30s\"\n{extra_reboot}\n\n\
              [metrics]\nlisten = \"127.0.0.1:0\"\n",
-            journal = journal.display(),
+            gate = crate::support::gate_writes(name, journal),
             boot = boot_id.display(),
             stub = support_dir().join("reboot-stub").display(),
             sentinel = env.stub_dir.join("sentinel").display(),

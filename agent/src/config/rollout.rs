@@ -94,7 +94,10 @@ pub struct GateConfig {
     pub require: GateRequire,
     /// How often the probes run while the gate is open.
     pub interval: Duration,
-    /// An operator's own check (argv); exit 0 means healthy.
+    /// An operator's own check (argv); exit 0 means healthy. It is told `GINX_GATE_STEP`
+    /// (`baseline` before an activation or a reboot, taken again each time the activation is
+    /// put off; `gate` while the gate is open) and `GINX_REVISION` (the revision being
+    /// activated; unset for a reboot's baseline).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub command: Option<Vec<String>>,
     /// One run of `command` taking longer counts as unhealthy.

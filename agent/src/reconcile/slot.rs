@@ -64,7 +64,12 @@ impl Reconciler {
                 }
                 if gated(desired.goal) {
                     self.gatekeeper.new_gate();
-                    self.baseline = gate::baseline(&self.gatekeeper.baseline_checks().await);
+                    self.baseline = gate::baseline(
+                        &self
+                            .gatekeeper
+                            .baseline_checks(Some(&desired.revision))
+                            .await,
+                    );
                 }
                 // Fencing, last before the activation: the slot's last renewal is fresh (or
                 // renewed now), and the slot is not lost.

@@ -7,9 +7,9 @@ use std::time::Instant;
 use super::core::Core;
 use super::{Attempting, Reconciler};
 use crate::config::RollbackPolicy;
-use crate::rollout::CONTROL_PLANE_REQUIRED;
 use crate::rollout::gate::{self, Rules, Verdict};
 use crate::rollout::lease::SlotPhase;
+use crate::rollout::{CONTROL_PLANE_REQUIRED, GateStep, Look};
 use crate::state::{AfterGate, AttemptKind, Verifying};
 use crate::types::{Goal, Reason, Role};
 use crate::util;
@@ -101,7 +101,17 @@ impl Reconciler {
     /// One look at the open gate. Returns whether it closed (passed or failed).
     pub(super) async fn step_gate(&mut self) -> bool {
         let cfg = std::sync::Arc::clone(&self.config.borrow());
-        let checks = self.gatekeeper.checks().await;
+        let revision = self
+            .core
+            .state()
+            .verifying
+            .as_ref()
+            .map(|v| v.revision.clone());
+        let look = Look {
+            step: GateStep::Gate,
+            revision: revision.as_ref(),
+        };
+        let checks = self.gatekeeper.checks(look).await;
         let now = util::now();
         let required: &[&str] = if cfg.node.role == Role::ControlPlane {
             CONTROL_PLANE_REQUIRED

@@ -17,6 +17,7 @@ use super::gate::Check;
 use crate::config::Config;
 use crate::k8s::{KubeClients, readyz};
 use crate::status::{HealthMap, HealthStatus, STATE_HEALTH};
+use crate::types::Revision;
 use crate::util;
 
 /// Checks that the node can still fetch its apply source (a fetch of it), handed in by the
@@ -29,6 +30,33 @@ const FRESH_ROUND: Duration = Duration::from_secs(15);
 
 /// The source is fetched at most this often while a gate is open.
 const REACH_EVERY: Duration = Duration::from_secs(10);
+
+/// Which look the checks are for, told to the operator's command in `GINX_GATE_STEP`: its
+/// log can then tell a baseline (taken again when the activation is put off) from the gate.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum GateStep {
+    /// Before an activation or a reboot: what "no regression" compares with.
+    Baseline,
+    /// After the activation, while the gate is open.
+    Gate,
+}
+
+impl GateStep {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            GateStep::Baseline => "baseline",
+            GateStep::Gate => "gate",
+        }
+    }
+}
+
+/// What the operator's command is told, in its environment.
+#[derive(Clone, Copy, Debug)]
+pub struct Look<'a> {
+    pub step: GateStep,
+    /// The revision being (or about to be) activated, when there is one.
+    pub revision: Option<&'a Revision>,
+}
 
 pub(super) struct Evidence {
     pub health: watch::Receiver<HealthMap>,
@@ -67,11 +95,12 @@ impl Evidence {
     }
 
     /// Every check now: the probes, the API (when there are clients), the apply source, and
-    /// the operator's command.
+    /// the operator's command (told `look`).
     pub async fn checks(
         &mut self,
         cfg: &Config,
         clients: Option<&KubeClients>,
+        look: Look<'_>,
     ) -> BTreeMap<String, Check> {
         let mut out = self.probes();
         if let Some(clients) = clients {
@@ -83,7 +112,7 @@ impl Evidence {
         if let Some(argv) = &cfg.rollout.gate.command {
             out.insert(
                 "command".into(),
-                run_command(argv, cfg.rollout.gate.command_timeout.get()).await,
+                run_command(argv, cfg.rollout.gate.command_timeout.get(), look).await,
             );
         }
         out
@@ -192,14 +221,20 @@ async fn api(cfg: &Config, clients: &KubeClients) -> Check {
     checked_now(status, message)
 }
 
-/// `rollout.gate.command`: exit 0 within `timeout` is healthy.
-async fn run_command(argv: &[String], timeout: Duration) -> Check {
+/// `rollout.gate.command`: exit 0 within `timeout` is healthy. It finds the step in
+/// `GINX_GATE_STEP` and the revision in `GINX_REVISION` (unset when there is none).
+async fn run_command(argv: &[String], timeout: Duration, look: Look<'_>) -> Check {
     let now = util::now();
     let started = Instant::now();
     let mut cmd = tokio::process::Command::new(&argv[0]);
     cmd.args(&argv[1..])
         .stdin(std::process::Stdio::null())
+        .env("GINX_GATE_STEP", look.step.as_str())
+        .env_remove("GINX_REVISION")
         .kill_on_drop(true);
+    if let Some(r) = look.revision {
+        cmd.env("GINX_REVISION", r.as_str());
+    }
     let (status, message) = match tokio::time::timeout(timeout, cmd.output()).await {
         Err(_) => (
             HealthStatus::Failed,
@@ -249,13 +284,41 @@ mod tests {
         assert_eq!(last_line(&[b'x'; 300], b"").len(), 200);
     }
 
+    const GATE: Look<'static> = Look {
+        step: GateStep::Gate,
+        revision: None,
+    };
+
     #[tokio::test]
     async fn the_command_check_is_ok_on_exit_zero_and_failed_with_its_words_otherwise() {
-        let ok = run_command(&["true".into()], Duration::from_secs(5)).await;
+        let ok = run_command(&["true".into()], Duration::from_secs(5), GATE).await;
         assert_eq!(ok.status, HealthStatus::Ok);
         let argv = ["sh".into(), "-c".into(), "echo broken >&2; exit 3".into()];
-        let failed = run_command(&argv, Duration::from_secs(5)).await;
+        let failed = run_command(&argv, Duration::from_secs(5), GATE).await;
         assert_eq!(failed.status, HealthStatus::Failed);
         assert!(failed.message.ends_with(": broken"), "{}", failed.message);
+    }
+
+    #[tokio::test]
+    async fn the_command_is_told_the_step_and_the_revision() {
+        let rev: Revision = "0123456789abcdef0123456789abcdef01234567".parse().unwrap();
+        let script = |want: &str| {
+            vec![
+                "sh".to_owned(),
+                "-c".to_owned(),
+                format!(
+                    "test \"$GINX_GATE_STEP/${{GINX_REVISION-unset}}\" = \"{want}\" || {{ echo \"$GINX_GATE_STEP/${{GINX_REVISION-unset}}\" >&2; exit 1; }}"
+                ),
+            ]
+        };
+        let t = Duration::from_secs(5);
+        let baseline = Look {
+            step: GateStep::Baseline,
+            revision: Some(&rev),
+        };
+        let c = run_command(&script(&format!("baseline/{}", rev.as_str())), t, baseline).await;
+        assert_eq!(c.status, HealthStatus::Ok, "{}", c.message);
+        let c = run_command(&script("gate/unset"), t, GATE).await;
+        assert_eq!(c.status, HealthStatus::Ok, "{}", c.message);
     }
 }

@@ -28,6 +28,6 @@ pub mod window;
 
 pub use fleet_state::{FailureRecord, FleetEvent, FleetState, Halt, Pause};
 pub use keeper::{
-    CONTROL_PLANE_REQUIRED, Effective, Gatekeeper, Later, Permit, Purpose, QUEUED_RECHECK, RECHECK,
-    Reach, Wiring, effective,
+    CONTROL_PLANE_REQUIRED, Effective, GateStep, Gatekeeper, Later, Look, Permit, Purpose,
+    QUEUED_RECHECK, RECHECK, Reach, Wiring, effective,
 };

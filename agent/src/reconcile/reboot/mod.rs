@@ -235,7 +235,7 @@ impl Reconciler {
         }
         let baseline = match self.core.state().rebooting.as_ref() {
             Some(r) if !r.baseline.is_empty() => r.baseline.clone(),
-            _ => gate::baseline(&self.gatekeeper.baseline_checks().await),
+            _ => gate::baseline(&self.gatekeeper.baseline_checks(None).await),
         };
         if self.core.state().rollout_held.is_some()
             && let Err(e) = self.gatekeeper.raise_ttl(cfg.reboot.lock_ttl.get()).await

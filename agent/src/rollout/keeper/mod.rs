@@ -25,7 +25,7 @@ pub use super::admission::{Effective, Purpose};
 use super::after::AfterGroups;
 pub use super::after::Later;
 use super::evidence::Evidence;
-pub use super::evidence::Reach;
+pub use super::evidence::{GateStep, Look, Reach};
 use super::fleet_cache::FleetCache;
 use super::fleet_state::{FleetState, Halt};
 use super::gate::Check;
@@ -377,17 +377,21 @@ impl Gatekeeper {
 
     /// Every check the gate looks at now: the probes, the API (when there is a client), the
     /// apply source, and the operator's command.
-    pub async fn checks(&mut self) -> BTreeMap<String, Check> {
+    pub async fn checks(&mut self, look: Look<'_>) -> BTreeMap<String, Check> {
         let cfg = self.cfg();
         let clients = self.clients();
-        self.evidence.checks(&cfg, clients.as_ref()).await
+        self.evidence.checks(&cfg, clients.as_ref(), look).await
     }
 
     /// Every check after one fresh round of the probes (see [`Evidence::fresh_round`]).
-    pub async fn baseline_checks(&mut self) -> BTreeMap<String, Check> {
+    pub async fn baseline_checks(
+        &mut self,
+        revision: Option<&Revision>,
+    ) -> BTreeMap<String, Check> {
         let interval = self.cfg().rollout.gate.interval.get();
         self.evidence.fresh_round(interval).await;
-        self.checks().await
+        let step = GateStep::Baseline;
+        self.checks(Look { step, revision }).await
     }
 
     /// Forgets the cached source check (a new gate wants fresh evidence).
