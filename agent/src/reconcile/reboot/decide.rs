@@ -86,15 +86,49 @@ pub(super) fn keeps_slot(rebooting: bool, may_begin: bool, window: &WindowState)
     rebooting || (may_begin && !matches!(window, WindowState::Closed { .. }))
 }
 
-/// Whether the drain that began at `started` has run past `timeout` at `now`.
-pub(super) fn drain_overdue(r: &Rebooting, timeout: Duration, now: Timestamp) -> bool {
-    let started = r.drain_started_at.unwrap_or(r.started_at);
-    now >= util::after(started, timeout)
+/// When a reboot's drain began (persisted): the cordon, or else the reboot's start.
+pub(super) fn drain_started(r: &Rebooting) -> Timestamp {
+    r.drain_started_at.unwrap_or(r.started_at)
 }
 
-/// Whether a drain before a live activation that began at `started` is late at `now`.
-pub(super) fn apply_drain_overdue(started: Timestamp, timeout: Duration, now: Timestamp) -> bool {
-    now >= util::after(started, timeout)
+/// A drain's deadline on this process's monotonic clock, for the drain that began at
+/// `started` (its persisted start, which tells one drain from the next).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(in crate::reconcile) struct DrainClock {
+    started: Timestamp,
+    deadline: Instant,
+}
+
+impl DrainClock {
+    /// The drain that began at `started`: the deadline `kept` while it is that drain's; else
+    /// `timeout` from `now` less the time the persisted start says has passed (on the wall
+    /// clock, once, when this process first looks at the drain: after a restart; clamped to
+    /// 0 … `timeout`). A later step of the wall clock moves no deadline.
+    pub fn of(
+        kept: Option<DrainClock>,
+        started: Timestamp,
+        timeout: Duration,
+        wall: Timestamp,
+        now: Instant,
+    ) -> Self {
+        if let Some(k) = kept.filter(|k| k.started == started) {
+            return k;
+        }
+        let passed = wall
+            .duration_since(started)
+            .try_into()
+            .unwrap_or(Duration::ZERO)
+            .min(timeout);
+        Self {
+            started,
+            deadline: now.checked_add(timeout - passed).unwrap_or(now),
+        }
+    }
+
+    /// Whether the drain has run past its timeout at `now`.
+    pub fn overdue(&self, now: Instant) -> bool {
+        now >= self.deadline
+    }
 }
 
 /// What in `plan` calls for a drain before the activation, when its action is `drain`; `None`
@@ -412,13 +446,42 @@ mod tests {
 
     #[test]
     fn the_drain_deadline_runs_from_the_cordon_or_else_the_start() {
-        let timeout = Duration::from_secs(60);
         let mut r = rebooting(RebootPhase::Draining, &[]);
-        assert!(!drain_overdue(&r, timeout, t(59)));
-        assert!(drain_overdue(&r, timeout, t(60)));
+        assert_eq!(drain_started(&r), r.started_at);
         r.drain_started_at = Some(t(30));
-        assert!(!drain_overdue(&r, timeout, t(60)));
-        assert!(drain_overdue(&r, timeout, t(90)));
+        assert_eq!(drain_started(&r), t(30));
+    }
+
+    #[test]
+    fn a_drain_deadline_is_kept_on_the_monotonic_clock_whatever_the_wall_clock_does() {
+        let timeout = Duration::from_secs(60);
+        let m = Instant::now();
+        let secs = Duration::from_secs;
+        // Seen as it begins: the full timeout.
+        let c = DrainClock::of(None, t(0), timeout, t(0), m);
+        assert!(!c.overdue(m + secs(59)));
+        assert!(c.overdue(m + secs(60)));
+        // The wall clock steps an hour forward, or back: the same deadline.
+        assert_eq!(
+            DrainClock::of(Some(c), t(0), timeout, t(3600), m + secs(1)),
+            c
+        );
+        assert_eq!(
+            DrainClock::of(Some(c), t(0), timeout, t(-3600), m + secs(1)),
+            c
+        );
+        // After a restart, 20 s after the persisted start: 40 s left.
+        let resumed = DrainClock::of(None, t(0), timeout, t(20), m);
+        assert!(!resumed.overdue(m + secs(39)));
+        assert!(resumed.overdue(m + secs(40)));
+        // A start in the future (the clock went back) counts as just begun; one long past is
+        // overdue now.
+        assert!(!DrainClock::of(None, t(50), timeout, t(0), m).overdue(m + secs(59)));
+        assert!(DrainClock::of(None, t(0), timeout, t(500), m).overdue(m));
+        // A new drain (another start) is not the kept one's.
+        let next = DrainClock::of(Some(c), t(100), timeout, t(100), m + secs(100));
+        assert!(!next.overdue(m + secs(159)));
+        assert!(next.overdue(m + secs(160)));
     }
 
     #[test]

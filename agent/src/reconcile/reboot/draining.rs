@@ -238,7 +238,15 @@ impl Reconciler {
     /// A drain not done: wait, or give it up after `reboot.drain_timeout`.
     async fn drain_deadline(&mut self, cfg: &Config, r: &Rebooting) -> Step {
         let now = util::now();
-        if !decide::drain_overdue(r, cfg.reboot.drain_timeout.get(), now) {
+        let clock = decide::DrainClock::of(
+            self.reboot_view.drain_clock,
+            decide::drain_started(r),
+            cfg.reboot.drain_timeout.get(),
+            now,
+            Instant::now(),
+        );
+        self.reboot_view.drain_clock = Some(clock);
+        if !clock.overdue(Instant::now()) {
             let v = &mut self.reboot_view;
             if v.waiting.is_none() || !v.refused.is_empty() {
                 let what = decide::drain_waiting(&v.evicting, &v.refused);

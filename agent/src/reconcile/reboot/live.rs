@@ -30,6 +30,8 @@ pub(in crate::reconcile) struct LiveDrain {
     pub again: Option<Duration>,
     /// "No cluster to drain in" was logged for this revision.
     told_no_cluster: Option<Revision>,
+    /// The drain's deadline, on the monotonic clock.
+    clock: Option<super::decide::DrainClock>,
 }
 
 impl LiveDrain {
@@ -159,7 +161,15 @@ impl Reconciler {
         let cfg = Arc::clone(&self.config.borrow());
         let timeout = cfg.reboot.drain_timeout.get();
         let now = util::now();
-        if !decide::apply_drain_overdue(d.started_at, timeout, now) {
+        let clock = decide::DrainClock::of(
+            self.live_drain.clock,
+            d.started_at,
+            timeout,
+            now,
+            Instant::now(),
+        );
+        self.live_drain.clock = Some(clock);
+        if !clock.overdue(Instant::now()) {
             self.live_drain.again = Some(DRAIN_POLL);
             return wait;
         }

@@ -84,6 +84,8 @@ pub(super) struct RebootView {
     command_failed_at: Option<Instant>,
     /// This process ran the reboot command (and waits to be stopped).
     commanded_at: Option<Instant>,
+    /// The drain's deadline, on the monotonic clock.
+    drain_clock: Option<decide::DrainClock>,
 }
 
 impl Reconciler {
