@@ -725,17 +725,29 @@ fn the_fleet_from_a_workstation_is_the_nodes_view_without_daemon_or_root() {
         plugins.path().display(),
         std::env::var("PATH").unwrap_or_default()
     );
-    let out = Command::new(cp.binary())
-        .args(["kubectl", "ginx", "cluster", "--json"])
-        .env("PATH", &path)
-        .env("KUBECONFIG", &kc)
-        .env("GINX_CONFIG", &config)
-        .env("GINX_SOCKET", "/nonexistent/ginx.sock")
-        .output()
-        .unwrap();
-    assert!(out.status.success(), "kubectl ginx: {}", text(&out.stderr));
-    let via_kubectl: Value = serde_json::from_slice(&out.stdout).unwrap();
-    assert_eq!(comparable(via_kubectl), from_ws);
+    // The nodes go on reporting between two reads (a heartbeat's marks, a plan): compare
+    // kubectl's view with a workstation read taken right after it, until the two agree.
+    wait_for(
+        "the same view through kubectl and from the workstation",
+        || {
+            let out = Command::new(cp.binary())
+                .args(["kubectl", "ginx", "cluster", "--json"])
+                .env("PATH", &path)
+                .env("KUBECONFIG", &kc)
+                .env("GINX_CONFIG", &config)
+                .env("GINX_SOCKET", "/nonexistent/ginx.sock")
+                .output()
+                .unwrap();
+            assert!(out.status.success(), "kubectl ginx: {}", text(&out.stderr));
+            let via_kubectl = comparable(serde_json::from_slice(&out.stdout).unwrap());
+            let out = ws_ctl(&["cluster", "--json", "--kubeconfig", &kc_arg]);
+            let ws = comparable(serde_json::from_slice(&out.stdout).unwrap());
+            if via_kubectl != ws {
+                eprintln!("views differ:\nkubectl: {via_kubectl}\nworkstation: {ws}");
+            }
+            (via_kubectl == ws).then_some(())
+        },
+    );
 
     // --watch, not on a terminal: each changed view, until SIGINT; a rollout on a shows up.
     let mut watch = Command::new(support::ginxctl_bin())
