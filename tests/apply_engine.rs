@@ -524,7 +524,7 @@ fn crash_consistency_with_systemd_run_isolation() {
     crash_cycles(Env::new(), 25, seed(), true);
 }
 
-/// Issue 11.1: a `result.json` left in an attempt's folder (a crash between the runner finishing
+/// A `result.json` left in an attempt's folder (a crash between the runner finishing
 /// and ginx recording it) must not be taken for the result of a later attempt, even when a lost
 /// `state.json` would have ids start again at 0.
 fn leftover_result_case(systemd: bool) {

@@ -280,7 +280,7 @@ fn as_nobody() -> Command {
     c
 }
 
-/// Regression (#11): 64 connections by any user who could open the socket (idle, or one
+/// Regression: 64 connections by any user who could open the socket (idle, or one
 /// request each and then idle) locked everyone out, root included.
 #[test]
 fn a_flood_of_connections_by_one_user_does_not_lock_out_root() {
@@ -341,7 +341,7 @@ fn a_flood_of_connections_by_one_user_does_not_lock_out_root() {
     );
 }
 
-/// Regression (#11): a client that pipelines requests and never reads the replies blocked its
+/// Regression: a client that pipelines requests and never reads the replies blocked its
 /// connection's reply write for ever (no write timeout); such a connection is closed.
 #[test]
 fn a_client_that_pipelines_and_never_reads_is_closed() {
@@ -390,7 +390,7 @@ fn ctl_within_patience(socket: &std::path::Path, args: &[&str]) -> std::process:
     .expect("ginxctl to give up")
 }
 
-/// Regression (#11): a reply without a newline grew ginxctl by about 650 MB/s.
+/// Regression: a reply without a newline grew ginxctl by about 650 MB/s.
 #[test]
 fn ginxctl_refuses_a_reply_over_its_bound() {
     let (_dir, sock) = fake_ginx(|mut s| {
@@ -403,7 +403,7 @@ fn ginxctl_refuses_a_reply_over_its_bound() {
     assert!(err.contains("the reply is longer than 64 MiB"), "{err}");
 }
 
-/// Regression (#11): one byte every 0.5 s reset ginxctl's read timeout each time, so
+/// Regression: one byte every 0.5 s reset ginxctl's read timeout each time, so
 /// `--timeout 5s` took 31 s and more; the timeout covers the whole call.
 #[test]
 fn ginxctl_timeout_covers_a_server_that_trickles() {
@@ -424,7 +424,7 @@ fn ginxctl_timeout_covers_a_server_that_trickles() {
     );
 }
 
-/// Regression (#11): a daemon that never answers gave exit 1 "Resource temporarily
+/// Regression: a daemon that never answers gave exit 1 "Resource temporarily
 /// unavailable".
 #[test]
 fn ginxctl_exits_2_saying_no_answer_when_ginx_is_silent() {
@@ -445,7 +445,7 @@ fn ginxctl_exits_2_saying_no_answer_when_ginx_is_silent() {
     assert!(!err.contains("Resource temporarily unavailable"), "{err}");
 }
 
-/// Regression (#11): with a syntax error in a drop-in, `--config` silently fell back to
+/// Regression: with a syntax error in a drop-in, `--config` silently fell back to
 /// /run/ginx/ginx.sock.
 #[test]
 fn ginxctl_names_a_broken_dropin_and_the_socket_it_uses_instead() {
@@ -467,7 +467,7 @@ fn ginxctl_names_a_broken_dropin_and_the_socket_it_uses_instead() {
     );
 }
 
-/// Regression (#11): `--socket` at a regular file said "Connection refused … is
+/// Regression: `--socket` at a regular file said "Connection refused … is
 /// ginx.service running?".
 #[test]
 fn ginxctl_says_a_regular_file_is_not_a_socket() {

@@ -182,7 +182,7 @@ fn timeout_kills_the_whole_process_group() {
     assert_eq!(history["attempts"][0]["outcome"], "timed-out");
 }
 
-/// Issue 19: the daemon runs with glibc's malloc tuned (one arena, no tcache). It starts
+/// The daemon runs with glibc's malloc tuned (one arena, no tcache). It starts
 /// itself again with `GLIBC_TUNABLES` set, in the same process, and the command it runs gets
 /// the environment ginx was given. An operator's own `GLIBC_TUNABLES` is left as it is.
 #[test]
@@ -383,7 +383,7 @@ fn check_config_within_patience(config: &std::path::Path) -> std::process::Outpu
     .expect("check-config to finish")
 }
 
-/// Regression (#11): a FIFO in config.d blocked the daemon's runtime thread on reload (the
+/// Regression: a FIFO in config.d blocked the daemon's runtime thread on reload (the
 /// socket, fetching and applying all stopped) and hung check-config.
 #[test]
 fn a_fifo_in_config_d_hangs_neither_the_daemon_nor_check_config() {
@@ -414,7 +414,7 @@ fn a_fifo_in_config_d_hangs_neither_the_daemon_nor_check_config() {
     );
 }
 
-/// Regression (#11): a drop-in symlinked to /dev/zero grew check-config by about 1 GB/s.
+/// Regression: a drop-in symlinked to /dev/zero grew check-config by about 1 GB/s.
 #[test]
 fn a_dropin_linked_to_dev_zero_is_refused_with_the_size_bound() {
     let env = Env::new();
@@ -431,7 +431,7 @@ fn a_dropin_linked_to_dev_zero_is_refused_with_the_size_bound() {
     assert!(err.contains("regular files of at most 1 MiB"), "{err}");
 }
 
-/// Regression (#11): every key's location was found by scanning the file from its start, so
+/// Regression: every key's location was found by scanning the file from its start, so
 /// 40,000 `cert_sans` took 17 s (and a reload froze the socket meanwhile).
 #[test]
 fn forty_thousand_cert_sans_are_read_in_full() {
@@ -722,7 +722,7 @@ fn sigterm_waits_for_a_running_apply_within_the_grace_period() {
     assert_eq!(history["attempts"][0]["revision"], head.as_str());
 }
 
-/// Issue 11.2: the suspension that guards a downgrade (a state file from a newer ginx) is
+/// The suspension that guards a downgrade (a state file from a newer ginx) is
 /// persisted at once, so it holds across every later restart, not just the first.
 #[test]
 fn the_downgrade_guard_lasts_beyond_one_restart() {
@@ -754,7 +754,7 @@ fn break_writes(env: &Env, name: &str) -> impl Fn() {
     }
 }
 
-/// Issue 11.3: a command whose effect cannot be persisted fails (exit 1, the reason), instead
+/// A command whose effect cannot be persisted fails (exit 1, the reason), instead
 /// of saying it worked.
 #[test]
 fn a_suspend_that_cannot_be_persisted_fails() {
@@ -781,7 +781,7 @@ fn a_suspend_that_cannot_be_persisted_fails() {
     assert_eq!(on_disk["suspended"], true);
 }
 
-/// Issue 11.3: an apply whose outcome cannot be persisted shows that in status and health,
+/// An apply whose outcome cannot be persisted shows that in status and health,
 /// and nothing more is applied until the state can be written again; then ginx recovers by
 /// itself and nothing is lost.
 #[test]

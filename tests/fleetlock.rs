@@ -342,7 +342,7 @@ fn a_server_that_never_answers_is_unreachable_within_the_timeout() {
     drop(listener);
 }
 
-/// Issue 14.4 through the daemon: a node with `lock = "fleetlock"` and no cluster asks the
+/// Through the daemon: a node with `lock = "fleetlock"` and no cluster asks the
 /// server before it activates (pre-reboot), gives the slot back only once its health gate has
 /// passed (steady-state), and applies nothing while the server answers 423 or 500.
 #[test]

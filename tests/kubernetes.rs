@@ -1123,7 +1123,7 @@ fn stand_in_strategic_merge_upserts_conditions_by_type() {
     );
 }
 
-/// Issue 19.4: an unreachable kubelet or Cilium is `unknown` ("no cluster yet") on a machine
+/// An unreachable kubelet or Cilium is `unknown` ("no cluster yet") on a machine
 /// that is not a Kubernetes node, `failed` once it is (the marker kubeadm writes exists); a
 /// kubelet that answers badly is `failed` either way.
 #[test]

@@ -479,7 +479,7 @@ fn default_stop_graces() -> (String, String) {
     )
 }
 
-/// Issue 11.8: `TimeoutStopSec` is derived from `shutdown_grace` and `kill_grace` (a SIGTERM
+/// `TimeoutStopSec` is derived from `shutdown_grace` and `kill_grace` (a SIGTERM
 /// with an apply running takes at most their sum plus a margin), not a fixed 120 s that a
 /// longer grace outgrows: the unit carries the value for ginx's defaults, and the module
 /// computes it from the settings with ginx's defaults.

@@ -856,7 +856,7 @@ fn a_quiet_watch_outlasts_the_request_timeout() {
     assert!(again.is_empty(), "watches made again while idle: {again:?}");
 }
 
-/// Issue 15.1: a maintenance window that opens a few seconds after the start. Nothing starts
+/// A maintenance window that opens a few seconds after the start. Nothing starts
 /// before it (`waiting_for: window`, status says when it opens), the apply starts in it, runs on
 /// past its end, and the next revision waits for the next window. The window is one minute,
 /// the shortest there is (every duration has a floor), so the apply takes a little longer.

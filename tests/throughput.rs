@@ -136,7 +136,7 @@ fn calls(n: &Node) -> Vec<(String, String)> {
         .collect()
 }
 
-/// Issue 33, point 1 and its tests: with `apply.prebuild` (the default) each node builds
+/// With `apply.prebuild` (the default) each node builds
 /// before it asks for a slot and the activation under the slot builds nothing; a revision that
 /// fails to build on one node takes no slot there, and the others go on.
 #[test]
@@ -223,7 +223,7 @@ fn a_build_comes_before_the_slot_and_a_failed_one_takes_none() {
     assert!(halted.is_none(), "{cm:?}");
 }
 
-/// Issue 33, point 2: with `soak = "5s"`, no node of the group starts the revision within 5 s
+/// With `soak = "5s"`, no node of the group starts the revision within 5 s
 /// of another's gate passing. Three nodes, two slots: without the soak the third would take the
 /// first slot released, right after that gate passed. The journal gets `pass N` when N's
 /// gate passes and `soaked N` 4 s later (a second of slack for this process's polling): no
@@ -294,7 +294,7 @@ fn with_a_soak_no_node_starts_within_it_of_the_previous_gate_pass() {
     assert!(waited, "no node logged that it waited for the soak");
 }
 
-/// Issue 33, point 3: with `after = [<the control-plane group>]`, no worker starts a revision
+/// With `after = [<the control-plane group>]`, no worker starts a revision
 /// before every node of that group has passed its gate on it; while it waits, its status,
 /// its Node's `ginx.io/waiting-for` and `ginxctl cluster` name the group.
 #[test]
@@ -399,7 +399,7 @@ fn with_after_no_worker_starts_before_every_control_plane_node_passed() {
     );
 }
 
-/// Issue 33, point 4: with `halt_after = 2` the first failed gate of a revision quarantines
+/// With `halt_after = 2` the first failed gate of a revision quarantines
 /// its node (rolled back, marked in status, annotation, condition and cluster view) and the
 /// rollout goes on; the second failure halts the revision, and a third node waits.
 #[test]

@@ -541,7 +541,7 @@ mod tests {
         assert!(!running(), "grandchild {pid} survived the timeout");
     }
 
-    /// Issue 11.8: stopping took one grace period per step (SIGTERM → SIGKILL, waiting for the
+    /// Stopping took one grace period per step (SIGTERM → SIGKILL, waiting for the
     /// pipes, then stopping what had left the group): three in all. Now the whole tree gets
     /// SIGTERM at once and SIGKILL after one grace period.
     #[test]

@@ -756,7 +756,7 @@ mod tests {
         }
     }
 
-    /// Issue 11.10: a `history.json` far beyond the bounds (grown by hand, or by an older
+    /// A `history.json` far beyond the bounds (grown by hand, or by an older
     /// ginx) is trimmed to them when it is loaded, keeping the newest attempts and lines.
     #[test]
     fn a_huge_history_file_is_trimmed_to_its_bounds_when_loaded() {
@@ -786,7 +786,7 @@ mod tests {
         assert!(saved < (HISTORY_LIMIT + 1) * (OUTPUT_TAIL_BYTES + OUTPUT_TAIL * 64));
     }
 
-    /// Issue 19: an attempt kept in the history holds no spare room, whether it was just
+    /// An attempt kept in the history holds no spare room, whether it was just
     /// made (its output gathered in a buffer of OUTPUT_TAIL lines, each line read into a
     /// larger string) or read back from the file. Spare room stayed for as long as the attempt
     /// did: 6.4 KB each, 320 KB once the history was full.
