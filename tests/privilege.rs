@@ -185,7 +185,8 @@ fn a_stolen_node_credential_reaches_one_node_not_the_fleet() {
         &json!({"apiVersion": "v1", "kind": "ConfigMap",
             "metadata": {"name": "ginx-rollout", "namespace": NS},
             "data": {format!("halted.{REV}"): halt.to_string(),
-                "paused": json!({"by": "alice@makise", "at": "2026-12-01T10:00:00Z"}).to_string()}})
+                "paused": json!({"by": "alice@makise", "at": "2026-12-01T10:00:00Z"}).to_string(),
+                "plan.op1": json!({"ref": "kernel", "by": "alice", "at": "2026-12-01T10:00:00Z"}).to_string()}})
         .to_string(),
     );
     crate::support::reboot::namespace(&cp, APPS);
@@ -256,6 +257,11 @@ fn a_stolen_node_credential_reaches_one_node_not_the_fleet() {
         .remove(&format!("halted.{REV}"));
     let mut resumed = cm.clone();
     resumed["data"].as_object_mut().unwrap().remove("paused");
+    let mut asked = cm.clone();
+    asked["data"]["plan.evil1"] =
+        json!(json!({"ref": "evil", "by": "lucy", "at": "2026-12-01T10:00:00Z"}).to_string());
+    let mut unasked = cm.clone();
+    unasked["data"].as_object_mut().unwrap().remove("plan.op1");
     let far = jiff::Timestamp::from_second(4_102_444_800).unwrap(); // 2100-01-01
     let ahead = now + jiff::SignedDuration::from_mins(5);
     let eviction = |pod: &str| {
@@ -364,6 +370,16 @@ fn a_stolen_node_credential_reaches_one_node_not_the_fleet() {
             &resumed.to_string(),
         ),
         attack(
+            "write a plan request",
+            &["replace", "-f", "-"],
+            &asked.to_string(),
+        ),
+        attack(
+            "remove an operator's plan request",
+            &["replace", "-f", "-"],
+            &unasked.to_string(),
+        ),
+        attack(
             "create another ConfigMap in ginx-system",
             &[
                 "-n",
@@ -440,6 +456,14 @@ fn a_stolen_node_credential_reaches_one_node_not_the_fleet() {
         table.join("\n")
     );
     assert_eq!(snapshot(&cp), before, "an attack changed something");
+    for what in ["write a plan request", "remove an operator's plan request"] {
+        let row = format!("| {what} | ginx:lucy |");
+        assert!(
+            table.iter().any(|l| l.starts_with(&row)
+                && l.contains("plan requests are written by operators (ginxctl plan)")),
+            "{what}: refused by the plan-request rule: {table:#?}"
+        );
+    }
 
     // Node Events: ginx's identity writes Events only about its own Node, as itself
     // (the kubelet's identity may write any node's Events: that is the Node authorizer's, not

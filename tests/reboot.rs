@@ -1089,3 +1089,155 @@ fn every_node_publishes_its_plan_and_the_cluster_view_counts_them() {
         );
     }
 }
+
+/// A plan before the merge (`ginxctl plan REF`): three nodes of a group, a branch that is not
+/// deployed. An operator's request is answered by every node on its heartbeat: the plan of the
+/// one whose dry-activate restarts containerd drains, the nginx one goes live, and the one
+/// whose build fails says so. Nothing is activated (no activation in the stand-in's journal,
+/// every node still on the deployed revision) and no slot Lease is written (the audit log). A
+/// second request for the same ref is answered from what was published, without a build.
+#[test]
+fn a_plan_request_for_an_unmerged_branch_is_answered_by_every_node_and_activates_nothing() {
+    let Some(cp) = control_plane::shared() else {
+        return;
+    };
+    let origin = Env::new();
+    let journal = origin.root.join("journal");
+    let names = ["pp-a", "pp-b", "pp-c"];
+    let said = [
+        "would restart the following units: containerd.service\n",
+        "would restart the following units: nginx.service\n",
+        "would restart the following units: nginx.service\n",
+    ];
+    let _kubelets: Vec<Kubelet> = names
+        .iter()
+        .map(|n| Kubelet::start(cp, n, "worker"))
+        .collect();
+    // The request names the group pp: the shared control plane's other nodes, in other
+    // groups, read it from the same ConfigMap and leave it alone.
+    let mut nodes: Vec<Node> = names
+        .iter()
+        .zip(said)
+        .map(|(name, dry)| planning_node(cp, &origin, &journal, (name, "pp"), dry, ""))
+        .collect();
+    for n in &mut nodes {
+        n.start();
+    }
+    let deployed = origin.repo.head();
+    for n in &nodes {
+        n.d().wait_applied(&deployed);
+        n.d()
+            .wait_status("the slot given back", |s| s["rollout"]["slot"].is_null());
+    }
+    nodes[2].env.stub("build_exit_code", "1");
+    origin.repo.git(&["checkout", "-q", "-b", "kernel-x"]);
+    let branch = origin
+        .repo
+        .commit("kernel", "6.12", "a new kernel, not merged");
+    origin.repo.git(&["checkout", "-q", "main"]);
+    let calls_before: Vec<usize> = nodes.iter().map(|n| n.env.calls().len()).collect();
+    let mark = cp.audit_mark();
+
+    let started = std::time::Instant::now();
+    let out = nodes[0].env.operator_ctl(
+        &cp.admin_kubeconfig,
+        &["plan", "kernel-x", "--group", "pp", "--json"],
+    );
+    let took = started.elapsed();
+    assert_eq!(
+        out.status.code(),
+        Some(1),
+        "a failed build: exit 1: {out:?}"
+    );
+    let plan: Value = serde_json::from_slice(&out.stdout).unwrap();
+    println!("figure: ginxctl plan on three nodes, request to the full table: {took:.1?}");
+    assert_eq!(plan["complete"], true, "{plan:#}");
+    assert_eq!(plan["reused"], false, "{plan:#}");
+    let a = &plan["nodes"];
+    assert_eq!(a.as_object().unwrap().len(), 3, "{plan:#}");
+    for n in names {
+        assert_eq!(a[n]["revision"], branch.as_str(), "{n}: {plan:#}");
+    }
+    assert_eq!(a["pp-a"]["outcome"], "planned");
+    assert_eq!(a["pp-a"]["plan"]["action"], "drain");
+    assert_eq!(
+        a["pp-a"]["plan"]["because"][0],
+        "restarts containerd.service"
+    );
+    assert_eq!(a["pp-b"]["plan"]["action"], "none");
+    assert_eq!(a["pp-c"]["outcome"], "build-failed");
+    assert!(
+        a["pp-c"]["error"]
+            .as_str()
+            .unwrap()
+            .starts_with("the build exited with 1"),
+        "{plan:#}"
+    );
+    assert!(
+        a["pp-a"]["estimate_secs"].as_u64().unwrap() >= 1,
+        "{plan:#}"
+    );
+
+    // Nothing activated, no slot taken.
+    let activations = std::fs::read_to_string(&journal).unwrap_or_default();
+    assert!(
+        !activations
+            .lines()
+            .any(|l| l.starts_with("start ") && l.ends_with(&branch)),
+        "{activations}"
+    );
+    for (n, before) in nodes.iter().zip(&calls_before) {
+        assert_eq!(
+            n.d().status()["apply"]["applied_revision"],
+            deployed.as_str()
+        );
+        let goals: Vec<String> = n.env.calls()[*before..]
+            .iter()
+            .map(|c| c.argv.last().cloned().unwrap_or_default())
+            .collect();
+        assert!(goals.iter().all(|g| g == "build"), "{}: {goals:?}", n.name);
+    }
+    let slots: Vec<_> = cp
+        .audit_since(mark)
+        .into_iter()
+        .filter(|e| {
+            e.resource == "leases"
+                && e.name.starts_with("ginx-rollout-pp")
+                && e.verb != "get"
+                && e.verb != "list"
+                && e.verb != "watch"
+        })
+        .collect();
+    assert!(slots.is_empty(), "no slot written: {slots:?}");
+
+    // Asked again: answered from what was published, nothing built again.
+    let calls_after: Vec<usize> = nodes.iter().map(|n| n.env.calls().len()).collect();
+    let again = nodes[1]
+        .env
+        .operator_ctl(&cp.admin_kubeconfig, &["plan", "kernel-x", "--group", "pp"]);
+    let text = String::from_utf8_lossy(&again.stdout);
+    assert!(
+        text.starts_with(&format!(
+            "plan of kernel-x (request {}, asked before: its answers): 3 of 3 nodes answered",
+            plan["request"].as_str().unwrap()
+        )),
+        "{text}"
+    );
+    let row = |n: &str| {
+        text.lines()
+            .find(|l| l.starts_with(n))
+            .unwrap_or_default()
+            .to_owned()
+    };
+    assert!(
+        row("pp-a").contains("drain") && row("pp-a").contains("restarts containerd.service"),
+        "{text}"
+    );
+    assert!(row("pp-b").contains("live"), "{text}");
+    assert!(
+        row("pp-c").contains("build failed: the build exited with 1"),
+        "{text}"
+    );
+    let calls_now: Vec<usize> = nodes.iter().map(|n| n.env.calls().len()).collect();
+    assert_eq!(calls_now, calls_after, "no build for a request that stood");
+}

@@ -28,6 +28,8 @@ const LAYERS: &[(&str, u8)] = &[
     ("bootstrap", 5),
     ("notify", 5),
     ("reconcile", 6),
+    // A plan asked for before a merge: beside the reconciler, using the same workers.
+    ("preview", 6),
     ("control", 7),
     ("daemon", 8),
     ("cli", 8),

@@ -23,6 +23,7 @@ pub mod kubeadm;
 pub mod logging;
 pub mod metrics;
 pub mod notify;
+pub mod preview;
 pub mod reconcile;
 pub mod rollout;
 pub mod source;

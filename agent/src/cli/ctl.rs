@@ -69,6 +69,23 @@ pub enum CtlCommand {
     /// The rollout through the whole fleet: pause it, resume it, clear a halted revision.
     #[command(subcommand)]
     Rollout(RolloutCommand),
+    /// Plan a branch, a tag or a commit that is not deployed on every node, activating
+    /// nothing: written as a plan request in the fleet's ConfigMap with your credentials
+    /// (an operator's act), answered by each node on its heartbeat; waits up to --timeout and
+    /// prints per node the action, what calls for it, the closure's change and an estimate.
+    Plan {
+        /// A branch, a tag or a commit id of the apply source.
+        reference: String,
+        /// Print the answers as JSON.
+        #[arg(long)]
+        json: bool,
+        /// Ask only the nodes of this rollout group (repeat for more) [default: every node].
+        #[arg(long = "group")]
+        groups: Vec<String>,
+        /// Your kubeconfig [default: KUBECONFIG, else /etc/kubernetes/admin.conf].
+        #[arg(long)]
+        kubeconfig: Option<PathBuf>,
+    },
     /// Show the fleet from the API: each node's role, readiness, health, revisions, apply state
     /// and rollout phase, heartbeat and slot; each revision's progress, halted revisions, the
     /// pause, who waits. Asks this node's daemon, or with --kubeconfig reads the API itself
@@ -168,6 +185,25 @@ pub fn main(args: CtlArgs) -> ExitCode {
             kubeconfig.as_deref(),
             args.timeout.get(),
             lift,
+        );
+    }
+    if let CtlCommand::Plan {
+        reference,
+        json,
+        groups,
+        kubeconfig,
+    } = &args.command
+    {
+        let asked = super::plan::Asked {
+            reference,
+            groups: groups.clone(),
+            json: *json,
+        };
+        return super::plan::fleet(
+            &args.config,
+            kubeconfig.as_deref(),
+            asked,
+            args.timeout.get(),
         );
     }
     let client = Client::new(&socket, args.timeout.get());
@@ -286,7 +322,7 @@ fn run(client: &Client, command: CtlCommand) -> Result<ExitCode, ClientError> {
         CtlCommand::Rollout(RolloutCommand::Resume { .. } | RolloutCommand::Clear { .. }) => {
             unreachable!("handled before")
         }
-        CtlCommand::Cluster { .. } => unreachable!("handled before"),
+        CtlCommand::Cluster { .. } | CtlCommand::Plan { .. } => unreachable!("handled before"),
         CtlCommand::Retry => {
             client.call_raw(Command::Retry)?;
             print("retrying the wanted revision now\n".into());

@@ -6,6 +6,7 @@
 mod ctl;
 mod fleet;
 mod operator;
+mod plan;
 pub mod render;
 mod run_bootstrap;
 mod run_kubeadm;
@@ -40,6 +41,17 @@ pub enum GinxCommand {
     Run,
     /// Validate the configuration and print the effective result, secrets redacted.
     CheckConfig,
+    /// Plan a branch, a tag or a commit of the apply source on this node without applying it:
+    /// fetch, build, and print what its activation would stop, restart and reboot, the
+    /// packages that change and an estimate. Needs no Kubernetes; nothing is activated.
+    Plan {
+        /// A branch, a tag or a commit id of the apply source.
+        #[arg(long)]
+        revision: String,
+        /// Print the answer as JSON.
+        #[arg(long)]
+        json: bool,
+    },
     /// Internal: the wrapper an apply attempt runs in (started by ginx itself).
     #[command(hide = true)]
     RunAttempt {
@@ -109,6 +121,7 @@ pub fn ginx_main() -> ExitCode {
     }
     match args.command.unwrap_or(GinxCommand::Run) {
         GinxCommand::CheckConfig => check_config(&args.config),
+        GinxCommand::Plan { revision, json } => plan::local(&args.config, &revision, json),
         GinxCommand::RunAttempt {
             dir,
             cwd,

@@ -64,8 +64,8 @@ pub fn credentials(
         }
     } else {
         return Err(format!(
-            "lifting the fleet's pause or a halt is an operator's act, done with your own \
-             credentials: give them with --kubeconfig or KUBECONFIG (on a control-plane node, \
+            "lifting the fleet's pause or a halt, or asking for a plan, is an operator's act, done \
+             with your own credentials: give them with --kubeconfig or KUBECONFIG (on a control-plane node, \
              root may use {})",
             admin.display()
         ));
@@ -79,7 +79,7 @@ pub fn credentials(
     if node_own {
         return Err(format!(
             "{} ({}) is this node's own identity, which may stop the fleet but never start it \
-             again: give an operator's kubeconfig",
+             again, nor ask for a plan: give an operator's kubeconfig",
             found.path.display(),
             found.from
         ));
@@ -185,7 +185,7 @@ async fn lift_with(cfg: &Config, creds: &Credentials, lift: Lift) -> Result<Stri
 
 /// Who the API server says the credentials are (a SelfSubjectReview), for the fleet's records;
 /// the local user's name when it cannot say.
-async fn operator_name(client: &kube::Client) -> String {
+pub(super) async fn operator_name(client: &kube::Client) -> String {
     let api = kube::Api::<SelfSubjectReview>::all(client.clone());
     let review = SelfSubjectReview::default();
     match api.create(&crate::k8s::post_params(), &review).await {

@@ -297,6 +297,7 @@ async fn start(cfg: &Arc<Config>, config: watch::Receiver<Arc<Config>>) -> anyho
     let (kubeadm_tx, kubeadm_rx) = watch::channel(None);
     let bootstrap_file = cfg.state_dir.join("bootstrap.json");
     let (bootstrap_tx, bootstrap_rx) = watch::channel(server::load_bootstrap(&bootstrap_file));
+    let (previews_tx, previews_rx) = watch::channel(Vec::new());
     let parts = status::Parts {
         config: shared.config.clone(),
         sources: shared.statuses.subscribe(),
@@ -305,6 +306,7 @@ async fn start(cfg: &Arc<Config>, config: watch::Receiver<Arc<Config>>) -> anyho
         kubernetes: kube_status_rx,
         kubeadm: kubeadm_rx,
         bootstrap: bootstrap_rx,
+        previews: previews_rx,
         metrics_listen: metrics_listener.as_ref().and_then(|l| l.local_addr().ok()),
         started_at: util::now(),
     };
@@ -331,6 +333,7 @@ async fn start(cfg: &Arc<Config>, config: watch::Receiver<Arc<Config>>) -> anyho
     ));
     spawn_health_probes(&shared, fast_probes_rx);
     spawn_reporter(&shared, parts.clone(), kube_clients_tx, kube_status_tx);
+    spawn_previews(&shared, previews_tx);
     if let Some(l) = metrics_listener {
         spawn_metrics_server(&shared, l, parts);
     }
@@ -451,6 +454,20 @@ fn spawn_metrics_server(shared: &Shared, listener: tokio::net::TcpListener, part
         Arc::clone(&shared.metrics),
         shared.shutdown.clone(),
     ));
+}
+
+/// Starts answering the fleet's plan requests (`ginxctl plan REF`); the answers go to
+/// `answers`, which the reporter writes on the heartbeat.
+fn spawn_previews(shared: &Shared, answers: watch::Sender<Vec<crate::types::PreviewAnswer>>) {
+    tokio::spawn(
+        crate::preview::answering::Answering {
+            config: shared.config.clone(),
+            clients: shared.kube.clone(),
+            answers,
+            shutdown: shared.shutdown.clone(),
+        }
+        .run(),
+    );
 }
 
 /// Starts the reporter: it builds the API clients the other parts get through `clients`,

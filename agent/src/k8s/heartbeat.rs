@@ -4,7 +4,8 @@
 //! controller renews the node's Lease), the node's rollout group and the last revision whose
 //! gate passed on it ([`GROUP_LABEL`], [`PASSED_ANNOTATION`]: how `rollout.after` of another
 //! group finds it), the plan of the revision it waits for ([`PLAN_ANNOTATION`]: how
-//! `ginxctl cluster` tells what a revision will disrupt), and, while the node queues for a slot of a large group, which slot
+//! `ginxctl cluster` tells what a revision will disrupt), its answers to plan requests
+//! ([`PREVIEWS_ANNOTATION`]: how `ginxctl plan REF` learns the fleet's plan of a ref), and, while the node queues for a slot of a large group, which slot
 //! ([`WAITS_GROUP_LABEL`], [`WAITS_SLOT_LABEL`]: how a releasing holder finds it). The reporter
 //! renews it ([`Heartbeat`]); the rollout lock sets and clears the queue marks
 //! ([`queue_mark`]). Every write is a compare-and-swap through
@@ -28,6 +29,11 @@ pub use HEARTBEAT_PASSED_ANNOTATION as PASSED_ANNOTATION;
 /// On the heartbeat Lease: the plan of the revision the node waits for or is about to apply
 /// ([`PlanMark`](crate::types::PlanMark) as compact JSON); absent when none is computed.
 pub const PLAN_ANNOTATION: &str = "ginx.io/plan";
+
+/// On the heartbeat Lease: the node's answers to the plan requests that stand (`ginxctl plan
+/// REF`; a list of [`PreviewAnswer`](crate::types::PreviewAnswer) as compact JSON); absent
+/// when there are none.
+pub const PREVIEWS_ANNOTATION: &str = "ginx.io/previews";
 
 /// On a heartbeat Lease, while its node queues for a slot: the group.
 pub const WAITS_GROUP_LABEL: &str = "ginx.io/waits-group";
@@ -56,6 +62,8 @@ pub struct Marks {
     pub passed: Option<String>,
     /// The next revision's plan, encoded ([`PLAN_ANNOTATION`]).
     pub plan: Option<String>,
+    /// The answers to plan requests, encoded ([`PREVIEWS_ANNOTATION`]).
+    pub previews: Option<String>,
 }
 
 /// Why a renewal failed.
@@ -145,6 +153,7 @@ fn mark(meta: &mut ObjectMeta, marks: &Marks) {
     for (key, value) in [
         (PASSED_ANNOTATION, &marks.passed),
         (PLAN_ANNOTATION, &marks.plan),
+        (PREVIEWS_ANNOTATION, &marks.previews),
     ] {
         match value {
             Some(v) => {
@@ -231,12 +240,14 @@ mod tests {
             group: "workers".into(),
             passed: Some("abc".into()),
             plan: Some("{}".into()),
+            previews: Some("[]".into()),
         };
         mark(&mut meta, &marks);
         assert_eq!(meta.labels.as_ref().unwrap()[GROUP_LABEL], "workers");
         let a = meta.annotations.clone().unwrap();
         assert_eq!(a[PASSED_ANNOTATION], "abc");
         assert_eq!(a[PLAN_ANNOTATION], "{}");
+        assert_eq!(a[PREVIEWS_ANNOTATION], "[]");
         mark(
             &mut meta,
             &Marks {
@@ -247,5 +258,6 @@ mod tests {
         let a = meta.annotations.unwrap();
         assert!(!a.contains_key(PASSED_ANNOTATION));
         assert!(!a.contains_key(PLAN_ANNOTATION));
+        assert!(!a.contains_key(PREVIEWS_ANNOTATION));
     }
 }

@@ -62,6 +62,7 @@ impl Reporter {
         let mut published = self.parts.published.clone();
         let mut sources = self.parts.sources.clone();
         let mut health = self.parts.health.clone();
+        let mut previews = self.parts.previews.clone();
         let mut next = Instant::now();
         loop {
             tokio::select! {
@@ -78,6 +79,10 @@ impl Reporter {
                     self.changed(&mut session).await;
                 }
                 r = health.changed() => {
+                    if r.is_err() { return; }
+                    self.changed(&mut session).await;
+                }
+                r = previews.changed() => {
                     if r.is_err() { return; }
                     self.changed(&mut session).await;
                 }
@@ -437,5 +442,7 @@ fn marks(status: &Status) -> Marks {
             )
             .encode()
         }),
+        previews: (!status.previews.is_empty())
+            .then(|| crate::types::preview::encode_answers(&status.previews)),
     }
 }

@@ -21,6 +21,7 @@ mod keeper;
 pub mod lease;
 pub mod lock;
 mod locker;
+pub mod plan_requests;
 pub mod quorum;
 pub mod slots;
 mod takeover;

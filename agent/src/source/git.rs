@@ -647,18 +647,7 @@ fn fetch_one(
     spec: &FetchSpec<'_>,
 ) -> Result<(Revision, Option<Revision>), GitError> {
     let fetch_err = |e: &git2::Error| fetch_error(url, spec.cancel, e);
-    // libgit2 takes a missing directory for an unknown protocol.
-    if let Some(path) = url.local_path()
-        && !path.exists()
-    {
-        return Err(GitError::NoPath {
-            name: spec.source.to_owned(),
-            path,
-        });
-    }
-    let mut remote = repo
-        .remote_anonymous(url.as_git_url())
-        .map_err(|e| fetch_err(&e))?;
+    let mut remote = anonymous_remote(repo, url, spec.source, spec.cancel)?;
     let mut branches = vec![spec.branch];
     branches.extend(spec.testing);
     download(&mut remote, &branches, spec).map_err(|e| fetch_err(&e))?;
@@ -706,9 +695,41 @@ fn fetch_one(
     Ok((main, testing))
 }
 
+/// An anonymous remote for `url` of source `source`. A local path that does not exist is said
+/// to be missing: libgit2 takes a missing directory for an unknown protocol.
+pub(super) fn anonymous_remote<'r>(
+    repo: &'r Repository,
+    url: &RemoteUrl,
+    source: &str,
+    cancel: &AtomicBool,
+) -> Result<git2::Remote<'r>, GitError> {
+    if let Some(path) = url.local_path()
+        && !path.exists()
+    {
+        return Err(GitError::NoPath {
+            name: source.to_owned(),
+            path,
+        });
+    }
+    repo.remote_anonymous(url.as_git_url())
+        .map_err(|e| fetch_error(url, cancel, &e))
+}
+
+/// Fetch options without tags whose transfer gives up once `cancel` is set (the fetch's
+/// timeout sets it).
+pub(super) fn cancellable(cancel: &AtomicBool) -> FetchOptions<'_> {
+    let mut callbacks = git2::RemoteCallbacks::new();
+    callbacks.transfer_progress(move |_| !cancel.load(Ordering::Relaxed));
+    callbacks.sideband_progress(move |_| !cancel.load(Ordering::Relaxed));
+    let mut opts = FetchOptions::new();
+    opts.remote_callbacks(callbacks)
+        .download_tags(AutotagOption::None);
+    opts
+}
+
 /// A fetch's libgit2 error as the fetch of `url` failing, its credentials scrubbed; an error
 /// from the progress callback after `cancel` is the timeout's doing.
-fn fetch_error(url: &RemoteUrl, cancel: &AtomicBool, e: &git2::Error) -> GitError {
+pub(super) fn fetch_error(url: &RemoteUrl, cancel: &AtomicBool, e: &git2::Error) -> GitError {
     let message = if e.class() == ErrorClass::Callback && cancel.load(Ordering::Relaxed) {
         "fetch cancelled (fetch_timeout)".to_owned()
     } else {
@@ -734,13 +755,7 @@ fn download(
     // https://, http:// and ssh:// go through source/transport.rs, which takes the
     // credentials of this fetch from here.
     let _transport = super::transport::scope(spec.auth);
-    let mut callbacks = git2::RemoteCallbacks::new();
-    let cancel = spec.cancel;
-    callbacks.transfer_progress(move |_| !cancel.load(Ordering::Relaxed));
-    callbacks.sideband_progress(move |_| !cancel.load(Ordering::Relaxed));
-    let mut opts = FetchOptions::new();
-    opts.remote_callbacks(callbacks)
-        .download_tags(AutotagOption::None);
+    let mut opts = cancellable(spec.cancel);
     // A download, not `fetch`: libgit2's tip update (1.9) truncates FETCH_HEAD on every
     // fetch, even told not to write it, so an idle node would rewrite a file in the clone
     // every interval. The tracking refs are updated after, and only when they move.

@@ -14,6 +14,7 @@
 
 pub mod auth;
 pub mod git;
+pub mod preview;
 pub mod transport;
 pub mod trees;
 pub mod verify;

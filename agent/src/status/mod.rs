@@ -72,6 +72,10 @@ pub struct Status {
     /// and none has run.
     #[serde(default)]
     pub bootstrap: Option<BootstrapStatus>,
+    /// This node's answers to the plan requests that stand (`ginxctl plan REF`), oldest
+    /// first; empty when none.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub previews: Vec<crate::types::PreviewAnswer>,
     /// Where metrics are served (`[metrics] listen`, with the port actually bound).
     pub metrics_listen: Option<SocketAddr>,
     pub started_at: Timestamp,
@@ -91,6 +95,8 @@ pub struct Parts {
     pub kubeadm: watch::Receiver<Option<KubeadmStatus>>,
     /// The last report of `ginxctl bootstrap` (the control socket keeps it).
     pub bootstrap: watch::Receiver<Option<BootstrapStatus>>,
+    /// This node's answers to plan requests (the preview task).
+    pub previews: watch::Receiver<Vec<crate::types::PreviewAnswer>>,
     pub metrics_listen: Option<SocketAddr>,
     pub started_at: Timestamp,
 }
@@ -138,6 +144,7 @@ impl Parts {
                 None => None,
             },
             metrics_listen: self.metrics_listen,
+            previews: self.previews.borrow().clone(),
             started_at: self.started_at,
             now: crate::util::now(),
         }

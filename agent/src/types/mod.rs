@@ -2,8 +2,8 @@
 //! ([`Revision`]), Git remotes ([`RemoteUrl`], [`Transport`]), probe endpoints
 //! ([`EndpointUrl`]), the apply goal ([`Goal`]), the node's [`Role`], a system [`Generation`],
 //! what a source's poller reports ([`SourceReport`]), why a revision is halted
-//! ([`HaltCause`]), what an activation does to the node's workloads ([`Disruption`]), and a revision's
-//! [`Plan`].
+//! ([`HaltCause`]), what an activation does to the node's workloads ([`Disruption`]), a revision's
+//! [`Plan`], and a plan asked for before a merge ([`PlanRequest`], [`PreviewAnswer`]).
 //!
 //! Owns: their parsing, validation and how they print. Must not import anything else of the
 //! crate; `config`, `status`, `state` and the workers take these from here.
@@ -15,6 +15,7 @@ mod halt;
 pub mod notice;
 mod plan;
 mod plan_mark;
+pub mod preview;
 mod remote;
 mod source;
 
@@ -30,6 +31,7 @@ pub use halt::HaltCause;
 pub use notice::{Notice, Notices, Reason};
 pub use plan::{PackageChange, Plan, UnitChanges, signed_size};
 pub use plan_mark::{PlanCounts, PlanMark, plan_counts};
+pub use preview::{PlanRequest, PreviewAnswer, PreviewOutcome};
 pub use remote::{RemoteUrl, Revision, Transport, unfit_for_ssh_option};
 pub use source::{AcceptedSignature, RefusedHead, RemoteReport, SourceReport, SourceReports};
 
