@@ -1177,6 +1177,17 @@ fn a_plan_request_for_an_unmerged_branch_is_answered_by_every_node_and_activates
         a["pp-a"]["estimate_secs"].as_u64().unwrap() >= 1,
         "{plan:#}"
     );
+    // pp-a drained and passed a gate for the deployed revision: both are in its estimate.
+    let of = a["pp-a"]["estimate_of"].as_str().unwrap();
+    println!("pp-a's estimate: {} s: {of}", a["pp-a"]["estimate_secs"]);
+    assert!(
+        of.contains(" + drain ") && of.contains(" s (median of 1)") && of.contains(" + gate "),
+        "{of}"
+    );
+    assert!(
+        !of.contains("gate") || !of.contains("none recorded yet"),
+        "the gate pp-a passed is recorded: {of}"
+    );
 
     // Nothing activated, no slot taken.
     let activations = std::fs::read_to_string(&journal).unwrap_or_default();

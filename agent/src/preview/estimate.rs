@@ -1,13 +1,15 @@
-//! How long applying a previewed revision would take on this node, from what its history
-//! recorded: the median of its recent builds and activations, and the gate's settle time.
+//! How long applying a previewed revision would take on this node, from what it recorded: the
+//! median of its recent builds and activations (the history) and of its recent drains, health
+//! gates and reboots (the state's `took`).
 //!
-//! The history records each attempt's start and end by this node's own clock, so the
-//! durations compare like with like. Drains and reboots are not recorded as durations, so a
-//! plan that drains or reboots gets a lower bound, and says so.
+//! Each is measured between two of this node's own timestamps, so they compare like with like.
+//! What this node has not done yet (no drain, no reboot, no gate passed) is stood in for by
+//! what is known to be less (nothing; the gate's settle time), and the estimate says it is a
+//! lower bound.
 
 use std::time::Duration;
 
-use crate::state::{Attempt, AttemptKind, Outcome};
+use crate::state::{Attempt, AttemptKind, Durations, Measured, Outcome};
 use crate::types::{Disruption, Goal};
 
 /// Recent attempts of a kind taken into the median.
@@ -20,9 +22,18 @@ pub struct Estimate {
     pub of: String,
 }
 
+/// The middle one of `samples` (the upper of the two middle ones), `None` for none.
+fn middle(mut samples: Vec<Duration>) -> Option<(Duration, usize)> {
+    if samples.is_empty() {
+        return None;
+    }
+    samples.sort();
+    Some((samples[samples.len() / 2], samples.len()))
+}
+
 /// The median duration of the newest [`RECENT`] successful attempts that `pick` accepts.
 fn median(attempts: &[Attempt], pick: impl Fn(&Attempt) -> bool) -> Option<(Duration, usize)> {
-    let mut took: Vec<Duration> = attempts
+    let took: Vec<Duration> = attempts
         .iter()
         .rev()
         .filter(|a| a.outcome == Outcome::Succeeded && pick(a))
@@ -32,35 +43,81 @@ fn median(attempts: &[Attempt], pick: impl Fn(&Attempt) -> bool) -> Option<(Dura
             (secs >= 0.0).then(|| Duration::from_secs_f64(secs))
         })
         .collect();
-    if took.is_empty() {
-        return None;
+    middle(took)
+}
+
+/// The median of the recorded samples of `what`.
+fn median_of(took: &Durations, what: Measured) -> Option<(Duration, usize)> {
+    middle(
+        took.of(what)
+            .iter()
+            .rev()
+            .take(RECENT)
+            .map(|s| Duration::from_secs(*s))
+            .collect(),
+    )
+}
+
+/// What goes into an estimate: the sum so far, its parts in words, and whether a part is
+/// missing (a lower bound).
+#[derive(Default)]
+struct Sum {
+    total: Duration,
+    parts: Vec<String>,
+    lower: bool,
+}
+
+impl Sum {
+    /// Adds `what`'s median, or says it is not recorded yet (the sum becomes a lower bound,
+    /// `instead` standing in).
+    fn add(&mut self, what: &str, known: Option<(Duration, usize)>, instead: Option<Duration>) {
+        match (known, instead) {
+            (Some((d, n)), _) => {
+                self.total += d;
+                self.parts
+                    .push(format!("{what} {} s (median of {n})", d.as_secs()));
+            }
+            (None, Some(d)) => {
+                self.total += d;
+                self.lower = true;
+                self.parts.push(format!(
+                    "{what} {} s (none recorded yet: its least)",
+                    d.as_secs()
+                ));
+            }
+            (None, None) => {
+                self.lower = true;
+                self.parts.push(format!("{what} not recorded yet"));
+            }
+        }
     }
-    took.sort();
-    Some((took[took.len() / 2], took.len()))
 }
 
 /// The estimate for applying a revision whose plan calls for `action`: the build (recorded,
-/// else `built_now`, this preview's own), the activation (recorded: a switch for a live or
-/// drained one, a boot for a reboot) and the gate's `settle`.
+/// else `built_now`, this preview's own), a drain (for a drain or a reboot), the activation (a
+/// switch for a live or drained one, a boot for a reboot), the reboot, and the gate (recorded,
+/// else its `settle`, the least a gate takes).
 pub fn estimate(
     attempts: &[Attempt],
+    took: &Durations,
     action: Disruption,
     settle: Duration,
     built_now: Option<Duration>,
 ) -> Estimate {
-    let mut total = Duration::ZERO;
-    let mut parts = Vec::new();
-    match median(attempts, |a| a.kind == AttemptKind::Build) {
-        Some((d, n)) => {
-            total += d;
-            parts.push(format!("build {} s (median of {n})", d.as_secs()));
+    let mut sum = Sum::default();
+    match (
+        median(attempts, |a| a.kind == AttemptKind::Build),
+        built_now,
+    ) {
+        (None, Some(d)) => {
+            sum.total += d;
+            sum.parts
+                .push(format!("build {} s (this preview's)", d.as_secs()));
         }
-        None => {
-            if let Some(d) = built_now {
-                total += d;
-                parts.push(format!("build {} s (this preview's)", d.as_secs()));
-            }
-        }
+        (known, _) => sum.add("build", known, None),
+    }
+    if action != Disruption::None {
+        sum.add("drain", median_of(took, Measured::Drain), None);
     }
     let goal = if action == Disruption::Reboot {
         Goal::Boot
@@ -68,30 +125,17 @@ pub fn estimate(
         Goal::Switch
     };
     let activation = median(attempts, |a| a.kind == AttemptKind::Apply && a.goal == goal);
-    match activation {
-        Some((d, n)) => {
-            total += d;
-            parts.push(format!("activation {} s (median of {n})", d.as_secs()));
-        }
-        None => parts.push("activation not recorded yet".to_owned()),
+    sum.add("activation", activation, None);
+    if action == Disruption::Reboot {
+        sum.add("reboot", median_of(took, Measured::Reboot), None);
     }
-    total += settle;
-    parts.push(format!("gate settle {} s", settle.as_secs()));
-    let unrecorded = match action {
-        Disruption::None => None,
-        Disruption::Drain => Some("the drain"),
-        Disruption::Reboot => Some("the reboot"),
-    };
-    let lower = unrecorded.is_some() || activation.is_none();
-    let mut of = parts.join(" + ");
-    if let Some(what) = unrecorded {
-        of.push_str(&format!("; {what} is not recorded as a duration"));
-    }
-    if lower {
+    sum.add("gate", median_of(took, Measured::Gate), Some(settle));
+    let mut of = sum.parts.join(" + ");
+    if sum.lower {
         of.push_str(" (a lower bound)");
     }
     Estimate {
-        secs: Some(total.as_secs()),
+        secs: Some(sum.total.as_secs()),
         of,
     }
 }
@@ -125,7 +169,7 @@ mod tests {
     }
 
     #[test]
-    fn the_median_of_recent_successes_plus_the_settle() {
+    fn the_median_of_each_recorded_part() {
         use AttemptKind::{Apply, Build};
         let history = vec![
             attempt(Build, Goal::Switch, 100, Outcome::Succeeded),
@@ -135,34 +179,61 @@ mod tests {
             attempt(Apply, Goal::Switch, 8, Outcome::Succeeded),
             attempt(Apply, Goal::Boot, 50, Outcome::Succeeded),
         ];
-        let e = estimate(&history, Disruption::None, Duration::from_secs(60), None);
-        assert_eq!(e.secs, Some(40 + 8 + 60));
+        let took = Durations {
+            drains: vec![100, 20, 30, 25, 40, 35],
+            gates: vec![70],
+            reboots: vec![90, 110],
+        };
+        let settle = Duration::from_secs(60);
+        let e = estimate(&history, &took, Disruption::None, settle, None);
+        assert_eq!(e.secs, Some(40 + 8 + 70));
         assert_eq!(
             e.of,
-            "build 40 s (median of 3) + activation 8 s (median of 1) + gate settle 60 s"
+            "build 40 s (median of 3) + activation 8 s (median of 1) + gate 70 s (median of 1)"
         );
-        let e = estimate(&history, Disruption::Reboot, Duration::from_secs(60), None);
-        assert_eq!(e.secs, Some(40 + 50 + 60));
-        assert!(
-            e.of.ends_with("the reboot is not recorded as a duration (a lower bound)"),
-            "{}",
-            e.of
+        // The newest five drains: 20 25 30 35 40.
+        let e = estimate(&history, &took, Disruption::Drain, settle, None);
+        assert_eq!(e.secs, Some(40 + 30 + 8 + 70));
+        let e = estimate(&history, &took, Disruption::Reboot, settle, None);
+        assert_eq!(e.secs, Some(40 + 30 + 50 + 110 + 70));
+        assert_eq!(
+            e.of,
+            "build 40 s (median of 3) + drain 30 s (median of 5) + activation 50 s (median of 1) \
+             + reboot 110 s (median of 2) + gate 70 s (median of 1)"
         );
     }
 
     #[test]
-    fn without_a_history_the_preview_s_own_build_and_a_lower_bound() {
+    fn what_was_never_done_here_makes_a_lower_bound() {
         let e = estimate(
             &[],
-            Disruption::Drain,
+            &Durations::default(),
+            Disruption::Reboot,
             Duration::from_secs(10),
             Some(Duration::from_secs(3)),
         );
         assert_eq!(e.secs, Some(13));
         assert_eq!(
             e.of,
-            "build 3 s (this preview's) + activation not recorded yet + gate settle 10 s; \
-             the drain is not recorded as a duration (a lower bound)"
+            "build 3 s (this preview's) + drain not recorded yet + activation not recorded yet \
+             + reboot not recorded yet + gate 10 s (none recorded yet: its least) (a lower bound)"
         );
+        let live = estimate(
+            &[attempt(
+                AttemptKind::Apply,
+                Goal::Switch,
+                5,
+                Outcome::Succeeded,
+            )],
+            &Durations {
+                gates: vec![30],
+                ..Durations::default()
+            },
+            Disruption::None,
+            Duration::from_secs(10),
+            Some(Duration::from_secs(3)),
+        );
+        assert_eq!(live.secs, Some(3 + 5 + 30));
+        assert!(!live.of.contains("lower bound"), "{}", live.of);
     }
 }

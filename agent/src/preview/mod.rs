@@ -27,7 +27,7 @@ use crate::apply::process::Exit;
 use crate::config::Config;
 use crate::source::preview::{RefError, RefFetch, fetch_ref};
 use crate::source::{Trees, auth, git, verify};
-use crate::state::History;
+use crate::state::{Durations, History, State};
 use crate::types::{Goal, Plan, PreviewAnswer, PreviewOutcome, Revision};
 use crate::util;
 
@@ -63,8 +63,10 @@ pub async fn plan_ref(cfg: &Arc<Config>, id: &str, reference: &str) -> PreviewAn
     let mut answer = match run(cfg, id, reference).await {
         Ok((revision, plan, built_in)) => {
             let mut a = PreviewAnswer::planned(base, &revision, &plan);
+            let (attempts, took) = recorded(cfg);
             let e = estimate::estimate(
-                &recorded(cfg),
+                &attempts,
+                &took,
                 plan.action,
                 cfg.rollout.gate.settle.get(),
                 Some(built_in),
@@ -88,14 +90,18 @@ pub async fn plan_ref(cfg: &Arc<Config>, id: &str, reference: &str) -> PreviewAn
     answer
 }
 
-/// The attempts this node's history recorded, read without touching the file (the daemon
-/// owns it); none when it cannot be read.
-fn recorded(cfg: &Config) -> Vec<crate::state::Attempt> {
-    std::fs::read(cfg.state_dir.join("history.json"))
-        .ok()
-        .and_then(|b| serde_json::from_slice::<History>(&b).ok())
-        .map(|h| h.attempts)
-        .unwrap_or_default()
+/// The attempts this node's history recorded and the durations its state kept, each read
+/// without touching the file (the daemon owns them); none when it cannot be read.
+fn recorded(cfg: &Config) -> (Vec<crate::state::Attempt>, Durations) {
+    fn read<T: serde::de::DeserializeOwned>(path: PathBuf) -> Option<T> {
+        serde_json::from_slice(&std::fs::read(path).ok()?).ok()
+    }
+    let history: Option<History> = read(cfg.state_dir.join("history.json"));
+    let state: Option<State> = read(cfg.state_dir.join("state.json"));
+    (
+        history.map(|h| h.attempts).unwrap_or_default(),
+        state.map(|s| s.took).unwrap_or_default(),
+    )
 }
 
 /// Fetch, check out, build and plan, one preview of the source at a time on this node.

@@ -169,7 +169,7 @@ impl Reconciler {
         let revision = &open.revision;
         self.gatekeeper.fast_probes(false);
         self.gate_failing.clear();
-        if self.transition(Core::gate_passed).is_err() {
+        if self.transition(|c| c.gate_passed(util::now())).is_err() {
             return false;
         }
         self.metrics.gate(&format!("{}passed", open.label()));

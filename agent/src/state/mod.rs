@@ -20,6 +20,10 @@ use jiff::Timestamp;
 use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
 
+mod durations;
+
+pub use durations::{Durations, Measured};
+
 use crate::status::HealthStatus;
 use crate::types::{ClosureInfo, Generation, Goal, Plan, Revision};
 
@@ -110,6 +114,9 @@ pub struct State {
     /// start-up, it goes on where it was, and the node cordoned by it is uncordoned by it.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub apply_drain: Option<ApplyDrain>,
+    /// How long the recent drains, gates and reboots took here: a preview's estimate.
+    #[serde(skip_serializing_if = "Durations::is_empty")]
+    pub took: Durations,
 }
 
 /// A drain before the activation of `revision`: cordoned, drained, activated, then (once the

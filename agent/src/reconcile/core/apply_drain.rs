@@ -7,7 +7,7 @@
 use jiff::Timestamp;
 
 use super::{Core, TransitionError};
-use crate::state::ApplyDrain;
+use crate::state::{ApplyDrain, Measured};
 use crate::types::Revision;
 
 impl Core {
@@ -51,6 +51,8 @@ impl Core {
         let d = self.apply_drain_mut()?;
         if d.drained_at.is_none() {
             d.drained_at = Some(now);
+            let started = d.started_at;
+            self.state.took.record(Measured::Drain, started, now);
         }
         Ok(())
     }
@@ -103,6 +105,8 @@ mod tests {
         c.apply_drain_cordoned(false).unwrap();
         c.apply_drained(t(5)).unwrap();
         c.apply_drained(t(9)).unwrap();
+        // The drain's time is kept for a preview's estimate: once, from the start.
+        assert_eq!(c.state().took.drains, [4]);
         c.apply_drain_activated().unwrap();
         let d = c.end_apply_drain().unwrap();
         assert!(d.cordoned && d.activated);

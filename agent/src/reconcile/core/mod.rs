@@ -15,7 +15,7 @@ use jiff::Timestamp;
 use crate::config::RollbackPolicy;
 use crate::state::{
     AfterGate, Applied, AttemptKind, Built, Failure, GateFailure, Held, InFlight, Interrupted,
-    Outcome, RebootRequired, State, Verifying,
+    Measured, Outcome, RebootRequired, State, Verifying,
 };
 use crate::status::{ApplyState, WaitingFor};
 use crate::types::ClosureInfo;
@@ -408,8 +408,9 @@ impl Core {
         Ok(look(v))
     }
 
-    /// Verifying → succeeded (or, for the rolled-back system, rolled back): the gate passed.
-    pub fn gate_passed(&mut self) -> Result<Verifying, TransitionError> {
+    /// Verifying → succeeded (or, for the rolled-back system, rolled back): the gate passed
+    /// at `now`.
+    pub fn gate_passed(&mut self, now: Timestamp) -> Result<Verifying, TransitionError> {
         let v = self
             .state
             .verifying
@@ -418,6 +419,7 @@ impl Core {
         if !v.rollback {
             self.state.gate_failure = None;
             self.state.passed = Some(v.revision.clone());
+            self.state.took.record(Measured::Gate, v.started_at, now);
         }
         Ok(v)
     }
@@ -1098,8 +1100,8 @@ mod tests {
             c.begin_verifying(gate('a', false)),
             Err(TransitionError::AlreadyVerifying(rev('a')))
         );
-        assert_eq!(c.gate_passed().unwrap().revision, rev('a'));
-        assert_eq!(c.gate_passed(), Err(TransitionError::NotVerifying));
+        assert_eq!(c.gate_passed(t(60)).unwrap().revision, rev('a'));
+        assert_eq!(c.gate_passed(t(60)), Err(TransitionError::NotVerifying));
         assert_eq!(
             c.gate_failed(failing(), t(20), RollbackPolicy::Auto),
             Err(TransitionError::NotVerifying)
@@ -1111,7 +1113,7 @@ mod tests {
         let mut c = core();
         run(&mut c, 'a', 0, Outcome::Succeeded);
         c.begin_verifying(gate('a', false)).unwrap();
-        c.gate_passed().unwrap();
+        c.gate_passed(t(60)).unwrap();
         assert_eq!(c.apply_state(Some(&want('a'))), ApplyState::Succeeded);
         assert_eq!(c.decide(Some(&want('a')), t(20)), Decision::Idle);
     }
@@ -1152,7 +1154,7 @@ mod tests {
         );
         c.begin_verifying(gate('a', true)).unwrap();
         assert_eq!(c.decide(Some(&want('a')), t(23)), Decision::Verify);
-        c.gate_passed().unwrap();
+        c.gate_passed(t(60)).unwrap();
         assert_eq!(c.apply_state(Some(&want('a'))), ApplyState::RolledBack);
         assert_eq!(
             c.decide(Some(&want('a')), t(30)),
@@ -1298,7 +1300,7 @@ mod tests {
         run(&mut c, 'a', 0, Outcome::Succeeded);
         c.begin_verifying(gate('a', false)).unwrap();
         assert!(c.state.passed.is_none());
-        c.gate_passed().unwrap();
+        c.gate_passed(t(60)).unwrap();
         assert_eq!(c.state.passed, Some(rev('a')));
     }
 

@@ -9,7 +9,7 @@ use std::collections::BTreeMap;
 use jiff::Timestamp;
 
 use super::{Core, TransitionError};
-use crate::state::{AfterGate, Held, RebootDeferred, RebootPhase, Rebooting, Verifying};
+use crate::state::{AfterGate, Held, Measured, RebootDeferred, RebootPhase, Rebooting, Verifying};
 use crate::status::HealthStatus;
 
 impl Core {
@@ -84,6 +84,9 @@ impl Core {
         r.boot_id = boot_id;
         r.reboot_at = Some(now);
         r.baseline = baseline;
+        if let Some(drain) = r.drain_started_at {
+            self.state.took.record(Measured::Drain, drain, now);
+        }
         Ok(())
     }
 
@@ -92,12 +95,16 @@ impl Core {
     pub fn verify_after_reboot(&mut self, v: Verifying) -> Result<(), TransitionError> {
         self.rebooting_in(&[RebootPhase::Rebooting], "rebooting")?;
         let open = self.state.verifying.take();
+        let up = v.started_at;
         if let Err(e) = self.begin_verifying(v) {
             self.state.verifying = open;
             return Err(e);
         }
         if let Some(r) = self.state.rebooting.as_mut() {
             r.phase = RebootPhase::Verifying;
+            if let Some(commanded) = r.reboot_at {
+                self.state.took.record(Measured::Reboot, commanded, up);
+            }
         }
         Ok(())
     }
@@ -258,6 +265,7 @@ mod tests {
             (r.boot_id.as_deref(), r.reboot_at),
             (Some("b1"), Some(t(12)))
         );
+        assert_eq!(c.state.took.drains, [1], "cordoned at 11, drained at 12");
         let mut c = c;
         assert_eq!(
             c.reboot_cordoned(true, t(13)),
@@ -273,8 +281,10 @@ mod tests {
         let mut c = commanded();
         let mut v = gate('a', false);
         v.after_reboot = true;
+        v.started_at = t(40);
         c.verify_after_reboot(v).unwrap();
         assert_eq!(phase(&c), Some(RebootPhase::Verifying));
+        assert_eq!(c.state.took.reboots, [28], "commanded at 12, up at 40");
         assert!(c.state.verifying.as_ref().unwrap().after_reboot);
         assert_eq!(
             c.verify_after_reboot(gate('a', false)),
@@ -302,7 +312,12 @@ mod tests {
     fn the_gate_after_a_reboot_decides_the_reboot_phase() {
         let mut c = commanded();
         c.verify_after_reboot(gate('a', false)).unwrap();
-        c.gate_passed().unwrap();
+        c.gate_passed(t(60)).unwrap();
+        assert_eq!(c.state.took.gates, [50], "opened at 10, passed at 60");
+        assert!(
+            c.state.took.reboots.is_empty(),
+            "up before the command: no sample"
+        );
         assert_eq!(c.reboot_gate_closed(true), Ok(RebootPhase::Finishing));
 
         let mut c = commanded();
