@@ -65,6 +65,38 @@ fn plan_ms(env: &Env, rev: &str) -> Option<u64> {
         .and_then(|a| a["plan"]["took_ms"].as_u64())
 }
 
+/// Closure mode with `apply.prebuild` (the rounds above go without it, so that their latency
+/// is the switch's alone): each revision's system is fetched and its plan computed before the
+/// activation; returns each plan's `took_ms`.
+fn plan_rounds(cache: &Cache, systems: &Systems, rounds: usize) -> Vec<Duration> {
+    let env = closure_env(cache, &cache.public, "");
+    env.dropin("90-prebuild.toml", "[apply]\nprebuild = true\n");
+    let d = env.start();
+    let mut plans = Vec::new();
+    for i in 0..rounds {
+        let name = format!("plan-{i}");
+        let path = systems.build(&name, true);
+        cache.push(&path);
+        forget(&path);
+        let rev = env
+            .repo
+            .commit("hosts/lucy.closure", &format!("{path}\n"), &name);
+        ctl(&env, &["sync"]);
+        wait_for("the revision applied after its build", || {
+            let h: Value = serde_json::from_str(&ctl(&env, &["history", "--json"])).ok()?;
+            let applied = h["attempts"].as_array()?.iter().any(|a| {
+                a["revision"] == rev.as_str() && a["kind"] == "apply" && a["outcome"] == "succeeded"
+            });
+            applied.then_some(())
+        });
+        if let Some(ms) = plan_ms(&env, &rev) {
+            plans.push(Duration::from_millis(ms));
+        }
+    }
+    d.stop();
+    plans
+}
+
 fn stamp(path: &std::path::Path) -> u128 {
     std::fs::read_to_string(path)
         .unwrap()
@@ -77,11 +109,14 @@ fn summary(name: &str, mut lat: Vec<Duration>, rss: &[u64]) {
     lat.sort();
     let ms = |d: Duration| d.as_secs_f64() * 1000.0;
     let p = |q: f64| lat[((lat.len() as f64 - 1.0) * q).round() as usize];
+    let rss = match rss.iter().copied().max() {
+        Some(kib) => format!("   max RSS {:>6.1} MiB", kib as f64 / 1024.0),
+        None => String::new(),
+    };
     println!(
-        "{name:<34} median {:>8.1} ms   p90 {:>8.1} ms   max RSS {:>6.1} MiB",
+        "{name:<34} median {:>8.1} ms   p90 {:>8.1} ms{rss}",
         ms(p(0.5)),
         ms(p(0.9)),
-        rss.iter().copied().max().unwrap_or(0) as f64 / 1024.0
     );
 }
 
@@ -100,7 +135,7 @@ fn main() {
     let systems = Systems::new(tmp.path());
     let env = closure_env(&cache, &cache.public, "");
     let d = env.start();
-    let (mut lat, mut rss, mut plans) = (Vec::new(), Vec::new(), Vec::new());
+    let (mut lat, mut rss) = (Vec::new(), Vec::new());
     for i in 0..rounds {
         let name = format!("bench-{i}");
         let path = systems.build(&name, true);
@@ -116,15 +151,13 @@ fn main() {
         let started = stamp(&systems.dir.join(format!("started-{name}")));
         lat.push(Duration::from_nanos((started - t0) as u64));
         rss.push(a["max_rss_kib"].as_u64().unwrap_or(0));
-        if let Some(ms) = plan_ms(&env, &rev) {
-            plans.push(Duration::from_millis(ms));
-        }
     }
     d.stop();
+    let plans = plan_rounds(&cache, &systems, rounds);
     println!("closure mode vs colmena mode ({rounds} rounds each, the same one-line change)");
     summary("closure: sync → switch start", lat, &rss);
     if plans.is_empty() {
-        println!("plan: none computed (apply.prebuild off?)");
+        println!("plan: none computed");
     } else {
         summary("plan after the build (real Nix)", plans, &[]);
     }

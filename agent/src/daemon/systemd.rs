@@ -177,7 +177,29 @@ pub(super) async fn report_status(
 
 /// One sentence for `systemctl status`: what ginx is doing or waiting for.
 pub fn summary(status: &status::Status) -> String {
-    let a = &status.apply;
+    let failing: Vec<&str> = status
+        .sources
+        .iter()
+        .filter(|(_, s)| s.error.is_some())
+        .map(|(n, _)| n.as_str())
+        .collect();
+    sentence(
+        &status.apply,
+        status.rollout.gate.as_ref(),
+        status.suspended,
+        &failing,
+    )
+}
+
+/// [`summary`] of its parts: the apply, the open gate, the suspension and the sources whose
+/// fetch fails. The STATUS= line is read later than written, so a gate says times, never "for
+/// N s".
+fn sentence(
+    a: &status::ApplyStatus,
+    gate: Option<&status::GateProgress>,
+    suspended: bool,
+    failing: &[&str],
+) -> String {
     let rev = a.revision.as_ref().map_or("-", |r| r.short());
     let mut line = match a.state {
         ApplyState::Idle => format!("waiting for the first fetch of {}", a.source),
@@ -185,7 +207,7 @@ pub fn summary(status: &status::Status) -> String {
         ApplyState::Waiting => format!("suspended; {} {rev} waits to be applied", a.source),
         ApplyState::Building => format!("building {} {rev} before its activation", a.source),
         ApplyState::Applying => format!("applying {} {rev} ({})", a.source, a.goal),
-        ApplyState::Verifying => match &status.rollout.gate {
+        ApplyState::Verifying => match gate {
             Some(gate) => format!("verifying {} {rev}; {}", a.source, gate.describe(None)),
             None => format!("verifying {} {rev}", a.source),
         },
@@ -199,15 +221,9 @@ pub fn summary(status: &status::Status) -> String {
         ),
         ApplyState::RolledBack => format!("{} {rev} rolled back", a.source),
     };
-    if status.suspended && a.state != ApplyState::Waiting {
+    if suspended && a.state != ApplyState::Waiting {
         line.push_str("; suspended");
     }
-    let failing: Vec<&str> = status
-        .sources
-        .iter()
-        .filter(|(_, s)| s.error.is_some())
-        .map(|(n, _)| n.as_str())
-        .collect();
     if !failing.is_empty() {
         line.push_str(&format!("; fetch failing: {}", failing.join(", ")));
     }
@@ -252,6 +268,47 @@ mod tests {
 
     /// A notify socket that nobody reads for a while: the notes made meanwhile wait as one of
     /// each kind, and the newest status is what goes out once it is read again.
+    #[test]
+    fn a_healthy_gate_reads_as_times_on_the_status_line() {
+        let at = |t: &str| -> jiff::Timestamp { t.parse().unwrap() };
+        let apply = status::ApplyStatus {
+            state: ApplyState::Verifying,
+            source: "hephaestus".into(),
+            revision: Some("0123456789abcdef0123456789abcdef01234567".parse().unwrap()),
+            ..status::ApplyStatus::default()
+        };
+        let gate = status::GateProgress {
+            healthy_since: Some(at("2026-12-04T14:33:35Z")),
+            passes_at: Some(at("2026-12-04T14:34:35Z")),
+            deadline: Some(at("2026-12-04T14:37:00Z")),
+            ..status::GateProgress::default()
+        };
+        assert_eq!(
+            sentence(&apply, Some(&gate), false, &[]),
+            "verifying hephaestus 0123456789ab; health gate after the activation: healthy since \
+             2026-12-04T14:33:35Z (60 s settle); passes at 2026-12-04T14:34:35Z if nothing \
+             regresses; gives up at 2026-12-04T14:37:00Z"
+        );
+        let failing = status::GateProgress {
+            failing: [("kubelet".to_owned(), "healthz 500".to_owned())].into(),
+            deadline: Some(at("2026-12-04T14:37:00Z")),
+            ..status::GateProgress::default()
+        };
+        let line = sentence(&apply, Some(&failing), true, &["argus"]);
+        assert!(
+            line.contains("failing kubelet") && line.contains("gives up at 2026-12-04T14:37:00Z"),
+            "{line}"
+        );
+        assert!(
+            line.ends_with("; suspended; fetch failing: argus"),
+            "{line}"
+        );
+        assert!(
+            !line.contains("healthy since -") && !line.contains("fails at"),
+            "{line}"
+        );
+    }
+
     #[test]
     fn a_stalled_notify_socket_holds_one_status_and_gets_the_newest() {
         let (sent_tx, sent_rx) = std::sync::mpsc::channel::<String>();
