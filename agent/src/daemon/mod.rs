@@ -333,7 +333,7 @@ async fn start(cfg: &Arc<Config>, config: watch::Receiver<Arc<Config>>) -> anyho
     ));
     spawn_health_probes(&shared, fast_probes_rx);
     spawn_reporter(&shared, parts.clone(), kube_clients_tx, kube_status_tx);
-    spawn_previews(&shared, previews_tx);
+    spawn_previews(&shared, parts.kubernetes.clone(), previews_tx);
     if let Some(l) = metrics_listener {
         spawn_metrics_server(&shared, l, parts);
     }
@@ -458,11 +458,16 @@ fn spawn_metrics_server(shared: &Shared, listener: tokio::net::TcpListener, part
 
 /// Starts answering the fleet's plan requests (`ginxctl plan REF`); the answers go to
 /// `answers`, which the reporter writes on the heartbeat.
-fn spawn_previews(shared: &Shared, answers: watch::Sender<Vec<crate::types::PreviewAnswer>>) {
+fn spawn_previews(
+    shared: &Shared,
+    kube: watch::Receiver<status::KubeStatus>,
+    answers: watch::Sender<Vec<crate::types::PreviewAnswer>>,
+) {
     tokio::spawn(
         crate::preview::answering::Answering {
             config: shared.config.clone(),
             clients: shared.kube.clone(),
+            kube,
             answers,
             shutdown: shared.shutdown.clone(),
         }

@@ -18,6 +18,7 @@ use super::store::{self, Answered};
 use crate::config::Config;
 use crate::k8s::{KubeClients, watch_objects};
 use crate::rollout::plan_requests;
+use crate::status::{KubeState, KubeStatus};
 use crate::types::{PlanRequest, PreviewAnswer, PreviewOutcome};
 
 /// The ConfigMap is read this often even when its watch says nothing.
@@ -26,6 +27,10 @@ const LOOK_EVERY: Duration = Duration::from_secs(300);
 pub struct Answering {
     pub config: watch::Receiver<Arc<Config>>,
     pub clients: watch::Receiver<Option<KubeClients>>,
+    /// Requests are read only while the node's report is accepted (`connected`): a node the
+    /// API refuses (a missing namespace, credentials without the rights) asks nothing more of
+    /// it than the reporter does.
+    pub kube: watch::Receiver<KubeStatus>,
     /// The answers shown: what the reporter writes on the heartbeat.
     pub answers: watch::Sender<Vec<PreviewAnswer>>,
     pub shutdown: watch::Receiver<bool>,
@@ -45,7 +50,8 @@ impl Answering {
         let mut watch: Option<tokio::task::JoinHandle<()>> = None;
         loop {
             let clients = self.clients.borrow_and_update().clone();
-            if let Some(c) = &clients {
+            let connected = self.kube.borrow_and_update().state == KubeState::Connected;
+            if let Some(c) = clients.as_ref().filter(|_| connected) {
                 let cfg = Arc::clone(&self.config.borrow());
                 if watch.is_none() {
                     watch = Some(start_watch(&cfg, c, changes_tx.clone()));
@@ -62,6 +68,14 @@ impl Answering {
                 r = self.clients.changed() => {
                     if r.is_err() { return }
                     if let Some(w) = watch.take() { w.abort() }
+                }
+                r = self.kube.changed() => {
+                    if r.is_err() { return }
+                    if self.kube.borrow().state != KubeState::Connected
+                        && let Some(w) = watch.take()
+                    {
+                        w.abort();
+                    }
                 }
                 () = tokio::time::sleep(LOOK_EVERY) => {}
                 _ = self.shutdown.changed() => {
