@@ -10,6 +10,7 @@ mod cluster_api;
 mod control_socket;
 mod core_loop;
 mod docs;
+mod etcd;
 mod events;
 mod faults;
 mod fleet;

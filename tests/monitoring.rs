@@ -99,6 +99,7 @@ fn the_alert_rules_check_and_pass_their_unit_tests_and_the_prometheusrule_is_the
         "GinxRevisionHalted",
         "GinxRolloutSlotHeldTooLong",
         "GinxRolloutWaitingTooLong",
+        "GinxEtcdGuardWaiting",
         "GinxRollbackUnhealthy",
         "GinxSourceUnreachable",
         "GinxDrift",
@@ -113,7 +114,7 @@ fn the_alert_rules_check_and_pass_their_unit_tests_and_the_prometheusrule_is_the
     }
     let dir = repo().join("packaging/prometheus");
     let checked = promtool(&dir, &["check", "rules", "ginx.rules.yaml"]);
-    assert!(checked.contains("SUCCESS: 10 rules found"), "{checked}");
+    assert!(checked.contains("SUCCESS: 11 rules found"), "{checked}");
     let tested = promtool(&dir, &["test", "rules", "ginx.rules.test.yaml"]);
     assert!(tested.contains("SUCCESS"), "{tested}");
 }

@@ -17,14 +17,8 @@ use crate::support::kubelet::Kubelet;
 use crate::support::reboot::{Node, Unschedulable, namespace, node, tend_until};
 use crate::support::{Env, wait_for};
 
-/// The node's status, or `None` while its ginx is down (rebooting).
 fn status(n: &Node) -> Option<Value> {
-    let d = n.daemon.as_ref()?;
-    let out = d.ctl(&["status", "--json"]);
-    out.status
-        .success()
-        .then(|| serde_json::from_slice(&out.stdout).ok())
-        .flatten()
+    n.status()
 }
 
 fn unschedulable(cp: &ControlPlane, node: &str) -> bool {

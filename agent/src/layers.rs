@@ -19,6 +19,8 @@ const LAYERS: &[(&str, u8)] = &[
     // The Kubernetes API's plumbing below the workers: typed errors, the one retry loop, the
     // heartbeat Lease's owner.
     ("k8s", 4),
+    // etcd's API as the control-plane guard and the health probe ask it: beside `k8s`.
+    ("etcd", 4),
     ("source", 5),
     ("apply", 5),
     ("health", 5),

@@ -14,6 +14,7 @@ pub mod cli;
 pub mod config;
 pub mod control;
 pub mod daemon;
+pub mod etcd;
 #[doc(hidden)]
 pub mod fuzz;
 pub mod health;

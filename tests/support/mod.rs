@@ -7,6 +7,7 @@ pub mod apiserver;
 pub mod blackhole;
 pub mod control_plane;
 pub mod daemon;
+pub mod etcd;
 pub mod fakes;
 pub mod fleetlock;
 pub mod git;

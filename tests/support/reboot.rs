@@ -103,6 +103,15 @@ impl Node {
         self.daemon = Some(self.env.start());
     }
 
+    /// The node's status, or `None` while its ginx is down (rebooting).
+    pub fn status(&self) -> Option<Value> {
+        let out = self.daemon.as_ref()?.ctl(&["status", "--json"]);
+        out.status
+            .success()
+            .then(|| serde_json::from_slice(&out.stdout).ok())
+            .flatten()
+    }
+
     pub fn d(&self) -> &Daemon {
         self.daemon.as_ref().expect("ginx runs")
     }

@@ -82,6 +82,22 @@ impl TestCa {
         (cert.pem(), key.serialize_pem())
     }
 
+    /// A certificate for `names` that serves and is also a client's, as kubeadm issues etcd's
+    /// `server.crt`: etcd's JSON gateway dials the member's own TLS port with it.
+    pub fn issue_server_and_client_pem(&self, names: &[&str]) -> (String, String) {
+        let key = KeyPair::generate().unwrap();
+        super::sweep::secret_pem("TLS server private key", &key.serialize_pem());
+        let mut params =
+            CertificateParams::new(names.iter().map(|s| (*s).to_owned()).collect::<Vec<_>>())
+                .unwrap();
+        params.extended_key_usages = vec![
+            rcgen::ExtendedKeyUsagePurpose::ServerAuth,
+            rcgen::ExtendedKeyUsagePurpose::ClientAuth,
+        ];
+        let cert = params.signed_by(&key, &self.issuer).unwrap();
+        (cert.pem(), key.serialize_pem())
+    }
+
     /// The CA's private key, PEM (a control plane's CSR signer needs it).
     pub fn key_pem(&self) -> String {
         self.issuer.key().serialize_pem()

@@ -334,6 +334,12 @@ pub const DISRUPTION_TIMEOUT: DurationBound = bound(
     "each step of computing a revision's plan (dry-activate, the closure difference); past it \
      the plan is unknown and disruption.unknown applies",
 );
+pub const ETCD_TIMEOUT: DurationBound = bound(
+    "etcd.timeout",
+    millis(100),
+    secs(MINUTE),
+    "each request to an etcd member; a member that takes longer is not answering",
+);
 pub const STAGE_TIMEOUT: DurationBound =
     bound("bootstrap.stages[].timeout", secs(1), secs(DAY), TIMEOUT);
 pub const FLUX_TIMEOUT: DurationBound =
@@ -372,6 +378,7 @@ pub const DURATIONS: &[&DurationBound] = &[
     &GRACE_PERIOD,
     &REBOOT_WINDOW_LENGTH,
     &DISRUPTION_TIMEOUT,
+    &ETCD_TIMEOUT,
     &NOTIFY_TIMEOUT,
     &STAGE_TIMEOUT,
     &FLUX_TIMEOUT,
@@ -415,6 +422,19 @@ pub const KUBE_VIP_RETRY_PERIOD: CountBound = CountBound {
     why: KUBE_VIP_WHY,
 };
 
+pub const ETCD_MAX_LAG: CountBound = CountBound {
+    key: "etcd.max_lag",
+    floor: 1,
+    ceiling: 1_000_000,
+    why: "raft entries a member may trail the leader's applied index by and count as caught up",
+};
+pub const ETCD_HAND_OVER_ATTEMPTS: CountBound = CountBound {
+    key: "etcd.hand_over_attempts",
+    floor: 1,
+    ceiling: 10,
+    why: "moves of the leadership tried before the node waits instead",
+};
+
 /// Every count bound, in the manual's order.
 pub const COUNTS: &[&CountBound] = &[
     &MAX_ATTEMPTS,
@@ -424,6 +444,8 @@ pub const COUNTS: &[&CountBound] = &[
     &KUBE_VIP_LEASE_DURATION,
     &KUBE_VIP_RENEW_DEADLINE,
     &KUBE_VIP_RETRY_PERIOD,
+    &ETCD_MAX_LAG,
+    &ETCD_HAND_OVER_ATTEMPTS,
 ];
 
 /// Runs `d` through the arithmetic ginx does with a configured duration, from `now` and

@@ -19,6 +19,7 @@ pub mod bounds;
 mod control;
 mod disruption;
 mod duration;
+mod etcd;
 mod health;
 pub mod kubeadm;
 mod kubernetes;
@@ -47,6 +48,7 @@ pub use bootstrap::{BootstrapConfig, FluxConfig, Stage, Wait};
 pub use control::ControlConfig;
 pub use disruption::{DEFAULT_DRAIN_UNITS, DisruptionConfig, DisruptionRule, check_glob};
 pub use duration::Duration;
+pub use etcd::{DEFAULT_ETCD_MANIFEST, EtcdConfig};
 pub use health::{
     ApiserverProbe, CiliumProbe, HealthConfig, KubeVipProbe, KubeletProbe, NodeReadyProbe,
     SystemdProbe,
@@ -98,6 +100,8 @@ pub struct Config {
     pub reboot: RebootConfig,
     /// What a revision's changes call for before its activation (`[disruption]`).
     pub disruption: DisruptionConfig,
+    /// The etcd guard of control-plane nodes with a stacked member (`[etcd]`).
+    pub etcd: EtcdConfig,
     pub bootstrap: BootstrapConfig,
     /// Webhooks told of halts, rollbacks, lost slots, blocked drains, reboots and failing
     /// applies (`[[notify]]`).
@@ -122,6 +126,7 @@ impl Default for Config {
             rollout: RolloutConfig::default(),
             reboot: RebootConfig::default(),
             disruption: DisruptionConfig::default(),
+            etcd: EtcdConfig::default(),
             bootstrap: BootstrapConfig::default(),
             notify: Vec::new(),
         }
@@ -407,6 +412,7 @@ impl Config {
             ));
         }
         self.health.validate(ctx)?;
+        self.etcd.validate(ctx)?;
         if let (Some(src), Some(_)) = (&self.kubeadm.source, &self.kubeadm.cluster_file)
             && !self.sources.contains_key(src)
         {

@@ -25,7 +25,7 @@ const APPLY_STATES: [ApplyState; 9] = [
     ApplyState::RolledBack,
 ];
 
-const WAITING: [WaitingFor; 12] = [
+const WAITING: [WaitingFor; 13] = [
     WaitingFor::Suspended,
     WaitingFor::Paused,
     WaitingFor::Halted,
@@ -38,6 +38,7 @@ const WAITING: [WaitingFor; 12] = [
     WaitingFor::Refused,
     WaitingFor::After,
     WaitingFor::Soak,
+    WaitingFor::Etcd,
 ];
 
 const HEALTH: [HealthStatus; 4] = [

@@ -23,15 +23,17 @@ pub enum Probe {
     Cilium,
     Systemd,
     NodeReady,
+    Etcd,
 }
 
-pub const ALL: [Probe; 6] = [
+pub const ALL: [Probe; 7] = [
     Probe::Kubelet,
     Probe::Apiserver,
     Probe::KubeVip,
     Probe::Cilium,
     Probe::Systemd,
     Probe::NodeReady,
+    Probe::Etcd,
 ];
 
 impl Probe {
@@ -43,6 +45,7 @@ impl Probe {
             Probe::Cilium => "cilium",
             Probe::Systemd => "systemd",
             Probe::NodeReady => "node-ready",
+            Probe::Etcd => "etcd",
         }
     }
 
@@ -56,6 +59,7 @@ impl Probe {
             Probe::Cilium => h.cilium.enabled,
             Probe::Systemd => h.systemd.enabled,
             Probe::NodeReady => h.node_ready.enabled,
+            Probe::Etcd => cfg.etcd.applies(cfg.node.role),
         }
     }
 
@@ -69,6 +73,7 @@ impl Probe {
             Probe::Cilium => (h.cilium.interval, h.cilium.timeout),
             Probe::Systemd => (h.systemd.interval, h.systemd.timeout),
             Probe::NodeReady => (h.node_ready.interval, h.node_ready.timeout),
+            Probe::Etcd => (None, Some(cfg.etcd.timeout)),
         };
         (i.unwrap_or(h.interval).get(), t.unwrap_or(h.timeout).get())
     }
@@ -82,7 +87,32 @@ impl Probe {
             Probe::Cilium => not_yet(cfg, cilium(cfg, timeout).await),
             Probe::Systemd => systemd(cfg, timeout).await,
             Probe::NodeReady => node_ready(cfg, ctx).await,
+            Probe::Etcd => etcd(cfg).await,
         }
+    }
+}
+
+/// This node's etcd member: it answers, carries no alarm and is caught up with the leader
+/// (`etcd.max_lag`). Required by the gate of a control-plane node, so that the slot is
+/// released only once the member is back in step.
+async fn etcd(cfg: &Config) -> Verdict {
+    let client = match crate::etcd::Client::new(&cfg.etcd) {
+        Ok(c) => c,
+        Err(e) => return (HealthStatus::Failed, e.to_string()),
+    };
+    match crate::etcd::observe(&client).await {
+        Err(e) => (HealthStatus::Failed, e.to_string()),
+        Ok(view) => match view.own_trouble(u64::from(cfg.etcd.max_lag)) {
+            Some(why) => (HealthStatus::Failed, why),
+            None => (
+                HealthStatus::Ok,
+                format!(
+                    "member {} is caught up with the leader {}",
+                    view.name(view.me),
+                    view.leader().map(|l| view.name(l)).unwrap_or_default()
+                ),
+            ),
+        },
     }
 }
 

@@ -6,7 +6,7 @@
 //!
 //! The questions come in a fixed order, cheapest and most general first, and each is asked
 //! only when every earlier one let the node through: the backend, the fleet state (pause,
-//! halts, a vanished holder), the maintenance windows, the control plane's quorum, a halt
+//! halts, a vanished holder), the maintenance windows, the control plane's quorum, etcd, a halt
 //! this node owes the fleet, the slot already held, the groups of `rollout.after`, and only
 //! then a take of the lock. So a paused fleet costs one read, not a quorum check and a list.
 //!
@@ -84,6 +84,8 @@ pub struct Ask<'a> {
     pub group: &'a str,
     /// A control-plane node with `rollout.quorum_guard` on.
     pub quorum_guard: bool,
+    /// A control-plane node with a stacked etcd member and `etcd.guard` on.
+    pub etcd_guard: bool,
     /// `rollout.after` names groups not yet seen to have passed this revision.
     pub after_pending: bool,
     /// The windows that gate this purpose, and the key they come from (for the message).
@@ -101,6 +103,9 @@ pub struct Facts<'a> {
     pub fleet: Option<&'a FleetState>,
     /// The quorum guard's answer: `Some(None)` when it let the node through.
     pub quorum: Option<Option<String>>,
+    /// The etcd guard's answer (after the hand-over of the leadership, if this node's member
+    /// led): `Some(None)` when it let the node through.
+    pub etcd: Option<Option<String>>,
     pub owed_halt: Owed,
     /// The `rollout.after` groups' answer: `Some(None)` when all passed.
     pub after: Option<Option<String>>,
@@ -125,6 +130,9 @@ pub enum Next {
     ReadFleet,
     /// Ask the quorum guard about the other control-plane nodes.
     CheckQuorum,
+    /// Ask etcd whether every member is fit and the quorum survives this node, and hand the
+    /// leadership over if this node's member leads.
+    CheckEtcd,
     /// Write the halt this node owes.
     WriteOwedHalt,
     /// Read whether every node of the `rollout.after` groups passed the revision.
@@ -195,6 +203,15 @@ pub fn next(ask: &Ask<'_>, facts: &Facts<'_>, now: Timestamp) -> Next {
         match &facts.quorum {
             None => return Next::CheckQuorum,
             Some(Some(why)) => return Next::Answer(Verdict::wait(WaitingFor::Quorum, why.clone())),
+            Some(None) => {}
+        }
+    }
+    // etcd is asked on the node itself, with or without the Kubernetes API: a member that
+    // cannot be asked holds the node, whatever `on_api_unavailable` says.
+    if !resuming_apply && ask.etcd_guard {
+        match &facts.etcd {
+            None => return Next::CheckEtcd,
+            Some(Some(why)) => return Next::Answer(Verdict::wait(WaitingFor::Etcd, why.clone())),
             Some(None) => {}
         }
     }

@@ -62,6 +62,7 @@ fn ask(r: &Revision) -> Ask<'_> {
         holding: Holding::None,
         group: "workers",
         quorum_guard: false,
+        etcd_guard: false,
         after_pending: false,
         windows: &[],
         windows_key: "rollout.windows",
@@ -164,6 +165,64 @@ fn every_wait_and_every_step_is_reached() {
                 ..read(&empty)
             },
             wait(WaitingFor::Quorum),
+        ),
+        (
+            "etcd not asked yet",
+            Ask {
+                etcd_guard: true,
+                ..ask(&r)
+            },
+            read(&empty),
+            Next::CheckEtcd,
+        ),
+        (
+            "etcd not asked yet, without the API",
+            Ask {
+                etcd_guard: true,
+                backend: Effective::Fleetlock,
+                cluster: false,
+                connected: false,
+                ..ask(&r)
+            },
+            Facts::default(),
+            Next::CheckEtcd,
+        ),
+        (
+            "etcd asked after the quorum",
+            Ask {
+                quorum_guard: true,
+                etcd_guard: true,
+                ..ask(&r)
+            },
+            Facts {
+                quorum: Some(None),
+                ..read(&empty)
+            },
+            Next::CheckEtcd,
+        ),
+        (
+            "etcd unfit",
+            Ask {
+                etcd_guard: true,
+                ..ask(&r)
+            },
+            Facts {
+                etcd: Some(Some("etcd: quinn has the alarm NOSPACE".into())),
+                ..read(&empty)
+            },
+            wait(WaitingFor::Etcd),
+        ),
+        (
+            "etcd passed: the lock is taken",
+            Ask {
+                etcd_guard: true,
+                ..ask(&r)
+            },
+            Facts {
+                etcd: Some(None),
+                ..read(&empty)
+            },
+            Next::Take,
         ),
         (
             "a halt owed",
@@ -389,4 +448,21 @@ fn busy_says_whether_the_slots_are_full_or_the_races_were_lost() {
         ))
         .ends_with("2s to go")
     );
+}
+
+#[test]
+fn an_apply_under_way_is_not_asked_of_etcd_again_but_a_reboot_is() {
+    let r = rev('a');
+    let fleet = FleetState::default();
+    let resumed = Ask {
+        held_in_state: true,
+        etcd_guard: true,
+        ..ask(&r)
+    };
+    assert_ne!(next(&resumed, &read(&fleet), t(NOON)), Next::CheckEtcd);
+    let reboot = Ask {
+        purpose: Purpose::Reboot,
+        ..resumed
+    };
+    assert_eq!(next(&reboot, &read(&fleet), t(NOON)), Next::CheckEtcd);
 }

@@ -1,5 +1,5 @@
 //! Coordinated rollouts: the lock that lets at most `max_concurrent` nodes of a group apply at
-//! once (slot Leases in the cluster, or a FleetLock server), the control-plane quorum guard,
+//! once (slot Leases in the cluster, or a FleetLock server), the control-plane quorum and etcd guards,
 //! the health gate's verdict, and the cluster-wide halt and pause in the `ginx-rollout`
 //! ConfigMap.
 //!
@@ -10,6 +10,7 @@
 pub mod admission;
 mod after;
 pub mod cluster;
+mod etcd_guard;
 mod evidence;
 pub mod fleet;
 mod fleet_cache;

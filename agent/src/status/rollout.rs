@@ -43,6 +43,9 @@ pub enum WaitingFor {
     After,
     /// A node of the group passed its gate on the revision less than `rollout.soak` ago.
     Soak,
+    /// A control-plane node's etcd guard: a member is unfit, the quorum would not survive this
+    /// node going down, or its member leads and the leadership could not be moved.
+    Etcd,
 }
 
 impl WaitingFor {
@@ -60,6 +63,7 @@ impl WaitingFor {
             WaitingFor::Refused => "refused",
             WaitingFor::After => "after",
             WaitingFor::Soak => "soak",
+            WaitingFor::Etcd => "etcd",
         }
     }
 }

@@ -42,10 +42,15 @@ pub enum Reason {
     BootstrapStage,
     /// A revision was built and its plan computed: what activating it will disrupt.
     Planned,
+    /// This node's etcd member led and handed the leadership to another before a disruption.
+    EtcdLeaderMoved,
+    /// The etcd guard holds this control-plane node back: a member is unfit, or the quorum
+    /// would not survive it going down.
+    EtcdUnhealthy,
 }
 
 impl Reason {
-    pub const ALL: [Reason; 17] = [
+    pub const ALL: [Reason; 19] = [
         Reason::Applying,
         Reason::Applied,
         Reason::ApplyFailed,
@@ -63,6 +68,8 @@ impl Reason {
         Reason::DriftDetected,
         Reason::BootstrapStage,
         Reason::Planned,
+        Reason::EtcdLeaderMoved,
+        Reason::EtcdUnhealthy,
     ];
 
     pub fn as_str(self) -> &'static str {
@@ -84,6 +91,8 @@ impl Reason {
             Reason::DriftDetected => "DriftDetected",
             Reason::BootstrapStage => "BootstrapStage",
             Reason::Planned => "Planned",
+            Reason::EtcdLeaderMoved => "EtcdLeaderMoved",
+            Reason::EtcdUnhealthy => "EtcdUnhealthy",
         }
     }
 
@@ -99,6 +108,7 @@ impl Reason {
                 | Reason::HolderVanished
                 | Reason::DrainBlocked
                 | Reason::DriftDetected
+                | Reason::EtcdUnhealthy
         )
     }
 
@@ -114,6 +124,7 @@ impl Reason {
             Reason::DriftDetected => "DriftCheck",
             Reason::BootstrapStage => "Bootstrap",
             Reason::Planned => "Plan",
+            Reason::EtcdLeaderMoved | Reason::EtcdUnhealthy => "EtcdGuard",
         }
     }
 }

@@ -1,5 +1,5 @@
 //! The admission loop: [`Gatekeeper::decide`] asks `admission.rs` what to do, does the I/O it
-//! asks for (the fleet state, the quorum guard, an owed halt, the `rollout.after` groups),
+//! asks for (the fleet state, the quorum and etcd guards, an owed halt, the `rollout.after` groups),
 //! records the answers and asks again, until admission answers or says to take the lock.
 
 use super::*;
@@ -43,6 +43,7 @@ impl Gatekeeper {
                 holding: self.locker.seen(),
                 group: &group,
                 quorum_guard: cfg.node.role == Role::ControlPlane && cfg.rollout.quorum_guard,
+                etcd_guard: cfg.etcd.applies(cfg.node.role),
                 after_pending,
                 windows,
                 windows_key,
@@ -91,6 +92,10 @@ impl Gatekeeper {
                     .await
                     .map_err(|e| admission::lock_error(policy, e))?;
                 learned.quorum = Some(answer);
+            }
+            (Next::CheckEtcd, _) => {
+                let answer = self.etcd.check(&cfg.etcd, &self.w.notices, revision).await;
+                learned.etcd = Some(answer);
             }
             (Next::WriteOwedHalt, _) => {
                 learned.owed_halt = self
@@ -148,6 +153,7 @@ struct Learned {
     fleet_read: bool,
     fleet: Option<FleetState>,
     quorum: Option<Option<String>>,
+    etcd: Option<Option<String>>,
     owed_halt: Owed,
     after: Option<Option<String>>,
 }
@@ -158,6 +164,7 @@ impl Learned {
             fleet_read: self.fleet_read,
             fleet: self.fleet.as_ref(),
             quorum: self.quorum.clone(),
+            etcd: self.etcd.clone(),
             owed_halt: self.owed_halt,
             after: self.after.clone(),
         }

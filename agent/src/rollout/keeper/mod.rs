@@ -51,7 +51,7 @@ pub const QUEUED_RECHECK: Duration = Duration::from_secs(10);
 
 /// The control plane's own checks, which hold a gate on a control-plane node even when they
 /// failed before the activation.
-pub const CONTROL_PLANE_REQUIRED: &[&str] = &["apiserver", "kube-vip", "node-ready"];
+pub const CONTROL_PLANE_REQUIRED: &[&str] = &["apiserver", "kube-vip", "node-ready", "etcd"];
 
 pub struct Wiring {
     pub config: watch::Receiver<Arc<Config>>,
@@ -118,6 +118,8 @@ pub struct Gatekeeper {
     /// A `holder-vanished` halt this node owes the fleet: written before anything else, the
     /// slot kept until it is.
     owed_halt: Option<Halt>,
+    /// The etcd guard's memory between looks (when a hold started).
+    etcd: super::etcd_guard::EtcdGuard,
 }
 
 impl Gatekeeper {
@@ -146,6 +148,7 @@ impl Gatekeeper {
             evidence,
             wait_until: None,
             owed_halt: None,
+            etcd: Default::default(),
         }
     }
 

@@ -1,0 +1,389 @@
+//! The etcd guard against a real three-member etcd cluster (tests/support/etcd.rs) beside the
+//! real control plane: a rolling reboot of three control-plane nodes whose stand-in reboot
+//! stops and restarts their member, an alarm, and bad input. What matters is asserted from
+//! etcd's own view, its members' status polled every 100 ms, never from ginx's logs.
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use serde_json::Value;
+
+use crate::support::control_plane::{self, ControlPlane, RbacGuard};
+use crate::support::etcd::EtcdCluster;
+use crate::support::kubelet::Kubelet;
+use crate::support::reboot::{Node, node, tend_until};
+use crate::support::{Env, wait_for};
+
+/// What `max_lag` the tests give ginx: small, so that a member restarted a moment ago counts
+/// as behind until it replayed what it missed.
+const MAX_LAG: u64 = 20;
+
+fn status(n: &Node) -> Option<Value> {
+    n.status()
+}
+
+/// Points node `n`'s ginx at member `url` of `etcd`, with `extra` lines in `[etcd]`.
+fn guard(n: &Node, etcd: &EtcdCluster, url: &str, extra: &str) {
+    n.env.dropin(
+        "85-etcd.toml",
+        &format!(
+            "[etcd]\nmanifest = \"\"\nendpoint = \"{url}\"\nca_file = \"{}\"\ncert_file = \"{}\"\n\
+             key_file = \"{}\"\ntimeout = \"1s\"\nmax_lag = {MAX_LAG}\n{extra}\n",
+            etcd.ca_file.display(),
+            etcd.cert_file.display(),
+            etcd.key_file.display()
+        ),
+    );
+}
+
+/// One poll of every member: (leader id, applied index, term), or `None` for a member that
+/// did not answer.
+type Sample = Vec<Option<(String, u64, u64)>>;
+
+fn number(v: &Value) -> u64 {
+    v.as_str().and_then(|s| s.parse().ok()).unwrap_or(0)
+}
+
+/// Polls every member's status every 100 ms until the returned flag is set.
+fn poll(etcd: Arc<EtcdCluster>) -> (Arc<AtomicBool>, Arc<Mutex<Vec<Sample>>>) {
+    let stop = Arc::new(AtomicBool::new(false));
+    let samples: Arc<Mutex<Vec<Sample>>> = Arc::default();
+    let (s, out) = (Arc::clone(&stop), Arc::clone(&samples));
+    std::thread::spawn(move || {
+        while !s.load(Ordering::Relaxed) {
+            let sample: Sample = (0..etcd.members.len())
+                .map(|i| {
+                    etcd.status(i).map(|st| {
+                        (
+                            st["leader"].as_str().unwrap_or("0").to_owned(),
+                            number(&st["raftAppliedIndex"]),
+                            number(&st["raftTerm"]),
+                        )
+                    })
+                })
+                .collect();
+            out.lock().unwrap().push(sample);
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    });
+    (stop, samples)
+}
+
+/// Three control-plane nodes of group `group`, each guarding with its own member of `etcd`.
+fn three(
+    cp: &'static ControlPlane,
+    etcd: &EtcdCluster,
+    origin: &Env,
+    names: &[String],
+    etcd_extra: &str,
+) -> Vec<Node> {
+    let journal = origin.root.join("journal");
+    names
+        .iter()
+        .enumerate()
+        .map(|(i, name)| {
+            let mut n = node(
+                cp,
+                &origin.repo.path,
+                &journal,
+                name,
+                "control-plane",
+                &names[0],
+                ["", ""],
+            );
+            guard(&n, etcd, &etcd.members[i].client_url, etcd_extra);
+            n.down_for = Duration::from_secs(3);
+            n.slot_lease = Some((cp, format!("ginx-rollout-{}-0", names[0])));
+            n.start();
+            n
+        })
+        .collect()
+}
+
+/// Rolls a new kernel over three control-plane nodes, stopping each node's member while its
+/// ginx is "rebooted" and starting it when ginx comes back; returns etcd's view, polled.
+fn rolling_reboot(
+    cp: &'static ControlPlane,
+    prefix: &str,
+    hand_over: bool,
+) -> (Vec<Sample>, Vec<String>) {
+    let names: Vec<String> = ["lucy", "makise", "quinn"]
+        .map(|n| format!("{prefix}-{n}"))
+        .to_vec();
+    let refs: Vec<&str> = names.iter().map(String::as_str).collect();
+    let bin = control_plane::binary().unwrap();
+    let etcd = Arc::new(EtcdCluster::new(&bin, &refs));
+    let ids: Vec<String> = (0..3).map(|i| etcd.id(i)).collect();
+    let _kubelets: Vec<Kubelet> = names
+        .iter()
+        .map(|n| Kubelet::start(cp, n, "control-plane"))
+        .collect();
+    let origin = Env::new();
+    let extra = if hand_over { "" } else { "hand_over = false" };
+    let mut nodes = three(cp, &etcd, &origin, &names, extra);
+    let first = origin.repo.head();
+    for n in &nodes {
+        n.d().wait_applied(&first);
+    }
+    let (stop, samples) = poll(Arc::clone(&etcd));
+    for n in &nodes {
+        n.env.stub("kernel", "kernel-2");
+    }
+    let second = origin
+        .repo
+        .commit("hive.nix", "{ kernel = 2; }", "kernel 2");
+    for n in &nodes {
+        n.d().ctl_ok(&["sync"]);
+    }
+    tend_until(&mut nodes, "three nodes rebooted, members back", |ns| {
+        for (i, n) in ns.iter().enumerate() {
+            // The machine is down while ginx is: its member goes with it, and comes back
+            // when ginx does (systemd starts both at boot).
+            if n.down.is_some() && etcd.running(i) {
+                etcd.stop(i);
+            } else if n.down.is_none() && !etcd.running(i) {
+                etcd.start(i);
+            }
+        }
+        ns.iter().all(|n| {
+            n.boots == 1
+                && status(n).is_some_and(|s| {
+                    s["apply"]["applied_revision"] == second.as_str()
+                        && s["rollout"]["reboot"]["phase"].is_null()
+                        && s["rollout"]["slot"].is_null()
+                })
+        })
+    });
+    std::thread::sleep(Duration::from_millis(300));
+    stop.store(true, Ordering::Relaxed);
+    // Shown when an assertion on etcd's view fails (a test's output is printed only then).
+    for n in &nodes {
+        let log = n.d().log();
+        let lines: Vec<&str> = log
+            .lines()
+            .filter(|l| {
+                ["etcd", "slot", "reboot", "gate"]
+                    .iter()
+                    .any(|w| l.contains(w))
+            })
+            .collect();
+        eprintln!("--- {} (boots {}):\n{}", n.name, n.boots, lines.join("\n"));
+    }
+    let samples = samples.lock().unwrap().clone();
+    (samples, ids)
+}
+
+/// What etcd's own view says of a rolling reboot: asserts that no two members were ever
+/// down at once and that every member went down only while all others were caught up, and,
+/// with the hand-over, never while leading. Returns (elections, members that went down
+/// leading).
+fn judge(samples: &[Sample], ids: &[String], names: &[&str]) -> (u64, usize) {
+    assert!(samples.len() > 20, "too few samples: {}", samples.len());
+    let mut downs = vec![0; ids.len()];
+    let mut down_leading = 0;
+    for (k, s) in samples.iter().enumerate() {
+        let down = s.iter().filter(|m| m.is_none()).count();
+        assert!(
+            down <= 1,
+            "two members down at once in sample {k}: {s:?}\n{:#?}",
+            &samples[k.saturating_sub(30)..(k + 5).min(samples.len())]
+        );
+        let Some(before) = k.checked_sub(1).map(|p| &samples[p]) else {
+            continue;
+        };
+        for j in 0..ids.len() {
+            if !(before[j].is_some() && s[j].is_none()) {
+                continue;
+            }
+            downs[j] += 1;
+            // The last look before it went: every member answered, one leader, all caught up.
+            let leader = before[j].as_ref().unwrap().0.clone();
+            if leader == ids[j] {
+                down_leading += 1;
+            }
+            let top = before.iter().flatten().map(|m| m.1).max().unwrap();
+            for (i, m) in before.iter().enumerate() {
+                let m = m.as_ref().unwrap_or_else(|| {
+                    panic!(
+                        "{} went down while {} was down: {before:?}",
+                        names[j], names[i]
+                    )
+                });
+                assert!(
+                    top - m.1 <= MAX_LAG + 5,
+                    "{} went down while {} was {} entries behind: {before:?}",
+                    names[j],
+                    names[i],
+                    top - m.1
+                );
+            }
+        }
+    }
+    assert_eq!(downs, vec![1; ids.len()], "each member down exactly once");
+    let terms: Vec<u64> = samples.iter().flatten().flatten().map(|m| m.2).collect();
+    let elections = terms.iter().max().unwrap() - terms.iter().min().unwrap();
+    (elections, down_leading)
+}
+
+#[test]
+fn a_rolling_reboot_of_three_control_plane_nodes_never_takes_etcd_s_leader_or_quorum() {
+    let Some(cp) = control_plane::shared() else {
+        return;
+    };
+    let mut rbac = RbacGuard::new(cp);
+    for n in ["e3-lucy", "e3-makise", "e3-quinn"] {
+        rbac.watch(n);
+    }
+    let (samples, ids) = rolling_reboot(cp, "e3", true);
+    let (elections, down_leading) = judge(&samples, &ids, &["e3-lucy", "e3-makise", "e3-quinn"]);
+    assert_eq!(down_leading, 0, "a member went down while leading");
+    eprintln!(
+        "FIGURE etcd rolling reboot with hand-over: {elections} elections (term changes), {} samples",
+        samples.len()
+    );
+    // The hand-over was told: at least one member led when its node's turn came.
+    let events = cp.kubectl(&[
+        "get",
+        "events",
+        "-n",
+        "default",
+        "--field-selector",
+        "reason=EtcdLeaderMoved",
+        "-o",
+        "json",
+    ]);
+    let events: Value = serde_json::from_str(&events).unwrap();
+    let moved: Vec<&Value> = events["items"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|e| {
+            e["regarding"]["name"]
+                .as_str()
+                .is_some_and(|n| n.starts_with("e3-"))
+                || e["involvedObject"]["name"]
+                    .as_str()
+                    .is_some_and(|n| n.starts_with("e3-"))
+        })
+        .collect();
+    assert!(!moved.is_empty(), "no EtcdLeaderMoved Event: {events:#}");
+}
+
+#[test]
+fn an_alarm_on_one_member_holds_the_control_plane_node_and_names_it() {
+    let Some(cp) = control_plane::shared() else {
+        return;
+    };
+    let names = ["ea-lucy", "ea-makise", "ea-quinn"];
+    let bin = control_plane::binary().unwrap();
+    let etcd = EtcdCluster::new(&bin, &names);
+    let _kubelet = Kubelet::start(cp, names[0], "control-plane");
+    let origin = Env::new();
+    let journal = origin.root.join("journal");
+    let mut n = node(
+        cp,
+        &origin.repo.path,
+        &journal,
+        names[0],
+        "control-plane",
+        "ea",
+        ["quorum_guard = false", ""],
+    );
+    guard(&n, &etcd, &etcd.members[0].client_url, "");
+    n.start();
+    let first = origin.repo.head();
+    n.d().wait_applied(&first);
+    etcd.alarm(0, 2, "NOSPACE", true);
+    let second = origin.repo.commit("hive.nix", "{ x = 2; }", "two");
+    n.d().ctl_ok(&["sync"]);
+    let reason = wait_for("the etcd guard to hold lucy", || {
+        let s = status(&n)?;
+        (s["rollout"]["waiting_for"] == "etcd")
+            .then(|| s["rollout"]["reason"].as_str().unwrap().to_owned())
+    });
+    assert!(
+        reason.contains("ea-quinn has the alarm NOSPACE"),
+        "{reason}"
+    );
+    let s = status(&n).unwrap();
+    assert_eq!(
+        s["apply"]["applied_revision"],
+        first.as_str(),
+        "nothing applied while held"
+    );
+    etcd.alarm(0, 2, "NOSPACE", false);
+    n.d().ctl_ok(&["sync"]);
+    n.d().wait_applied(&second);
+}
+
+#[test]
+fn missing_certificates_a_wrong_ca_and_a_silent_endpoint_each_hold_with_a_reason() {
+    let Some(cp) = control_plane::shared() else {
+        return;
+    };
+    let bin = control_plane::binary().unwrap();
+    let etcd = EtcdCluster::new(&bin, &["eb-lucy", "eb-makise", "eb-quinn"]);
+    let other = etcd.dir.join("other");
+    std::fs::create_dir_all(&other).unwrap();
+    let other_ca = crate::support::tls::TestCa::new(&other);
+    // Accepts connections (the kernel's backlog) and never answers.
+    let silent = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let silent_url = format!("https://{}", silent.local_addr().unwrap());
+    let origin = Env::new();
+    let journal = origin.root.join("journal");
+    let cases: [(&str, String, String, &str); 3] = [
+        (
+            "eb-nocert",
+            etcd.members[0].client_url.clone(),
+            "cert_file = \"/nonexistent/healthcheck-client.crt\"".into(),
+            "cannot read etcd.cert_file /nonexistent/healthcheck-client.crt",
+        ),
+        (
+            "eb-wrongca",
+            etcd.members[0].client_url.clone(),
+            format!("ca_file = \"{}\"", other_ca.pem_path.display()),
+            "certificate",
+        ),
+        (
+            "eb-silent",
+            silent_url,
+            String::new(),
+            "no answer within etcd.timeout",
+        ),
+    ];
+    let mut nodes = Vec::new();
+    for (name, url, extra, _) in &cases {
+        let n = node(
+            cp,
+            &origin.repo.path,
+            &journal,
+            name,
+            "control-plane",
+            name,
+            ["quorum_guard = false", ""],
+        );
+        guard(&n, &etcd, url, "");
+        // The bad key last: a later drop-in overrides the good one.
+        n.env.dropin("86-bad.toml", &format!("[etcd]\n{extra}\n"));
+        nodes.push(n);
+    }
+    for n in nodes.iter_mut() {
+        n.start();
+    }
+    for ((name, _, _, want), n) in cases.iter().zip(&nodes) {
+        let reason = wait_for(&format!("{name} held by the etcd guard"), || {
+            let s = status(n)?;
+            (s["rollout"]["waiting_for"] == "etcd")
+                .then(|| s["rollout"]["reason"].as_str().unwrap().to_owned())
+        });
+        assert!(reason.contains(want), "{name}: {reason}");
+        assert!(n.reboots().is_empty(), "{name} rebooted");
+        let s = status(n).unwrap();
+        assert!(
+            s["apply"]["applied_revision"].is_null(),
+            "{name} applied: {s:#}"
+        );
+    }
+    drop(silent);
+}
