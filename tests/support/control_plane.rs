@@ -735,7 +735,7 @@ fn spawn_from_long_lived_thread(cmd: Command) -> Child {
     answer.recv().unwrap().unwrap()
 }
 
-fn write_kubeconfig(path: &Path, url: &str, ca: &TestCa, cert: &str, key: &str) {
+pub fn write_kubeconfig(path: &Path, url: &str, ca: &TestCa, cert: &str, key: &str) {
     use base64::Engine;
     let b64 = |s: &str| base64::engine::general_purpose::STANDARD.encode(s);
     let text = format!(

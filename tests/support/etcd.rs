@@ -162,14 +162,25 @@ impl EtcdCluster {
         *child = Some(cmd.spawn().unwrap());
     }
 
-    /// Stops member `i` with SIGTERM and waits for it to exit.
+    /// Stops member `i` with SIGTERM and waits for it to exit. A leader stopped so hands its
+    /// leadership over by itself (etcd does on a graceful stop).
     pub fn stop(&self, i: usize) {
+        self.signal(i, libc::SIGTERM);
+    }
+
+    /// Stops member `i` with SIGKILL: a power cut, a hung shutdown cut short, a kernel panic.
+    /// A leader stopped so leaves the others to notice and elect a new one.
+    pub fn kill(&self, i: usize) {
+        self.signal(i, libc::SIGKILL);
+    }
+
+    fn signal(&self, i: usize, signal: i32) {
         let Some(mut child) = self.members[i].child.lock().unwrap().take() else {
             return;
         };
         // SAFETY: the pid is our own child's, not reaped yet.
         unsafe {
-            libc::kill(child.id() as i32, libc::SIGTERM);
+            libc::kill(child.id() as i32, signal);
         }
         let _ = child.wait();
     }

@@ -22,8 +22,10 @@ pub mod qemu;
 pub mod reboot;
 pub mod soak;
 pub mod ssh;
+pub mod stacked;
 pub mod sweep;
 pub mod tls;
+pub mod vip;
 pub mod webhook;
 
 use std::path::{Path, PathBuf};

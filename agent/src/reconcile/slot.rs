@@ -62,6 +62,18 @@ impl Reconciler {
                     }
                     return false;
                 }
+                // A leading etcd member hands its leadership over, last before the
+                // activation but for the fencing: the activation may restart etcd.
+                if let Err(why) = self.gatekeeper.hand_over_etcd(&desired.revision).await {
+                    if self
+                        .core
+                        .set_waiting(Some((WaitingFor::Etcd, why.clone())), util::now())
+                    {
+                        tracing::info!(revision = %desired.revision.short(), reason = %why,
+                            "waiting to activate: etcd's leadership is not handed over");
+                    }
+                    return false;
+                }
                 if gated(desired.goal) {
                     self.gatekeeper.new_gate();
                     self.baseline = gate::baseline(

@@ -1,7 +1,9 @@
-//! The etcd guard of a control-plane node with a stacked member, as admission asks it before
-//! the node takes a slot: one look at etcd, the verdict of `etcd::View::blockers`, and the
-//! hand-over of the leadership when this node's member leads. The node's own member catching
-//! up after the disruption is the `etcd` health probe's (the gate requires it).
+//! The etcd guard of a control-plane node with a stacked member: the look admission asks for
+//! before the node takes a slot (the verdict of `etcd::View::blockers`), and the hand-over of
+//! the leadership, made by the slot's holder right before the disruption (the activation, the
+//! reboot command) so that a node waiting for the slot never moves it for nothing. The node's
+//! own member catching up after the disruption is the `etcd` health probe's (the gate
+//! requires it).
 //!
 //! A member that cannot be asked is the guard's failure, never a pass: a control-plane node
 //! whose etcd does not answer waits, whatever `rollout.on_api_unavailable` says.
@@ -26,8 +28,8 @@ pub enum Look {
 }
 
 impl EtcdGuard {
-    /// Looks at etcd; `None` lets the node through (the leadership moved first if this node's
-    /// member led), `Some(reason)` holds it. Gives the notices.
+    /// Looks at etcd; `None` lets the node through, `Some(reason)` holds it. Gives the
+    /// `EtcdUnhealthy` notice when a hold starts.
     pub async fn check(
         &mut self,
         cfg: &EtcdConfig,
@@ -35,6 +37,26 @@ impl EtcdGuard {
         revision: &Revision,
     ) -> Option<String> {
         let look = look(cfg).await;
+        self.tell(look, notices, revision)
+    }
+
+    /// Right before a disruption, with the slot held: moves the leadership away if this
+    /// node's member leads. `Err(reason)` when it could not, and the node must not go down.
+    pub async fn hand_over(
+        &mut self,
+        cfg: &EtcdConfig,
+        notices: &Notices,
+        revision: &Revision,
+    ) -> Result<(), String> {
+        let look = moved(cfg).await;
+        match self.tell(look, notices, revision) {
+            Some(why) => Err(why),
+            None => Ok(()),
+        }
+    }
+
+    /// Logs and notices a look, and the reason to wait with, if any.
+    fn tell(&mut self, look: Look, notices: &Notices, revision: &Revision) -> Option<String> {
         let (told, reason) = self.told(&look);
         if let Some((kind, message)) = told {
             match kind {
@@ -78,24 +100,34 @@ impl EtcdGuard {
     }
 }
 
-/// One look at etcd, and the hand-over when it lets the node through and the node leads.
+/// A client and one look at etcd, or why there is none.
+async fn view(cfg: &EtcdConfig) -> Result<(Client, crate::etcd::View), String> {
+    let client = Client::new(cfg).map_err(|e| e.to_string())?;
+    match observe(&client).await {
+        Ok(v) => Ok((client, v)),
+        Err(e) => Err(format!("{e}; a member that cannot be asked is not passed")),
+    }
+}
+
+/// The guard's look: every member fit, and the quorum kept without this node.
 pub async fn look(cfg: &EtcdConfig) -> Look {
-    let client = match Client::new(cfg) {
-        Ok(c) => c,
-        Err(e) => return Look::Hold(e.to_string()),
-    };
-    let view = match observe(&client).await {
-        Ok(v) => v,
-        Err(e) => return Look::Hold(format!("{e}; a member that cannot be asked is not passed")),
-    };
-    let max_lag = u64::from(cfg.max_lag);
-    if let Some(why) = view.blockers(max_lag) {
-        return Look::Hold(why);
+    match view(cfg).await {
+        Err(why) => Look::Hold(why),
+        Ok((_, v)) => match v.blockers(u64::from(cfg.max_lag)) {
+            Some(why) => Look::Hold(why),
+            None => Look::Pass(HandOver::NotLeader),
+        },
     }
-    if !cfg.hand_over {
-        return Look::Pass(HandOver::NotLeader);
-    }
-    match hand_over(&client, view, max_lag, cfg.hand_over_attempts).await {
+}
+
+/// The hand-over's look: when this node's member leads, the leadership moved to the fittest
+/// other member and seen there.
+async fn moved(cfg: &EtcdConfig) -> Look {
+    let (client, v) = match view(cfg).await {
+        Ok(x) => x,
+        Err(why) => return Look::Hold(why),
+    };
+    match hand_over(&client, v, u64::from(cfg.max_lag), cfg.hand_over_attempts).await {
         Ok(done) => Look::Pass(done),
         Err(why) => Look::Hold(format!(
             "{why}; this node's member leads, and it is not taken down while it does \

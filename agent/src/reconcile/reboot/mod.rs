@@ -3,12 +3,13 @@
 //!
 //! 1. wait for a window (`[[reboot.windows]]`, default the rollout's);
 //! 2. take a slot, or keep the one held since the apply;
-//! 3. pass the quorum guard (control-plane nodes);
+//! 3. pass the quorum and etcd guards (control-plane nodes);
 //! 4. wait while a pod matching `reboot.blocking_pod_selector` runs on the node;
 //! 5. cordon, writing `ginx.io/cordoned-by-ginx` only when ginx made the node unschedulable;
 //! 6. drain through the Eviction API (a 429 is tried again every [`EVICT_AGAIN`]; given up
 //!    after `reboot.drain_timeout`: uncordoned, released, put off to the next window);
-//! 7. raise the slot Lease's duration to `reboot.lock_ttl`;
+//! 7. hand etcd's leadership over if this node's member leads (control-plane nodes), and
+//!    raise the slot Lease's duration to `reboot.lock_ttl`;
 //! 8. record `rebooting` with the boot id, then run `reboot.reboot_command`.
 //!
 //! In the new boot: the health gate; then uncordon (only what ginx cordoned), release the
@@ -239,6 +240,15 @@ impl Reconciler {
             Some(r) if !r.baseline.is_empty() => r.baseline.clone(),
             _ => gate::baseline(&self.gatekeeper.baseline_checks(None).await),
         };
+        // Drained, about to go down: a leading etcd member hands its leadership over now.
+        if let Err(why) = self
+            .gatekeeper
+            .hand_over_etcd(&self.reboot_revision())
+            .await
+        {
+            self.set_reboot_waiting(Some((WaitingFor::Etcd, why)));
+            return Step::After(EVICT_AGAIN);
+        }
         if self.core.state().rollout_held.is_some()
             && let Err(e) = self.gatekeeper.raise_ttl(cfg.reboot.lock_ttl.get()).await
         {
