@@ -529,3 +529,71 @@ fn missing_certificates_a_wrong_ca_and_a_silent_endpoint_each_hold_with_a_reason
     }
     drop(silent);
 }
+
+#[test]
+fn a_member_kept_behind_holds_the_control_plane_node_until_it_caught_up() {
+    let Some(cp) = control_plane::shared() else {
+        return;
+    };
+    let names = ["ek-lucy", "ek-makise", "ek-quinn"];
+    let bin = control_plane::binary().unwrap();
+    let cuts = crate::support::peer_cut::Cuts::default();
+    let etcd = EtcdCluster::with_cuts(&bin, &names, Some(cuts.clone()));
+    let _kubelet = Kubelet::start(cp, names[0], "control-plane");
+    let origin = Env::new();
+    let journal = origin.root.join("journal");
+    let mut n = node(
+        cp,
+        &origin.repo.path,
+        &journal,
+        names[0],
+        "control-plane",
+        "ek",
+        ["quorum_guard = false", ""],
+    );
+    guard(&n, &etcd, &etcd.members[0].client_url, "");
+    n.start();
+    let first = origin.repo.head();
+    n.d().wait_applied(&first);
+    // A member that does not lead (cutting the leader off would elect another) hears nothing
+    // from its peers while the others take writes: it answers its clients, and falls behind.
+    let cut = if etcd.wait_leader() == 2 { 1 } else { 2 };
+    cuts.cut(&etcd.hex_id(cut));
+    for k in 0..3 * MAX_LAG {
+        assert!(etcd.put(0, &format!("k{k}"), "v"), "a write failed");
+    }
+    let second = origin.repo.commit("hive.nix", "{ x = 2; }", "two");
+    n.d().ctl_ok(&["sync"]);
+    let reason = wait_for("the etcd guard to hold lucy", || {
+        let s = status(&n)?;
+        (s["rollout"]["waiting_for"] == "etcd")
+            .then(|| s["rollout"]["reason"].as_str().unwrap().to_owned())
+    });
+    assert!(reason.contains(names[cut]), "{reason}");
+    assert!(
+        reason.contains("entries behind") || reason.contains("knows no leader"),
+        "{reason}"
+    );
+    // Held while the member is behind, as etcd's own view shows it (it answers, and trails).
+    let behind = |etcd: &EtcdCluster| {
+        let top = number(&etcd.status(0)?["raftAppliedIndex"]);
+        let q = number(&etcd.status(cut)?["raftAppliedIndex"]);
+        Some(top.saturating_sub(q))
+    };
+    let lag = behind(&etcd).expect("the member cut off answers its clients");
+    assert!(lag > MAX_LAG, "{} is only {lag} behind", names[cut]);
+    std::thread::sleep(Duration::from_secs(2));
+    let s = status(&n).unwrap();
+    assert_eq!(
+        s["apply"]["applied_revision"],
+        first.as_str(),
+        "applied while quinn was behind"
+    );
+    assert_eq!(s["rollout"]["waiting_for"], "etcd");
+    cuts.heal();
+    wait_for("quinn to catch up", || {
+        (behind(&etcd)? <= MAX_LAG).then_some(())
+    });
+    n.d().ctl_ok(&["sync"]);
+    n.d().wait_applied(&second);
+}

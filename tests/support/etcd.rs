@@ -41,6 +41,8 @@ pub struct EtcdCluster {
     pub cert_file: PathBuf,
     pub key_file: PathBuf,
     pub members: Vec<Member>,
+    /// The proxies in front of the members' peer ports, when made with cuts.
+    _peers: Vec<super::peer_cut::PeerProxy>,
     _tmp: tempfile::TempDir,
 }
 
@@ -55,6 +57,12 @@ fn free_port() -> u16 {
 impl EtcdCluster {
     /// Starts members named `names` and waits until they have a leader.
     pub fn new(bin: &Path, names: &[&str]) -> Self {
+        Self::with_cuts(bin, names, None)
+    }
+
+    /// As [`EtcdCluster::new`]; with `cuts`, the members reach each other's peer ports only
+    /// through proxies that `cuts` can cut (tests/support/peer_cut.rs).
+    pub fn with_cuts(bin: &Path, names: &[&str], cuts: Option<super::peer_cut::Cuts>) -> Self {
         let tmp = tempfile::Builder::new()
             .prefix("ginx-etcd-")
             .tempdir()
@@ -80,15 +88,34 @@ impl EtcdCluster {
             .iter()
             .map(|_| (free_port(), free_port(), free_port()))
             .collect();
+        let peers: Vec<super::peer_cut::PeerProxy> = match &cuts {
+            Some(c) => ports
+                .iter()
+                .enumerate()
+                .map(|(i, (_, _, peer))| {
+                    super::peer_cut::PeerProxy::start(
+                        i,
+                        std::net::SocketAddr::from(([127, 0, 0, 1], *peer)),
+                        c.clone(),
+                    )
+                })
+                .collect(),
+            None => Vec::new(),
+        };
+        // What the others dial: the member's peer port, or its proxy.
+        let advertised: Vec<u16> = match peers.is_empty() {
+            true => ports.iter().map(|p| p.2).collect(),
+            false => peers.iter().map(|p| p.addr.port()).collect(),
+        };
         let initial: Vec<String> = names
             .iter()
-            .zip(&ports)
-            .map(|(n, (_, _, peer))| format!("{n}=http://127.0.0.1:{peer}"))
+            .zip(&advertised)
+            .map(|(n, port)| format!("{n}=http://127.0.0.1:{port}"))
             .collect();
         let members = names
             .iter()
-            .zip(&ports)
-            .map(|(name, &(client, probe, peer))| {
+            .zip(ports.iter().zip(&advertised))
+            .map(|(name, (&(client, probe, peer), &advertised))| {
                 let data = dir.join(format!("{name}.etcd"));
                 let client_url = format!("https://127.0.0.1:{client}");
                 Member {
@@ -101,7 +128,7 @@ impl EtcdCluster {
                         format!("--listen-client-urls={client_url},http://127.0.0.1:{probe}"),
                         format!("--advertise-client-urls={client_url}"),
                         format!("--listen-peer-urls=http://127.0.0.1:{peer}"),
-                        format!("--initial-advertise-peer-urls=http://127.0.0.1:{peer}"),
+                        format!("--initial-advertise-peer-urls=http://127.0.0.1:{advertised}"),
                         format!("--initial-cluster={}", initial.join(",")),
                         "--initial-cluster-state=new".into(),
                         "--initial-cluster-token=ginx-test".into(),
@@ -125,13 +152,30 @@ impl EtcdCluster {
             bin: bin.to_owned(),
             members,
             dir,
+            _peers: peers,
             _tmp: tmp,
         };
         for i in 0..c.members.len() {
             c.start(i);
         }
         c.wait_leader();
+        if let Some(cuts) = cuts {
+            cuts.set_ids((0..c.members.len()).map(|i| c.hex_id(i)).collect());
+        }
         c
+    }
+
+    /// Member `i`'s id in hexadecimal, as etcd's peers name each other.
+    pub fn hex_id(&self, i: usize) -> String {
+        format!("{:x}", self.id(i).parse::<u64>().unwrap())
+    }
+
+    /// Writes `key` = `value` through member `i`.
+    pub fn put(&self, i: usize, key: &str, value: &str) -> bool {
+        use base64::Engine;
+        let b64 = |s: &str| base64::engine::general_purpose::STANDARD.encode(s);
+        let body = format!(r#"{{"key":"{}","value":"{}"}}"#, b64(key), b64(value));
+        post(self.members[i].probe_port, "/v3/kv/put", &body).is_some()
     }
 
     /// Starts member `i` (again).

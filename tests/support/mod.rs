@@ -18,6 +18,7 @@ pub mod kubelet;
 pub mod netns;
 pub mod nix;
 pub mod nspawn;
+pub mod peer_cut;
 pub mod qemu;
 pub mod reboot;
 pub mod soak;
