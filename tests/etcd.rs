@@ -454,6 +454,43 @@ fn an_alarm_on_one_member_holds_the_control_plane_node_and_names_it() {
         first.as_str(),
         "nothing applied while held"
     );
+    // The wait shows in the metric, in the cluster view, and as an Event on the Node.
+    let addr = s["metrics_listen"].as_str().unwrap().to_owned();
+    let scraped = crate::kubernetes::scrape(&addr);
+    assert!(
+        scraped
+            .lines()
+            .any(|l| l == "ginx_rollout_waiting{waiting_for=\"etcd\"} 1"),
+        "{scraped}"
+    );
+    wait_for("the cluster view to show the wait", || {
+        let view: Value = serde_json::from_str(&n.d().ctl_ok(&["cluster", "--json"])).ok()?;
+        let me = view["nodes"]
+            .as_array()?
+            .iter()
+            .find(|v| v["name"] == names[0])?
+            .clone();
+        (me["waiting_for"] == "etcd").then_some(())
+    });
+    wait_for("the EtcdUnhealthy Event", || {
+        let out = cp.kubectl(&[
+            "get",
+            "events",
+            "-n",
+            "default",
+            "--field-selector",
+            "reason=EtcdUnhealthy,involvedObject.name=ea-lucy",
+            "-o",
+            "json",
+        ]);
+        let v: Value = serde_json::from_str(&out).ok()?;
+        let e = v["items"].as_array()?.first()?.clone();
+        Some(e).filter(|e| {
+            e["message"]
+                .as_str()
+                .is_some_and(|m| m.contains("ea-quinn has the alarm NOSPACE"))
+        })
+    });
     etcd.alarm(0, 2, "NOSPACE", false);
     n.d().ctl_ok(&["sync"]);
     n.d().wait_applied(&second);

@@ -99,3 +99,37 @@ impl EtcdConfig {
             && (self.manifest.as_os_str().is_empty() || self.manifest.exists())
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::types::Role;
+
+    #[test]
+    fn only_control_plane_nodes_with_a_stacked_member_are_guarded() {
+        let dir = tempfile::tempdir().unwrap();
+        let manifest = dir.path().join("etcd.yaml");
+        let cfg = EtcdConfig {
+            manifest: manifest.clone(),
+            ..EtcdConfig::default()
+        };
+        assert!(
+            !cfg.applies(Role::ControlPlane),
+            "no manifest: no stacked member"
+        );
+        std::fs::write(&manifest, "kind: Pod\n").unwrap();
+        assert!(cfg.applies(Role::ControlPlane));
+        assert!(!cfg.applies(Role::Worker), "a worker never consults etcd");
+        let off = EtcdConfig {
+            guard: false,
+            ..cfg.clone()
+        };
+        assert!(!off.applies(Role::ControlPlane));
+        let everywhere = EtcdConfig {
+            manifest: PathBuf::new(),
+            ..EtcdConfig::default()
+        };
+        assert!(everywhere.applies(Role::ControlPlane));
+        assert!(!everywhere.applies(Role::Worker));
+    }
+}

@@ -175,15 +175,29 @@ impl Verdict {
 pub fn next(ask: &Ask<'_>, facts: &Facts<'_>, now: Timestamp) -> Next {
     let resuming = ask.held_in_state || !matches!(ask.holding, Holding::None);
     match ask.backend {
-        Effective::None | Effective::Bootstrap => {
+        Effective::Bootstrap => {
             return Next::Answer(outside_window(ask, resuming, now).unwrap_or(Verdict::Go(None)));
+        }
+        // No lock to take, but etcd is this node's own business: asked all the same.
+        Effective::None => {
+            if let Some(wait) = outside_window(ask, resuming, now) {
+                return Next::Answer(wait);
+            }
+            return etcd_first(ask, facts, resuming).unwrap_or(Next::Answer(Verdict::Go(None)));
         }
         Effective::Kubernetes | Effective::Fleetlock => {}
     }
     if ask.cluster && !facts.fleet_read {
         if !ask.connected {
             let why = "no connection to the Kubernetes API yet".to_owned();
-            return Next::Answer(unavailable(ask.on_api_unavailable, why));
+            let verdict = unavailable(ask.on_api_unavailable, why);
+            // Going on without the API is never going on without etcd's look.
+            if matches!(verdict, Verdict::GoWithoutApi(_))
+                && let Some(step) = etcd_first(ask, facts, resuming)
+            {
+                return step;
+            }
+            return Next::Answer(verdict);
         }
         return Next::ReadFleet;
     }
@@ -206,14 +220,8 @@ pub fn next(ask: &Ask<'_>, facts: &Facts<'_>, now: Timestamp) -> Next {
             Some(None) => {}
         }
     }
-    // etcd is asked on the node itself, with or without the Kubernetes API: a member that
-    // cannot be asked holds the node, whatever `on_api_unavailable` says.
-    if !resuming_apply && ask.etcd_guard {
-        match &facts.etcd {
-            None => return Next::CheckEtcd,
-            Some(Some(why)) => return Next::Answer(Verdict::wait(WaitingFor::Etcd, why.clone())),
-            Some(None) => {}
-        }
+    if let Some(step) = etcd_first(ask, facts, resuming) {
+        return step;
     }
     match facts.owed_halt {
         Owed::Pending => return Next::WriteOwedHalt,
@@ -243,6 +251,21 @@ pub fn next(ask: &Ask<'_>, facts: &Facts<'_>, now: Timestamp) -> Next {
         }
     }
     Next::Take
+}
+
+/// What etcd's guard has to say before the node goes on: ask it, or wait for it; `None` when
+/// it let the node through or does not apply. etcd is asked on the node itself, with or
+/// without the Kubernetes API or a lock: a member that cannot be asked holds the node,
+/// whatever `on_api_unavailable` says. An apply that holds its slot already was asked.
+fn etcd_first(ask: &Ask<'_>, facts: &Facts<'_>, resuming: bool) -> Option<Next> {
+    if !ask.etcd_guard || ask.purpose == Purpose::Apply && resuming {
+        return None;
+    }
+    match &facts.etcd {
+        None => Some(Next::CheckEtcd),
+        Some(Some(why)) => Some(Next::Answer(Verdict::wait(WaitingFor::Etcd, why.clone()))),
+        Some(None) => None,
+    }
 }
 
 /// Outside every window, the wait (and when the next opens); `None` inside one, or when the

@@ -188,6 +188,56 @@ fn every_wait_and_every_step_is_reached() {
             Next::CheckEtcd,
         ),
         (
+            "etcd asked without the API under \"proceed\"",
+            Ask {
+                etcd_guard: true,
+                connected: false,
+                on_api_unavailable: OnApiUnavailable::Proceed,
+                ..ask(&r)
+            },
+            Facts::default(),
+            Next::CheckEtcd,
+        ),
+        (
+            "etcd holds without the API under \"proceed\"",
+            Ask {
+                etcd_guard: true,
+                connected: false,
+                on_api_unavailable: OnApiUnavailable::Proceed,
+                ..ask(&r)
+            },
+            Facts {
+                etcd: Some(Some(
+                    "etcd: etcd at https://127.0.0.1:2379 (refused)".into(),
+                )),
+                ..Facts::default()
+            },
+            wait(WaitingFor::Etcd),
+        ),
+        (
+            "etcd asked without a lock",
+            Ask {
+                etcd_guard: true,
+                backend: Effective::None,
+                ..ask(&r)
+            },
+            Facts::default(),
+            Next::CheckEtcd,
+        ),
+        (
+            "etcd passed without a lock",
+            Ask {
+                etcd_guard: true,
+                backend: Effective::None,
+                ..ask(&r)
+            },
+            Facts {
+                etcd: Some(None),
+                ..Facts::default()
+            },
+            Next::Answer(Verdict::Go(None)),
+        ),
+        (
             "etcd asked after the quorum",
             Ask {
                 quorum_guard: true,
