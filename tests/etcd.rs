@@ -531,9 +531,13 @@ fn missing_certificates_a_wrong_ca_and_a_silent_endpoint_each_hold_with_a_reason
             "no answer within etcd.timeout",
         ),
     ];
+    // Each node applies its first revision with a good configuration, then gets the bad one
+    // (a reload) and a reboot to do: the reboot waits, and nothing reboots.
     let mut nodes = Vec::new();
-    for (name, url, extra, _) in &cases {
-        let n = node(
+    let mut kubelets = Vec::new();
+    for (name, _, _, _) in &cases {
+        kubelets.push(Kubelet::start(cp, name, "control-plane"));
+        let mut n = node(
             cp,
             &origin.repo.path,
             &journal,
@@ -542,29 +546,43 @@ fn missing_certificates_a_wrong_ca_and_a_silent_endpoint_each_hold_with_a_reason
             name,
             ["quorum_guard = false", ""],
         );
-        guard(&n, &etcd, url, "");
-        // The bad key last: a later drop-in overrides the good one.
-        n.env.dropin("86-bad.toml", &format!("[etcd]\n{extra}\n"));
+        guard(&n, &etcd, &etcd.members[0].client_url, "");
+        n.start();
         nodes.push(n);
     }
-    for n in nodes.iter_mut() {
+    let first = origin.repo.head();
+    for ((_, url, extra, _), n) in cases.iter().zip(nodes.iter_mut()) {
+        n.d().wait_applied(&first);
+        // Stopped, given the bad configuration (a later drop-in overrides the good key) and
+        // a reboot to do, started again.
+        assert!(n.daemon.take().unwrap().stop().success());
+        n.env.dropin(
+            "86-bad.toml",
+            &format!("[etcd]\nendpoint = \"{url}\"\n{extra}\n"),
+        );
+        std::fs::write(n.env.stub_dir.join("sentinel"), "").unwrap();
         n.start();
     }
     for ((name, _, _, want), n) in cases.iter().zip(&nodes) {
-        let reason = wait_for(&format!("{name} held by the etcd guard"), || {
+        let reason = wait_for(&format!("{name}'s reboot held by the etcd guard"), || {
             let s = status(n)?;
-            (s["rollout"]["waiting_for"] == "etcd")
-                .then(|| s["rollout"]["reason"].as_str().unwrap().to_owned())
+            let r = &s["rollout"]["reboot"];
+            (r["waiting_for"] == "etcd").then(|| r["reason"].as_str().unwrap_or("").to_owned())
         });
         assert!(reason.contains(want), "{name}: {reason}");
+    }
+    // Held, not just slow: a few seconds later still nothing rebooted.
+    std::thread::sleep(Duration::from_secs(3));
+    for ((name, _, _, _), n) in cases.iter().zip(&nodes) {
         assert!(n.reboots().is_empty(), "{name} rebooted");
         let s = status(n).unwrap();
-        assert!(
-            s["apply"]["applied_revision"].is_null(),
-            "{name} applied: {s:#}"
+        assert_eq!(
+            s["rollout"]["reboot"]["waiting_for"], "etcd",
+            "{name}: {s:#}"
         );
     }
     drop(silent);
+    drop(kubelets);
 }
 
 #[test]
