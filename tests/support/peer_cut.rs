@@ -24,9 +24,12 @@ pub struct Cuts {
     cut: Arc<Mutex<HashSet<String>>>,
     /// Each proxy's member (by index), as a hexadecimal id: known once the cluster started.
     ids: Arc<Mutex<Vec<String>>>,
-    /// Live connections: (index of the member behind the proxy, dialing member, sockets).
-    conns: Arc<Mutex<Vec<(usize, String, TcpStream, TcpStream)>>>,
+    conns: Arc<Mutex<Vec<Conn>>>,
 }
+
+/// A live connection: the index of the member behind the proxy, the dialing member, and the
+/// two sockets.
+type Conn = (usize, String, TcpStream, TcpStream);
 
 impl Cuts {
     /// Names the members behind the proxies, in their order.
