@@ -1,6 +1,7 @@
 //! One look at etcd ([`observe`]) and the hand-over of the leadership ([`hand_over`]): the
 //! I/O around `view.rs`'s decisions.
 
+use std::future::Future;
 use std::time::Duration;
 
 use tokio::task::JoinSet;
@@ -69,11 +70,42 @@ pub enum HandOver {
     Moved { from: String, to: String },
 }
 
+/// What the hand-over asks of etcd: [`Client`] in ginx, a scripted cluster in the tests.
+/// Its futures are `Send`: the hand-over runs in the reconciler's task.
+pub trait Leadership {
+    /// One look at the cluster.
+    fn look(&self) -> impl Future<Output = Result<View, String>> + Send;
+    /// Asks this node's member, the leader, to hand the leadership to `target`.
+    fn move_to(&self, target: u64) -> impl Future<Output = Result<(), String>> + Send;
+    /// The leader the member at `url` follows, by its own status.
+    fn leader_at(&self, url: &str) -> impl Future<Output = Result<u64, String>> + Send;
+    /// How long to wait between looks at the new leader.
+    fn pause(&self) -> Duration;
+}
+
+impl Leadership for Client {
+    async fn look(&self) -> Result<View, String> {
+        observe(self).await.map_err(|e| e.to_string())
+    }
+
+    async fn move_to(&self, target: u64) -> Result<(), String> {
+        self.move_leader(target).await
+    }
+
+    async fn leader_at(&self, url: &str) -> Result<u64, String> {
+        self.status(url).await.map(|s| s.leader)
+    }
+
+    fn pause(&self) -> Duration {
+        (self.timeout() / 10).max(Duration::from_millis(50))
+    }
+}
+
 /// Moves the leadership away from this node's member if it leads, to the fittest other
 /// member, and waits until that member's status shows it leading. Tries `attempts` times,
 /// looking again before each; `Err` says why the last try failed.
 pub async fn hand_over(
-    client: &Client,
+    etcd: &impl Leadership,
     first: View,
     max_lag: u64,
     attempts: u32,
@@ -82,7 +114,7 @@ pub async fn hand_over(
     let mut last = String::new();
     for attempt in 1..=attempts.max(1) {
         if attempt > 1 {
-            view = observe(client).await.map_err(|e| e.to_string())?;
+            view = etcd.look().await?;
         }
         if view.leader() != Some(view.me) {
             return Ok(HandOver::NotLeader);
@@ -92,7 +124,7 @@ pub async fn hand_over(
             continue;
         };
         let to = view.name(target);
-        if let Err(e) = client.move_leader(target).await {
+        if let Err(e) = etcd.move_to(target).await {
             last = format!("moving the leadership to {to} failed: {e}");
             continue;
         }
@@ -101,7 +133,7 @@ pub async fn hand_over(
             .iter()
             .find(|m| m.id == target)
             .and_then(|m| m.url.clone());
-        match seen_leading(client, url.as_deref(), target).await {
+        match seen_leading(etcd, url.as_deref(), target).await {
             Ok(()) => {
                 return Ok(HandOver::Moved {
                     from: view.name(view.me),
@@ -117,21 +149,141 @@ pub async fn hand_over(
     ))
 }
 
-/// Waits (up to ten looks, a tenth of the timeout apart) until `target` reports itself the
+/// Waits (up to ten looks, [`Leadership::pause`] apart) until `target` reports itself the
 /// leader.
-async fn seen_leading(client: &Client, url: Option<&str>, target: u64) -> Result<(), String> {
+async fn seen_leading(
+    etcd: &impl Leadership,
+    url: Option<&str>,
+    target: u64,
+) -> Result<(), String> {
     let Some(url) = url else {
         return Err("it has no client URL to confirm it".to_owned());
     };
-    let pause = (client.timeout() / 10).max(Duration::from_millis(50));
     let mut said = String::from("it never reported itself leading");
     for _ in 0..10 {
-        match client.status(url).await {
-            Ok(s) if s.leader == target => return Ok(()),
-            Ok(s) => said = format!("it reports the leader {}", super::hex(s.leader)),
+        match etcd.leader_at(url).await {
+            Ok(l) if l == target => return Ok(()),
+            Ok(l) => said = format!("it reports the leader {}", super::hex(l)),
             Err(e) => said = e,
         }
-        tokio::time::sleep(pause).await;
+        tokio::time::sleep(etcd.pause()).await;
     }
     Err(said)
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Mutex;
+
+    use super::*;
+    use crate::etcd::{Member, Status};
+
+    /// A cluster of lucy (this node, leading), makise and quinn, whose answers are scripted.
+    struct Scripted {
+        /// Each move's answer, in order; the moves asked for are recorded.
+        moves: Mutex<Vec<Result<(), String>>>,
+        asked: Mutex<Vec<u64>>,
+        /// The leader the target reports after a move that succeeded.
+        leader_after: u64,
+        looks: Mutex<u32>,
+    }
+
+    fn view() -> View {
+        let m = |id: u64, name: &str, applied: u64| Member {
+            id,
+            name: name.into(),
+            url: Some(format!("https://{name}:2379")),
+            learner: false,
+            status: Ok(Status {
+                leader: 1,
+                term: 2,
+                applied,
+                errors: Vec::new(),
+            }),
+        };
+        View {
+            me: 1,
+            members: vec![m(1, "lucy", 100), m(2, "makise", 99), m(3, "quinn", 100)],
+            alarms: Vec::new(),
+        }
+    }
+
+    impl Leadership for Scripted {
+        async fn look(&self) -> Result<View, String> {
+            *self.looks.lock().unwrap() += 1;
+            Ok(view())
+        }
+        async fn move_to(&self, target: u64) -> Result<(), String> {
+            self.asked.lock().unwrap().push(target);
+            self.moves.lock().unwrap().remove(0)
+        }
+        async fn leader_at(&self, _url: &str) -> Result<u64, String> {
+            Ok(self.leader_after)
+        }
+        fn pause(&self) -> Duration {
+            Duration::from_millis(1)
+        }
+    }
+
+    fn scripted(moves: Vec<Result<(), String>>, leader_after: u64) -> Scripted {
+        Scripted {
+            moves: Mutex::new(moves),
+            asked: Mutex::default(),
+            leader_after,
+            looks: Mutex::new(0),
+        }
+    }
+
+    #[tokio::test]
+    async fn a_leader_hands_over_to_the_furthest_member_and_sees_it_lead() {
+        let etcd = scripted(vec![Ok(())], 3);
+        let done = hand_over(&etcd, view(), 10, 3).await.unwrap();
+        assert_eq!(
+            done,
+            HandOver::Moved {
+                from: "lucy".into(),
+                to: "quinn".into()
+            }
+        );
+        assert_eq!(*etcd.asked.lock().unwrap(), [3]);
+    }
+
+    #[tokio::test]
+    async fn a_failed_move_is_retried_after_a_fresh_look() {
+        let etcd = scripted(vec![Err("leader transfer timeout".into()), Ok(())], 3);
+        assert!(hand_over(&etcd, view(), 10, 3).await.is_ok());
+        assert_eq!(etcd.asked.lock().unwrap().len(), 2);
+        assert_eq!(
+            *etcd.looks.lock().unwrap(),
+            1,
+            "one fresh look before the second try"
+        );
+    }
+
+    #[tokio::test]
+    async fn moves_that_fail_or_are_not_seen_end_in_a_reason_to_wait() {
+        let failing = scripted(vec![Err("leader transfer timeout".into()); 2], 3);
+        let why = hand_over(&failing, view(), 10, 2).await.unwrap_err();
+        assert_eq!(
+            why,
+            "the leadership could not be moved away from lucy in 2 attempt(s): moving the \
+             leadership to quinn failed: leader transfer timeout"
+        );
+        // The move is answered, but quinn keeps reporting lucy as the leader.
+        let unseen = scripted(vec![Ok(())], 1);
+        let why = hand_over(&unseen, view(), 10, 1).await.unwrap_err();
+        assert!(
+            why.ends_with("quinn was asked to lead but it reports the leader 1"),
+            "{why}"
+        );
+    }
+
+    #[tokio::test]
+    async fn a_member_that_does_not_lead_moves_nothing() {
+        let etcd = scripted(Vec::new(), 3);
+        let mut v = view();
+        v.me = 2;
+        assert_eq!(hand_over(&etcd, v, 10, 3).await, Ok(HandOver::NotLeader));
+        assert!(etcd.asked.lock().unwrap().is_empty());
+    }
 }
