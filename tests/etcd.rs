@@ -327,6 +327,8 @@ fn judge(samples: &[Sample], ids: &[String], names: &[&str]) -> (u64, usize) {
                         names[j], names[i]
                     )
                 });
+                // The members are polled one after the other, a few milliseconds apart, while
+                // writes go on: a slack of 5 entries for that skew.
                 assert!(
                     top - m.1 <= MAX_LAG + 5,
                     "{} went down while {} was {} entries behind: {before:?}",
