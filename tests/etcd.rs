@@ -573,6 +573,25 @@ fn missing_certificates_a_wrong_ca_and_a_silent_endpoint_each_hold_with_a_reason
         });
         assert!(reason.contains(want), "{name}: {reason}");
     }
+    // A reboot held by etcd is the node's wait in the metric and in the cluster view too.
+    let s = status(&nodes[0]).unwrap();
+    let scraped = crate::kubernetes::scrape(s["metrics_listen"].as_str().unwrap());
+    assert!(
+        scraped
+            .lines()
+            .any(|l| l == "ginx_rollout_waiting{waiting_for=\"etcd\"} 1"),
+        "{scraped}"
+    );
+    wait_for("the cluster view to show the reboot's wait", || {
+        let view: Value =
+            serde_json::from_str(&nodes[0].d().ctl_ok(&["cluster", "--json"])).ok()?;
+        let me = view["nodes"]
+            .as_array()?
+            .iter()
+            .find(|v| v["name"] == cases[0].0)?
+            .clone();
+        (me["waiting_for"] == "etcd").then_some(())
+    });
     // Held, not just slow: a few seconds later still nothing rebooted.
     std::thread::sleep(Duration::from_secs(3));
     for ((name, _, _, _), n) in cases.iter().zip(&nodes) {

@@ -25,22 +25,6 @@ const APPLY_STATES: [ApplyState; 9] = [
     ApplyState::RolledBack,
 ];
 
-const WAITING: [WaitingFor; 13] = [
-    WaitingFor::Suspended,
-    WaitingFor::Paused,
-    WaitingFor::Halted,
-    WaitingFor::Lock,
-    WaitingFor::Quorum,
-    WaitingFor::Api,
-    WaitingFor::Window,
-    WaitingFor::Pods,
-    WaitingFor::Reboot,
-    WaitingFor::Refused,
-    WaitingFor::After,
-    WaitingFor::Soak,
-    WaitingFor::Etcd,
-];
-
 const HEALTH: [HealthStatus; 4] = [
     HealthStatus::Ok,
     HealthStatus::Unknown,
@@ -67,14 +51,14 @@ pub fn render(metrics: &Metrics, status: &Status) -> String {
         .collect();
     let apply_states = APPLY_STATES.map(ApplyState::as_str);
     let health_statuses = HEALTH.map(HealthStatus::as_str);
-    let waiting = WAITING.map(WaitingFor::as_str);
+    let waiting = WaitingFor::ALL.map(WaitingFor::as_str);
     let role = status.role.to_string();
     metrics.render(&Gauges {
         node: &status.node,
         role: &role,
         group: &status.rollout.group,
         waiting: &waiting,
-        waiting_for: status.rollout.waiting_for.map(WaitingFor::as_str),
+        waiting_for: status.rollout.waiting().map(WaitingFor::as_str),
         halted: status.rollout.halt.is_some(),
         applied: status.apply.applied_revision.as_ref().map(|r| r.as_str()),
         drift: status.system.drift.is_some(),

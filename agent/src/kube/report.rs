@@ -52,7 +52,7 @@ pub fn annotations(status: &Status, prefix: &str) -> BTreeMap<String, String> {
             serde_json::to_string(&g.without_messages()).unwrap_or_default(),
         );
     }
-    if let Some(w) = status.rollout.waiting_for {
+    if let Some(w) = status.rollout.waiting() {
         let what = match w {
             status::WaitingFor::After => format!("after {}", status.rollout.after.join(",")),
             other => other.as_str().to_owned(),

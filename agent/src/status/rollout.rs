@@ -49,6 +49,28 @@ pub enum WaitingFor {
 }
 
 impl WaitingFor {
+    /// Every wait, in the order the metric lists them.
+    pub const ALL: [WaitingFor; 13] = [
+        WaitingFor::Suspended,
+        WaitingFor::Paused,
+        WaitingFor::Halted,
+        WaitingFor::Lock,
+        WaitingFor::Quorum,
+        WaitingFor::Api,
+        WaitingFor::Window,
+        WaitingFor::Pods,
+        WaitingFor::Reboot,
+        WaitingFor::Refused,
+        WaitingFor::After,
+        WaitingFor::Soak,
+        WaitingFor::Etcd,
+    ];
+
+    /// The wait named `name` (as [`WaitingFor::as_str`] writes it).
+    pub fn from_name(name: &str) -> Option<Self> {
+        Self::ALL.into_iter().find(|w| w.as_str() == name)
+    }
+
     pub fn as_str(self) -> &'static str {
         match self {
             WaitingFor::Suspended => "suspended",
@@ -183,6 +205,19 @@ pub struct FailureStatus {
     pub at: Timestamp,
     pub reason: String,
     pub cause: HaltCause,
+}
+
+impl RolloutStatus {
+    /// What the node waits for, as the metric and the Node's annotation say it: its apply's
+    /// wait, else its pending reboot's (a reboot held by etcd or the quorum is a wait too).
+    pub fn waiting(&self) -> Option<WaitingFor> {
+        self.waiting_for.or_else(|| {
+            self.reboot
+                .waiting_for
+                .as_deref()
+                .and_then(WaitingFor::from_name)
+        })
+    }
 }
 
 /// `rollout` in `ginxctl status --json`.
@@ -336,4 +371,26 @@ pub struct ClusterView {
     /// and what accounts for it.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub plans: BTreeMap<String, crate::types::PlanCounts>,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_reboot_s_wait_is_the_node_s_wait_when_the_apply_has_none() {
+        let mut r = RolloutStatus::default();
+        assert_eq!(r.waiting(), None);
+        r.reboot.waiting_for = Some("etcd".into());
+        assert_eq!(r.waiting(), Some(WaitingFor::Etcd));
+        r.waiting_for = Some(WaitingFor::Lock);
+        assert_eq!(
+            r.waiting(),
+            Some(WaitingFor::Lock),
+            "the apply's wait first"
+        );
+        for w in WaitingFor::ALL {
+            assert_eq!(WaitingFor::from_name(w.as_str()), Some(w));
+        }
+    }
 }
