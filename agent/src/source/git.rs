@@ -760,9 +760,34 @@ fn download(
     // fetch, even told not to write it, so an idle node would rewrite a file in the clone
     // every interval. The tracking refs are updated after, and only when they move.
     // Disconnected whether or not the download worked, as `fetch` does.
-    let downloaded = remote.download(&refspecs, Some(&mut opts));
-    let disconnected = remote.disconnect();
-    downloaded.and(disconnected)
+    // A signal (an apply's child exiting: SIGCHLD) can interrupt libgit2's own socket reads
+    // of git:// with EINTR, which it does not retry (its sockets have a receive timeout, so
+    // the kernel does not restart the call): nothing was changed, so the download is tried
+    // again, a few times.
+    let mut tries = 0;
+    loop {
+        tries += 1;
+        let downloaded = remote.download(&refspecs, Some(&mut opts));
+        let disconnected = remote.disconnect();
+        match downloaded.and(disconnected) {
+            Err(e)
+                if interrupted(&e)
+                    && tries < DOWNLOAD_TRIES
+                    && !spec.cancel.load(Ordering::Relaxed) =>
+            {
+                tracing::debug!(error = %e, tries, "the download was interrupted by a signal; trying again");
+            }
+            done => return done,
+        }
+    }
+}
+
+/// Downloads tried when a signal interrupts them.
+const DOWNLOAD_TRIES: u32 = 3;
+
+/// Whether libgit2 gave up because a system call was interrupted by a signal (EINTR).
+fn interrupted(e: &git2::Error) -> bool {
+    e.class() == ErrorClass::Os && e.message().contains("Interrupted system call")
 }
 
 /// Points the tracking ref of each of `branches` the remote `advertised` at its head, writing
@@ -794,6 +819,23 @@ pub fn tracking_ref(branch: &str) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn only_an_interrupted_system_call_is_tried_again() {
+        let os = |m: &str| git2::Error::new(git2::ErrorCode::GenericError, ErrorClass::Os, m);
+        assert!(interrupted(&os(
+            "error receiving data from socket: Interrupted system call"
+        )));
+        assert!(!interrupted(&os(
+            "failed to connect to 127.0.0.1: Connection refused"
+        )));
+        let net = git2::Error::new(
+            git2::ErrorCode::GenericError,
+            ErrorClass::Net,
+            "Interrupted system call",
+        );
+        assert!(!interrupted(&net), "only the OS class");
+    }
 
     #[test]
     fn a_pack_index_counts_its_objects_from_the_last_fan_out_entry() {
