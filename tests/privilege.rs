@@ -186,7 +186,8 @@ fn a_stolen_node_credential_reaches_one_node_not_the_fleet() {
             "metadata": {"name": "ginx-rollout", "namespace": NS},
             "data": {format!("halted.{REV}"): halt.to_string(),
                 "paused": json!({"by": "alice@makise", "at": "2026-12-01T10:00:00Z"}).to_string(),
-                "plan.op1": json!({"ref": "kernel", "by": "alice", "at": "2026-12-01T10:00:00Z"}).to_string()}})
+                "plan.op1": json!({"ref": "kernel", "by": "alice", "at": "2026-12-01T10:00:00Z"}).to_string(),
+                "held.lucy": json!({"by": "ann", "at": "2026-12-01T10:00:00Z", "reason": "disk failing"}).to_string()}})
         .to_string(),
     );
     crate::support::reboot::namespace(&cp, APPS);
@@ -262,6 +263,21 @@ fn a_stolen_node_credential_reaches_one_node_not_the_fleet() {
         json!(json!({"ref": "evil", "by": "lucy", "at": "2026-12-01T10:00:00Z"}).to_string());
     let mut unasked = cm.clone();
     unasked["data"].as_object_mut().unwrap().remove("plan.op1");
+    // Holds: lucy may not hold makise, nor lift or change her own.
+    let mut hold_other = cm.clone();
+    hold_other["data"]["held.makise"] =
+        json!(json!({"by": "lucy", "at": "2026-12-01T10:00:00Z"}).to_string());
+    let mut lift_own = cm.clone();
+    lift_own["data"]
+        .as_object_mut()
+        .unwrap()
+        .remove("held.lucy");
+    let mut stretch_own = cm.clone();
+    stretch_own["data"]["held.lucy"] = json!(
+        json!({"by": "ann", "at": "2026-12-01T10:00:00Z", "reason": "disk failing",
+            "until": "2026-12-01T10:00:01Z"})
+        .to_string()
+    );
     let far = jiff::Timestamp::from_second(4_102_444_800).unwrap(); // 2100-01-01
     let ahead = now + jiff::SignedDuration::from_mins(5);
     let eviction = |pod: &str| {
@@ -379,6 +395,9 @@ fn a_stolen_node_credential_reaches_one_node_not_the_fleet() {
             &["replace", "-f", "-"],
             &unasked.to_string(),
         ),
+        attack("place a hold on makise", &replace, &hold_other.to_string()),
+        attack("lift its own hold", &replace, &lift_own.to_string()),
+        attack("shorten its own hold", &replace, &stretch_own.to_string()),
         attack(
             "create another ConfigMap in ginx-system",
             &[
@@ -456,6 +475,20 @@ fn a_stolen_node_credential_reaches_one_node_not_the_fleet() {
         table.join("\n")
     );
     assert_eq!(snapshot(&cp), before, "an attack changed something");
+    for what in [
+        "place a hold on makise",
+        "lift its own hold",
+        "shorten its own hold",
+    ] {
+        let row = format!("| {what} | ginx:lucy |");
+        assert!(
+            table
+                .iter()
+                .any(|l| l.starts_with(&row)
+                    && l.contains("holds are placed and lifted by operators")),
+            "{what}: refused by the hold rule: {table:#?}"
+        );
+    }
     for what in ["write a plan request", "remove an operator's plan request"] {
         let row = format!("| {what} | ginx:lucy |");
         assert!(

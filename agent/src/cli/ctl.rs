@@ -69,6 +69,37 @@ pub enum CtlCommand {
     /// The rollout through the whole fleet: pause it, resume it, clear a halted revision.
     #[command(subcommand)]
     Rollout(RolloutCommand),
+    /// Keep nodes out of rollouts (a failing disk, a customer's demo): a held node starts no
+    /// apply and no reboot (a slot it holds finishes what it started) until `ginxctl release`
+    /// or --until. Written in the fleet's ConfigMap with your credentials (an operator's act;
+    /// a node's own identity is refused), so it works from a workstation.
+    Hold {
+        /// The nodes to hold (Kubernetes node names).
+        #[arg(required = true)]
+        nodes: Vec<String>,
+        /// Why, shown in status, the cluster view, the Event and the notification.
+        #[arg(long, default_value = "")]
+        reason: String,
+        /// Lift it by itself then: RFC 3339 (2026-12-01T18:00:00Z), a local time
+        /// ("2026-12-01 18:00") or a duration from now ("8h") [default: until `ginxctl release`].
+        #[arg(long)]
+        until: Option<String>,
+        /// Hold a name no Node has (yet).
+        #[arg(long)]
+        force: bool,
+        /// Your kubeconfig [default: KUBECONFIG, else /etc/kubernetes/admin.conf].
+        #[arg(long)]
+        kubeconfig: Option<PathBuf>,
+    },
+    /// Lift the holds of nodes (`ginxctl hold`): an operator's act, with your credentials.
+    Release {
+        /// The nodes to let go.
+        #[arg(required = true)]
+        nodes: Vec<String>,
+        /// Your kubeconfig [default: KUBECONFIG, else /etc/kubernetes/admin.conf].
+        #[arg(long)]
+        kubeconfig: Option<PathBuf>,
+    },
     /// Plan a branch, a tag or a commit that is not deployed on every node, activating
     /// nothing: written as a plan request in the fleet's ConfigMap with your credentials
     /// (an operator's act), answered by each node on its heartbeat; waits up to --timeout and
@@ -161,6 +192,34 @@ pub enum RolloutCommand {
     },
 }
 
+/// `ginxctl hold|release`: what to do, with which kubeconfig.
+fn hold_or_release(
+    command: &CtlCommand,
+) -> Option<(super::operator::Lift, Option<&std::path::Path>)> {
+    use super::operator::Lift;
+    match command {
+        CtlCommand::Hold {
+            nodes,
+            reason,
+            until,
+            force,
+            kubeconfig,
+        } => Some((
+            Lift::Hold {
+                nodes: nodes.clone(),
+                reason: reason.clone(),
+                until: until.clone(),
+                force: *force,
+            },
+            kubeconfig.as_deref(),
+        )),
+        CtlCommand::Release { nodes, kubeconfig } => {
+            Some((Lift::Release(nodes.clone()), kubeconfig.as_deref()))
+        }
+        _ => None,
+    }
+}
+
 pub fn main(args: CtlArgs) -> ExitCode {
     let socket = match args.socket.clone() {
         Some(s) => s,
@@ -186,6 +245,9 @@ pub fn main(args: CtlArgs) -> ExitCode {
             args.timeout.get(),
             lift,
         );
+    }
+    if let Some((lift, kubeconfig)) = hold_or_release(&args.command) {
+        return super::operator::main(&args.config, kubeconfig, args.timeout.get(), lift);
     }
     if let CtlCommand::Plan {
         reference,
@@ -322,7 +384,10 @@ fn run(client: &Client, command: CtlCommand) -> Result<ExitCode, ClientError> {
         CtlCommand::Rollout(RolloutCommand::Resume { .. } | RolloutCommand::Clear { .. }) => {
             unreachable!("handled before")
         }
-        CtlCommand::Cluster { .. } | CtlCommand::Plan { .. } => unreachable!("handled before"),
+        CtlCommand::Cluster { .. }
+        | CtlCommand::Plan { .. }
+        | CtlCommand::Hold { .. }
+        | CtlCommand::Release { .. } => unreachable!("handled before"),
         CtlCommand::Retry => {
             client.call_raw(Command::Retry)?;
             print("retrying the wanted revision now\n".into());
@@ -382,6 +447,43 @@ mod tests {
             ok.command,
             CtlCommand::History { limit: Some(3), .. }
         ));
+    }
+
+    #[test]
+    fn hold_and_release_parse_and_need_a_node() {
+        let a = CtlArgs::try_parse_from([
+            "ginxctl", "hold", "w2", "w3", "--reason", "disk", "--until", "8h",
+        ])
+        .unwrap();
+        let Some((
+            super::super::operator::Lift::Hold {
+                nodes,
+                reason,
+                until,
+                force,
+            },
+            None,
+        )) = hold_or_release(&a.command)
+        else {
+            panic!("{:?}", a.command);
+        };
+        assert_eq!(
+            (nodes, reason, until, force),
+            (
+                vec!["w2".to_owned(), "w3".to_owned()],
+                "disk".to_owned(),
+                Some("8h".to_owned()),
+                false
+            )
+        );
+        let a =
+            CtlArgs::try_parse_from(["ginxctl", "release", "w2", "--kubeconfig", "/k"]).unwrap();
+        assert!(matches!(
+            hold_or_release(&a.command),
+            Some((super::super::operator::Lift::Release(n), Some(k))) if n == ["w2"] && k == std::path::Path::new("/k")
+        ));
+        assert!(CtlArgs::try_parse_from(["ginxctl", "hold"]).is_err());
+        assert!(CtlArgs::try_parse_from(["ginxctl", "release"]).is_err());
     }
 
     #[test]

@@ -5,6 +5,7 @@
 
 mod ctl;
 mod fleet;
+mod hold;
 mod operator;
 mod plan;
 pub mod render;
@@ -284,7 +285,7 @@ fn runtime() -> Result<tokio::runtime::Runtime, ExitCode> {
 
 pub fn ginxctl_main() -> ExitCode {
     // Installed (or linked) as `kubectl-ginx`, it is a kubectl plugin: `kubectl ginx cluster`
-    // reads the API with kubectl's credentials.
+    // reads the API, and `kubectl ginx hold|release` writes holds, with kubectl's credentials.
     let plugin = std::env::args_os()
         .next()
         .and_then(|a| {
@@ -305,7 +306,9 @@ pub fn ginxctl_main() -> ExitCode {
         Ok(a) => a,
         Err(e) => e.exit(),
     };
-    if let ctl::CtlCommand::Cluster { kubeconfig, .. } = &mut args.command
+    if let ctl::CtlCommand::Cluster { kubeconfig, .. }
+    | ctl::CtlCommand::Hold { kubeconfig, .. }
+    | ctl::CtlCommand::Release { kubeconfig, .. } = &mut args.command
         && kubeconfig.is_none()
     {
         *kubeconfig = fleet::kubectl_kubeconfig(

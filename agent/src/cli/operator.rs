@@ -23,10 +23,18 @@ use crate::status::{FleetStatus, HaltStatus};
 /// Where kubeadm writes the cluster admin's kubeconfig on control-plane nodes.
 pub const ADMIN_CONF: &str = "/etc/kubernetes/admin.conf";
 
-/// What an operator lifts.
+/// What an operator does: lift the pause or a halt, hold or release nodes.
+#[derive(Debug)]
 pub enum Lift {
     Pause,
     Halt(String),
+    Hold {
+        nodes: Vec<String>,
+        reason: String,
+        until: Option<String>,
+        force: bool,
+    },
+    Release(Vec<String>),
 }
 
 /// The operator's kubeconfig and where it was found (for messages).
@@ -64,8 +72,8 @@ pub fn credentials(
         }
     } else {
         return Err(format!(
-            "lifting the fleet's pause or a halt, or asking for a plan, is an operator's act, done \
-             with your own credentials: give them with --kubeconfig or KUBECONFIG (on a control-plane node, \
+            "lifting the fleet's pause or a halt, holding or releasing a node, or asking for a \
+             plan, is an operator's act, done with your own credentials: give them with --kubeconfig or KUBECONFIG (on a control-plane node, \
              root may use {})",
             admin.display()
         ));
@@ -79,7 +87,7 @@ pub fn credentials(
     if node_own {
         return Err(format!(
             "{} ({}) is this node's own identity, which may stop the fleet but never start it \
-             again, nor ask for a plan: give an operator's kubeconfig",
+             again, nor hold or release a node, nor ask for a plan: give an operator's kubeconfig",
             found.path.display(),
             found.from
         ));
@@ -105,6 +113,13 @@ pub fn main(
         }
         Err(e) => {
             eprintln!("ginxctl: {}", render::terminal_safe(&e.to_string()));
+            return ExitCode::from(2);
+        }
+    };
+    let lift = match checked(lift) {
+        Ok(l) => l,
+        Err(e) => {
+            eprintln!("ginxctl: {}", render::terminal_safe(&e));
             return ExitCode::from(2);
         }
     };
@@ -142,13 +157,48 @@ pub fn main(
     }
 }
 
+/// What was asked, checked before any credentials are looked for: a bad name or `--until` is
+/// the command line's error (exit 2), not the API's.
+enum Checked {
+    Pause,
+    Halt(String),
+    Hold {
+        asked: super::hold::Asked,
+        force: bool,
+    },
+    Release(Vec<String>),
+}
+
+fn checked(lift: Lift) -> Result<Checked, String> {
+    Ok(match lift {
+        Lift::Pause => Checked::Pause,
+        Lift::Halt(r) => Checked::Halt(r),
+        Lift::Hold {
+            nodes,
+            reason,
+            until,
+            force,
+        } => {
+            let local = jiff::tz::TimeZone::system();
+            let now = crate::util::now();
+            let asked = super::hold::check(&nodes, &reason, until.as_deref(), now, &local)?;
+            Checked::Hold { asked, force }
+        }
+        Lift::Release(nodes) => Checked::Release(super::hold::check_nodes(&nodes)?),
+    })
+}
+
 fn humantime(d: std::time::Duration) -> String {
     format!("{}s", d.as_secs())
 }
 
 /// Exit codes as the socket commands': 1 when the API or the ConfigMap says no, 2 when there
 /// are no usable credentials.
-async fn lift_with(cfg: &Config, creds: &Credentials, lift: Lift) -> Result<String, (u8, String)> {
+async fn lift_with(
+    cfg: &Config,
+    creds: &Credentials,
+    lift: Checked,
+) -> Result<String, (u8, String)> {
     let k = &cfg.kubernetes;
     let kc = crate::kube::client_config(&creds.path, None, k.request_timeout.get())
         .await
@@ -164,16 +214,18 @@ async fn lift_with(cfg: &Config, creds: &Credentials, lift: Lift) -> Result<Stri
         )
     })?;
     let by = operator_name(&client).await;
-    let fleet = Fleet::new(client, &k.namespace, &cfg.rollout.configmap).as_operator();
+    let fleet = Fleet::new(client.clone(), &k.namespace, &cfg.rollout.configmap).as_operator();
     match lift {
-        Lift::Pause => {
+        Checked::Hold { asked, force } => super::hold::hold(&client, cfg, &asked, &by, force).await,
+        Checked::Release(nodes) => super::hold::release(&client, cfg, &nodes, &by).await,
+        Checked::Pause => {
             let updated = fleet.resume(&by).await.map_err(|e| (1, e))?;
             Ok(render::resumed(&FleetReport {
                 changed: updated.changed,
                 fleet: FleetStatus::from(&updated.state),
             }))
         }
-        Lift::Halt(revision) => match fleet.clear(&revision, &by).await {
+        Checked::Halt(revision) => match fleet.clear(&revision, &by).await {
             Ok(cleared) => Ok(render::cleared(&ClearReport {
                 cleared: HaltStatus::from(&cleared),
             })),

@@ -6,7 +6,9 @@ use jiff::Timestamp;
 
 use crate::control::protocol::{AcceptReport, ClearReport, FleetReport, HistoryReport, SyncReport};
 use crate::state::{Attempt, AttemptKind, Stream};
-use crate::status::{ApplyState, ClusterNode, ClusterView, KubeState, PauseStatus, Status};
+use crate::status::{
+    ApplyState, ClusterNode, ClusterView, HoldStatus, KubeState, PauseStatus, Status,
+};
 use crate::types::Generation;
 use crate::util::age;
 
@@ -113,6 +115,14 @@ fn rollout_lines(o: &mut String, s: &Status) {
             "no"
         }
     );
+    if let Some(h) = &s.rollout.hold {
+        let _ = writeln!(
+            o,
+            "hold       {}: nothing new starts here (`ginxctl release {}` lifts it)",
+            hold_line(h),
+            printable(&s.node)
+        );
+    }
     if let Some(q) = &s.rollout.quarantined {
         let _ = writeln!(
             o,
@@ -614,6 +624,33 @@ fn fleet_lines(o: &mut String, v: &ClusterView, now: Timestamp) {
         }
         None => o.push_str("not paused\n"),
     }
+    for (node, h) in &v.fleet.holds {
+        let lapsed = h.until.filter(|u| *u <= now);
+        let _ = match lapsed {
+            Some(u) => writeln!(
+                o,
+                "hold of {} lapsed at {} (the next `ginxctl hold` or `release` removes it)",
+                printable(node),
+                time(u)
+            ),
+            None => writeln!(o, "held: {} {}", printable(node), hold_line(h)),
+        };
+    }
+}
+
+/// `by ann since T until U: disk failing`.
+fn hold_line(h: &HoldStatus) -> String {
+    let until = h.until.map_or_else(|| "`ginxctl release`".to_owned(), time);
+    let why = if h.reason.is_empty() {
+        String::new()
+    } else {
+        format!(": {}", printable(&h.reason))
+    };
+    format!(
+        "by {} since {} until {until}{why}",
+        printable(&h.by),
+        time(h.at)
+    )
 }
 
 /// How far each revision being rolled out has come, and whose failures count against it.
@@ -773,6 +810,18 @@ mod tests {
             }),
             ..FleetStatus::default()
         };
+        let hold = |until: &str| HoldStatus {
+            by: "ann".into(),
+            at: "2026-12-01T10:00:00Z".parse().unwrap(),
+            reason: "disk failing".into(),
+            until: Some(until.parse().unwrap()),
+        };
+        fleet
+            .holds
+            .insert("rei".into(), hold("2026-12-01T18:00:00Z"));
+        fleet
+            .holds
+            .insert("old".into(), hold("2026-12-01T11:00:00Z"));
         fleet.halted.insert(
             rev.into(),
             HaltStatus {
@@ -860,6 +909,8 @@ newcomer   -              -      -                 -             -             -
 halted: 0123456789ab on makise at 2026-12-01T10:00:00Z: health gate failed
   kubelet: healthz answered 500
 paused by alice@lucy since 2026-12-01T11:57:00Z (2m ago)
+hold of old lapsed at 2026-12-01T11:00:00Z (the next `ginxctl hold` or `release` removes it)
+held: rei by ann since 2026-12-01T10:00:00Z until 2026-12-01T18:00:00Z: disk failing
 revision 0123456789ab: 0/2 done; 0 building, 0 waiting, 1 activating, 0 verifying, 0 done, 0 failed, 1 quarantined
 plan for 0123456789ab: 1 live, 2 drain, 0 reboot (1 unknown, the fallback taken); restarts containerd.service (2), restarts kubelet.service (1)
 quarantined: rei on 0123456789ab (rolled back; `ginxctl retry` there, or a new revision, ends it)

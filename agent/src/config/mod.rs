@@ -451,8 +451,8 @@ impl Config {
     }
 }
 
-/// RFC 1123 subdomain, as Kubernetes object names.
-fn is_dns_subdomain(s: &str) -> bool {
+/// RFC 1123 subdomain, as Kubernetes object (and node) names.
+pub fn is_dns_subdomain(s: &str) -> bool {
     !s.is_empty() && s.len() <= 253 && s.split('.').all(is_dns_label)
 }
 

@@ -38,7 +38,7 @@ pub struct NotifyConfig {
 }
 
 /// What a webhook is told unless `events` says otherwise: what needs a person.
-pub const DEFAULT_EVENTS: [Reason; 9] = [
+pub const DEFAULT_EVENTS: [Reason; 10] = [
     Reason::RevisionHalted,
     Reason::RolledBack,
     Reason::RollbackUnhealthy,
@@ -48,6 +48,7 @@ pub const DEFAULT_EVENTS: [Reason; 9] = [
     Reason::Rebooting,
     Reason::Rebooted,
     Reason::ApplyFailed,
+    Reason::Held,
 ];
 
 fn default_events() -> Vec<Reason> {

@@ -447,7 +447,7 @@ mod tests {
         }
         for want in [
             "default `RevisionHalted`, `RolledBack`, `RollbackUnhealthy`,",
-            "`ApplyFailed`.",
+            "`ApplyFailed`, `Held`.",
             "| `events` | `[\"RevisionHalted\", \"RolledBack\", \"RollbackUnhealthy\", …]` |",
         ] {
             assert!(text.contains(want), "{want} in\n{text}");

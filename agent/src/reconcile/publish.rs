@@ -5,8 +5,8 @@ use crate::apply::system;
 use crate::rollout::window::WindowState;
 use crate::state::{AfterGate, AttemptKind, Held, RebootPhase, State};
 use crate::status::{
-    ApplyState, ApplyStatus, GateProgress, HaltStatus, PauseStatus, Phase, Published, RebootStatus,
-    RolloutStatus, SystemStatus, WaitingFor, WindowStatus,
+    ApplyState, ApplyStatus, GateProgress, HaltStatus, HoldStatus, PauseStatus, Phase, Published,
+    RebootStatus, RolloutStatus, SystemStatus, WaitingFor, WindowStatus,
 };
 use crate::types::{HaltCause, Revision};
 use crate::util;
@@ -206,6 +206,9 @@ impl Reconciler {
                 .map(HaltStatus::from)
                 .or_else(|| own_halt(st, cfg.node_name())),
             paused: fleet.and_then(|f| f.paused.as_ref()).map(PauseStatus::from),
+            hold: fleet
+                .and_then(|f| f.hold_of(cfg.node_name(), util::now()))
+                .map(HoldStatus::from),
             window: window_status(&cfg.rollout.windows),
             reboot: self.reboot_status(&cfg),
             passed_revision: st.passed.clone(),

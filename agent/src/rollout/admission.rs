@@ -6,7 +6,7 @@
 //!
 //! The questions come in a fixed order, cheapest and most general first, and each is asked
 //! only when every earlier one let the node through: the backend, the fleet state (pause,
-//! halts, a vanished holder), the maintenance windows, the control plane's quorum, etcd, a halt
+//! an operator's hold on this node, halts, a vanished holder), the maintenance windows, the control plane's quorum, etcd, a halt
 //! this node owes the fleet, the slot already held, the groups of `rollout.after`, and only
 //! then a take of the lock. So a paused fleet costs one read, not a quorum check and a list.
 //!
@@ -80,7 +80,8 @@ pub struct Ask<'a> {
     /// never a second one taken.
     pub held_in_state: bool,
     pub holding: Holding<'a>,
-    /// This node's rollout group.
+    /// This node's name (a hold names it) and rollout group.
+    pub node: &'a str,
     pub group: &'a str,
     /// A control-plane node with `rollout.quorum_guard` on.
     pub quorum_guard: bool,
@@ -202,9 +203,14 @@ pub fn next(ask: &Ask<'_>, facts: &Facts<'_>, now: Timestamp) -> Next {
         return Next::ReadFleet;
     }
     let resuming_own = ask.held_in_state || matches!(ask.holding, Holding::Live(_));
+    let whom = Whom {
+        node: ask.node,
+        group: ask.group,
+        resuming_own,
+    };
     if let Some(wait) = facts
         .fleet
-        .and_then(|state| held_back(state, ask.revision, ask.purpose, ask.group, resuming_own))
+        .and_then(|state| held_back(state, ask.revision, ask.purpose, &whom, now))
     {
         return Next::Answer(wait);
     }
@@ -320,15 +326,25 @@ pub fn lock_error(policy: OnApiUnavailable, e: LockError) -> Verdict {
     }
 }
 
+/// The node the fleet state is read for.
+#[derive(Clone, Copy, Debug)]
+pub struct Whom<'a> {
+    pub node: &'a str,
+    pub group: &'a str,
+    /// It resumes a slot it holds: what it started, it finishes.
+    pub resuming_own: bool,
+}
+
 /// What in the fleet state holds this node back from taking (or keeping) a slot for
-/// `revision`: a pause, a halt of the revision (for an apply), or a holder of its group that
-/// vanished mid-rollout (unless this node resumes its own slot).
+/// `revision` at `now`: a pause, an operator's hold on it (unless it resumes its own slot), a
+/// halt of the revision (for an apply), or a holder of its group that vanished mid-rollout
+/// (unless it resumes its own slot).
 pub fn held_back(
     state: &FleetState,
     revision: &Revision,
     purpose: Purpose,
-    group: &str,
-    resuming_own: bool,
+    whom: &Whom<'_>,
+    now: Timestamp,
 ) -> Option<Verdict> {
     if let Some(p) = &state.paused {
         return Some(Verdict::wait(
@@ -338,6 +354,17 @@ pub fn held_back(
                 p.by, p.at
             ),
         ));
+    }
+    if let Some(h) = state.hold_of(whom.node, now).filter(|_| !whom.resuming_own) {
+        return Some(Verdict::Wait(Wait {
+            waiting_for: WaitingFor::Held,
+            reason: format!(
+                "held {}: nothing new starts here; `ginxctl release {}` lifts it",
+                h.describe(),
+                whom.node
+            ),
+            until: h.until,
+        }));
     }
     if let Some(h) = state
         .halt_of(revision)
@@ -365,10 +392,10 @@ pub fn held_back(
     // A holder of this group vanished mid-rollout: it may still be activating or verifying
     // (cut off, stopped), so nothing of the group starts until it is back and its gate
     // passed, or an operator clears the halt. A node resuming its own slot goes on.
-    if resuming_own {
+    if whom.resuming_own {
         return None;
     }
-    let h = state.vanished_in(group)?;
+    let h = state.vanished_in(whom.group)?;
     Some(Verdict::wait(
         WaitingFor::Halted,
         format!(

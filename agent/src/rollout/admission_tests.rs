@@ -4,6 +4,7 @@
 use super::*;
 use crate::config::{ClockTime, Day};
 use crate::rollout::fleet_state::{Halt, Pause};
+use crate::rollout::holds::Hold;
 
 fn rev(c: char) -> Revision {
     std::iter::repeat_n(c, 40)
@@ -60,6 +61,7 @@ fn ask(r: &Revision) -> Ask<'_> {
         connected: true,
         held_in_state: false,
         holding: Holding::None,
+        node: "w3",
         group: "workers",
         quorum_guard: false,
         etcd_guard: false,
@@ -109,6 +111,7 @@ fn every_wait_and_every_step_is_reached() {
         halt(&other, HaltCause::HolderVanished, Some("workers")),
     );
     let h = held(&r);
+    let held_w3 = holding_w3(Some("2026-11-30T18:00:00Z"));
 
     type Case<'a> = (&'a str, Ask<'a>, Facts<'a>, Next);
     let wait = |w: WaitingFor| Next::Answer(Verdict::wait(w, String::new()));
@@ -130,6 +133,16 @@ fn every_wait_and_every_step_is_reached() {
         ),
         ("paused", ask(&r), read(&paused), wait(WaitingFor::Paused)),
         ("halted", ask(&r), read(&halted), wait(WaitingFor::Halted)),
+        ("held", ask(&r), read(&held_w3), wait(WaitingFor::Held)),
+        (
+            "held, for a reboot",
+            Ask {
+                purpose: Purpose::Reboot,
+                ..ask(&r)
+            },
+            read(&held_w3),
+            wait(WaitingFor::Held),
+        ),
         (
             "a holder of the group vanished",
             ask(&r),
@@ -425,6 +438,85 @@ fn an_apply_under_way_passes_windows_and_quorum_but_a_reboot_passes_only_the_quo
     assert_eq!(next(&reboot, &read(&fleet), inside), Next::CheckQuorum);
 }
 
+/// An operator's hold on w3 (placed at noon, until `until`).
+fn holding_w3(until: Option<&str>) -> FleetState {
+    FleetState {
+        holds: BTreeMap::from([(
+            "w3".to_owned(),
+            Hold {
+                by: "ann".into(),
+                at: t(NOON),
+                reason: "disk failing".into(),
+                until: until.map(t),
+            },
+        )]),
+        ..FleetState::default()
+    }
+}
+
+#[test]
+fn a_hold_keeps_its_node_out_until_it_lapses_and_lets_its_own_slot_finish() {
+    let r = rev('a');
+    let now = t(NOON);
+    let fleet = holding_w3(Some("2026-11-30T18:00:00Z"));
+    let Next::Answer(Verdict::Wait(w)) = next(&ask(&r), &read(&fleet), now) else {
+        panic!("a held node goes on");
+    };
+    assert_eq!(w.waiting_for, WaitingFor::Held);
+    assert_eq!(
+        w.until,
+        Some(t("2026-11-30T18:00:00Z")),
+        "wakes when it lapses"
+    );
+    assert_eq!(
+        w.reason,
+        "held by ann since 2026-11-30T12:00:00Z (disk failing) until 2026-11-30T18:00:00Z: \
+         nothing new starts here; `ginxctl release w3` lifts it"
+    );
+    // Lapsed: nothing holds.
+    let later = t("2026-11-30T18:00:00Z");
+    assert_eq!(next(&ask(&r), &read(&fleet), later), Next::Take);
+    // Another node is not held by w3's hold.
+    let other = Ask {
+        node: "w1",
+        ..ask(&r)
+    };
+    assert_eq!(next(&other, &read(&fleet), now), Next::Take);
+    // A slot it holds finishes what it started, the reboot kept under its apply's slot too.
+    let h = held(&r);
+    for purpose in [Purpose::Apply, Purpose::Reboot] {
+        let resuming = Ask {
+            purpose,
+            holding: Holding::Live(&h),
+            ..ask(&r)
+        };
+        assert_eq!(
+            next(&resuming, &read(&fleet), now),
+            Next::Answer(Verdict::Go(Some(h.clone()))),
+            "{purpose:?}"
+        );
+    }
+    // Without an until it holds for good, and the pause is named first.
+    let forever = holding_w3(None);
+    let Next::Answer(Verdict::Wait(w)) = next(&ask(&r), &read(&forever), t("2099-01-01T00:00:00Z"))
+    else {
+        panic!("a hold without until lapsed");
+    };
+    assert_eq!(w.until, None);
+    assert!(w.reason.contains("until `ginxctl release`"), "{}", w.reason);
+    let both = FleetState {
+        paused: Some(Pause {
+            by: "ops@desk".into(),
+            at: now,
+        }),
+        ..forever
+    };
+    assert_eq!(
+        waits_for(&next(&ask(&r), &read(&both), now)),
+        Some(WaitingFor::Paused)
+    );
+}
+
 #[test]
 fn a_halt_holds_back_applies_only_and_a_vanished_holder_not_its_own_resumed_slot() {
     let r = rev('a');
@@ -436,18 +528,45 @@ fn a_halt_holds_back_applies_only_and_a_vanished_holder_not_its_own_resumed_slot
         Some(Verdict::Wait(w)) => w.reason,
         other => panic!("{other:?}"),
     };
-    let why = reason(held_back(&fleet, &r, Purpose::Apply, "workers", false));
+    let whom = |group, resuming_own| Whom {
+        node: "w3",
+        group,
+        resuming_own,
+    };
+    let now = t(NOON);
+    let why = reason(held_back(
+        &fleet,
+        &r,
+        Purpose::Apply,
+        &whom("workers", false),
+        now,
+    ));
     assert!(why.contains("failed to build on makise"), "{why}");
-    assert!(held_back(&fleet, &r, Purpose::Reboot, "workers", false).is_none());
+    assert!(held_back(&fleet, &r, Purpose::Reboot, &whom("workers", false), now).is_none());
     let other = rev('b');
     let mut vanished = FleetState::default();
     vanished.halted.insert(
         other.to_string(),
         halt(&other, HaltCause::HolderVanished, Some("workers")),
     );
-    assert!(held_back(&vanished, &r, Purpose::Apply, "workers", true).is_none());
-    assert!(held_back(&vanished, &r, Purpose::Apply, "control-plane", false).is_none());
-    let why = reason(held_back(&vanished, &r, Purpose::Apply, "workers", false));
+    assert!(held_back(&vanished, &r, Purpose::Apply, &whom("workers", true), now).is_none());
+    assert!(
+        held_back(
+            &vanished,
+            &r,
+            Purpose::Apply,
+            &whom("control-plane", false),
+            now
+        )
+        .is_none()
+    );
+    let why = reason(held_back(
+        &vanished,
+        &r,
+        Purpose::Apply,
+        &whom("workers", false),
+        now,
+    ));
     assert!(why.contains("group workers"), "{why}");
 }
 

@@ -10,6 +10,7 @@
 //! halted.<full revision>:   {"revision":…,"node":…,"probes":{…},"reason":…,"at":…}
 //! events:                   [{"by":…,"at":…,"action":"pause"}, …]   (the newest 50)
 //! failed.<revision>.<node>: {"at":…,"reason":…,"cause":"gate-failed"}   (the failure budget)
+//! held.<node>:              {"by":…,"at":…,"reason":…,"until":…}   (ginxctl hold; holds.rs)
 //! ```
 //!
 //! A revision's failures (`failed.<revision>.*`, one key per node, so that a node adds its own
@@ -30,6 +31,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kube::Api;
 
 use super::fleet_state::{FailureRecord, FleetEvent, FleetState, Halt, Pause};
+use super::holds;
 use crate::k8s::{ApiError, Edit, EditError, MAX_CONFLICT_RETRIES, replace_with_retry};
 use crate::types::{HaltCause, Revision};
 
@@ -47,7 +49,8 @@ pub const MAX_EVENTS: usize = 50;
 pub const MIN_PREFIX: usize = 7;
 
 /// The ConfigMap's `data` for `state`: only ginx's keys, events cut to the newest
-/// [`MAX_EVENTS`].
+/// [`MAX_EVENTS`]. Never the holds: operators write those, and a node's write keeps them as
+/// they are, byte for byte.
 pub fn encode(state: &FleetState) -> BTreeMap<String, String> {
     let mut data = BTreeMap::new();
     if let Some(p) = &state.paused {
@@ -76,9 +79,11 @@ fn json<T: serde::Serialize>(v: &T) -> String {
 }
 
 /// The state in `data`. A value that cannot be read is an error naming its key and what is
-/// wrong with it; keys that are not ginx's are ignored.
+/// wrong with it; keys that are not ginx's are ignored. An unreadable hold is not: a node never
+/// writes holds back, so it cannot spoil a node's write (it still holds, see `holds.rs`).
 pub fn decode(data: &BTreeMap<String, String>) -> Result<FleetState, String> {
-    let (state, problems) = decode_lenient(data);
+    let (mut state, problems) = decode_own(data);
+    state.holds = holds::decode(data).0;
     if problems.is_empty() {
         Ok(state)
     } else {
@@ -90,6 +95,15 @@ pub fn decode(data: &BTreeMap<String, String>) -> Result<FleetState, String> {
 /// of holding back: a `halted.<revision>` key whose value cannot be read still halts that
 /// revision, and a `paused` key whose value cannot be read still pauses the fleet.
 pub fn decode_lenient(data: &BTreeMap<String, String>) -> (FleetState, Vec<String>) {
+    let (mut state, mut problems) = decode_own(data);
+    let (held, unreadable) = holds::decode(data);
+    state.holds = held;
+    problems.extend(unreadable);
+    (state, problems)
+}
+
+/// The fleet state's own keys in `data` (not the holds), read the cautious way.
+fn decode_own(data: &BTreeMap<String, String>) -> (FleetState, Vec<String>) {
     let mut state = FleetState::default();
     let mut problems = Vec::new();
     for (key, value) in data {
@@ -835,6 +849,27 @@ mod tests {
             merged,
             BTreeMap::from([("note".to_owned(), "ask bob before resuming".to_owned())])
         );
+    }
+
+    /// The admission policy refuses a node's write that changes a hold, so a node's own write
+    /// must carry every `held.*` value exactly as it found it, however it was written.
+    #[test]
+    fn held_keys_are_read_never_written_and_kept_verbatim() {
+        let mut data = encode(&state());
+        let by_hand = "{ \"at\": \"2026-12-01T10:00:00Z\",  \"by\": \"ann\" }";
+        data.insert("held.lucy".into(), by_hand.into());
+        data.insert("held.makise".into(), "not json".into());
+        let (s, problems) = decode_lenient(&data);
+        assert_eq!(s.holds["lucy"].by, "ann");
+        assert!(s.holds["makise"].reason.contains("cannot be read"));
+        assert_eq!(problems.len(), 1, "{problems:?}");
+        // A node's write does not stumble on an unreadable hold.
+        let mut s = decode(&data).unwrap();
+        assert!(!encode(&s).keys().any(|k| k.starts_with("held.")));
+        assert!(apply_halt(&mut s, halt(B, "lucy")));
+        let written = merge(Some(&data), encode(&s));
+        assert_eq!(written["held.lucy"], by_hand);
+        assert_eq!(written["held.makise"], "not json");
     }
 
     #[test]

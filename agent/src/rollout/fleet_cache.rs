@@ -166,7 +166,12 @@ impl FleetCache {
             }
         };
         let group = cfg.rollout.group_for(cfg.node.role);
-        let wait = admission::held_back(&state, revision, purpose, &group, resuming_own);
+        let whom = admission::Whom {
+            node: cfg.node_name(),
+            group: &group,
+            resuming_own,
+        };
+        let wait = admission::held_back(&state, revision, purpose, &whom, crate::util::now());
         self.state = Some(state);
         if wait.is_some() {
             tracing::info!(revision = %revision.short(),

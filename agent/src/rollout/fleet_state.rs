@@ -12,7 +12,10 @@ use std::collections::BTreeMap;
 use jiff::Timestamp;
 use serde::{Deserialize, Serialize};
 
-use crate::status::{FailureStatus, FleetEventStatus, FleetStatus, HaltStatus, PauseStatus};
+use super::holds::Hold;
+use crate::status::{
+    FailureStatus, FleetEventStatus, FleetStatus, HaltStatus, HoldStatus, PauseStatus,
+};
 use crate::types::{HaltCause, Revision};
 
 /// A revision whose health gate failed: nodes refuse it until a new revision or
@@ -64,6 +67,10 @@ pub struct FleetState {
     /// revision → node → what failed there.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub failures: BTreeMap<String, BTreeMap<String, FailureRecord>>,
+    /// Held nodes (`ginxctl hold`), by node: read by nodes, written by operators only (see
+    /// `holds.rs`), so never encoded among the fleet state's own keys.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub holds: BTreeMap<String, Hold>,
 }
 
 /// One node's failure of a revision, counted against its budget.
@@ -76,6 +83,11 @@ pub struct FailureRecord {
 }
 
 impl FleetState {
+    /// `node`'s hold, while it holds at `now`.
+    pub fn hold_of(&self, node: &str, now: Timestamp) -> Option<&Hold> {
+        self.holds.get(node).filter(|h| h.active_at(now))
+    }
+
     pub fn halt_of(&self, revision: &Revision) -> Option<&Halt> {
         self.halted.get(revision.as_str())
     }
@@ -162,6 +174,11 @@ impl From<&FleetState> for FleetStatus {
                     (r.clone(), nodes)
                 })
                 .collect(),
+            holds: s
+                .holds
+                .iter()
+                .map(|(n, h)| (n.clone(), HoldStatus::from(h)))
+                .collect(),
         }
     }
 }
@@ -230,6 +247,15 @@ mod tests {
                     ("okabe".into(), failure(HaltCause::HolderVanished)),
                 ]),
             )]),
+            holds: BTreeMap::from([(
+                "lucy".into(),
+                Hold {
+                    by: "ann".into(),
+                    at: t("2026-12-01T10:00:00Z"),
+                    reason: "disk failing".into(),
+                    until: Some(t("2026-12-01T18:00:00Z")),
+                },
+            )]),
         }
     }
 
@@ -250,7 +276,8 @@ mod tests {
                 r#"{{"by":"bob@okabe","at":"2026-12-01T12:00:00Z","action":"clear {a}"}}],"#,
                 r#""failures":{{"{a}":{{"#,
                 r#""makise":{{"at":"2026-12-01T09:59:00Z","reason":"health gate failed","cause":"gate-failed"}},"#,
-                r#""okabe":{{"at":"2026-12-01T09:59:00Z","reason":"health gate failed","cause":"holder-vanished"}}}}}}}}"#,
+                r#""okabe":{{"at":"2026-12-01T09:59:00Z","reason":"health gate failed","cause":"holder-vanished"}}}}}},"#,
+                r#""holds":{{"lucy":{{"by":"ann","at":"2026-12-01T10:00:00Z","reason":"disk failing","until":"2026-12-01T18:00:00Z"}}}}}}"#,
             ),
             pause = PAUSE,
             a = A,

@@ -18,6 +18,7 @@ mod fleet_state;
 pub mod fleetlock;
 pub mod gate;
 mod holding;
+pub mod holds;
 mod keeper;
 pub mod lease;
 pub mod lock;
@@ -29,6 +30,7 @@ mod takeover;
 pub mod window;
 
 pub use fleet_state::{FailureRecord, FleetEvent, FleetState, Halt, Pause};
+pub use holds::Hold;
 pub use keeper::{
     CONTROL_PLANE_REQUIRED, Effective, GateStep, Gatekeeper, Later, Look, Permit, Purpose,
     QUEUED_RECHECK, RECHECK, Reach, Wiring, effective,

@@ -35,7 +35,7 @@ pub use health::{HealthMap, HealthStatus, Overall, ProbeStatus, overall};
 pub use kubeadm::KubeadmStatus;
 pub use kubernetes::{KubeState, KubeStatus};
 pub use rollout::{
-    ClusterNode, ClusterView, FailureStatus, FleetEventStatus, FleetStatus, HaltStatus,
+    ClusterNode, ClusterView, FailureStatus, FleetEventStatus, FleetStatus, HaltStatus, HoldStatus,
     PauseStatus, Phase, Quarantine, RebootStatus, RevisionCounts, RolloutStatus, WaitingFor,
     WindowStatus,
 };

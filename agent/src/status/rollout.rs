@@ -46,11 +46,13 @@ pub enum WaitingFor {
     /// A control-plane node's etcd guard: a member is unfit, the quorum would not survive this
     /// node going down, or its member leads and the leadership could not be moved.
     Etcd,
+    /// `ginxctl hold`: an operator keeps this node out of rollouts.
+    Held,
 }
 
 impl WaitingFor {
     /// Every wait, in the order the metric lists them.
-    pub const ALL: [WaitingFor; 13] = [
+    pub const ALL: [WaitingFor; 14] = [
         WaitingFor::Suspended,
         WaitingFor::Paused,
         WaitingFor::Halted,
@@ -64,6 +66,7 @@ impl WaitingFor {
         WaitingFor::After,
         WaitingFor::Soak,
         WaitingFor::Etcd,
+        WaitingFor::Held,
     ];
 
     /// The wait named `name` (as [`WaitingFor::as_str`] writes it).
@@ -86,6 +89,7 @@ impl WaitingFor {
             WaitingFor::After => "after",
             WaitingFor::Soak => "soak",
             WaitingFor::Etcd => "etcd",
+            WaitingFor::Held => "held",
         }
     }
 }
@@ -175,6 +179,19 @@ pub struct PauseStatus {
     pub at: Timestamp,
 }
 
+/// `ginxctl hold` as shown: this node starts nothing new until `ginxctl release` or `until`.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct HoldStatus {
+    /// Who placed it, as the API server named the credentials.
+    pub by: String,
+    pub at: Timestamp,
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub reason: String,
+    /// When it lapses by itself; absent: at `ginxctl release`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub until: Option<Timestamp>,
+}
+
 /// A change of the fleet state made by a person, as shown: who, when, what.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct FleetEventStatus {
@@ -197,6 +214,10 @@ pub struct FleetStatus {
     /// revision → node → what failed there.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub failures: BTreeMap<String, BTreeMap<String, FailureStatus>>,
+    /// Held nodes (`ginxctl hold`), by node; a lapsed hold stays listed until the next
+    /// `ginxctl hold` or `release` removes it.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub holds: BTreeMap<String, HoldStatus>,
 }
 
 /// One node's failure of a revision, counted against its budget, as shown.
@@ -243,6 +264,9 @@ pub struct RolloutStatus {
     /// The halt that concerns this node's target revision, if any.
     pub halt: Option<HaltStatus>,
     pub paused: Option<PauseStatus>,
+    /// This node's hold (`ginxctl hold`), while it holds.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub hold: Option<HoldStatus>,
     /// The maintenance windows (`[[rollout.windows]]`) now; absent when none are configured.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub window: Option<WindowStatus>,

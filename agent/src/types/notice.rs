@@ -47,10 +47,12 @@ pub enum Reason {
     /// The etcd guard holds this control-plane node back: a member is unfit, or the quorum
     /// would not survive it going down.
     EtcdUnhealthy,
+    /// An operator's hold (`ginxctl hold`) keeps this node out of the rollout.
+    Held,
 }
 
 impl Reason {
-    pub const ALL: [Reason; 19] = [
+    pub const ALL: [Reason; 20] = [
         Reason::Applying,
         Reason::Applied,
         Reason::ApplyFailed,
@@ -70,6 +72,7 @@ impl Reason {
         Reason::Planned,
         Reason::EtcdLeaderMoved,
         Reason::EtcdUnhealthy,
+        Reason::Held,
     ];
 
     pub fn as_str(self) -> &'static str {
@@ -93,6 +96,7 @@ impl Reason {
             Reason::Planned => "Planned",
             Reason::EtcdLeaderMoved => "EtcdLeaderMoved",
             Reason::EtcdUnhealthy => "EtcdUnhealthy",
+            Reason::Held => "Held",
         }
     }
 
@@ -118,7 +122,9 @@ impl Reason {
             Reason::Applying | Reason::Applied | Reason::ApplyFailed => "Apply",
             Reason::GatePassed | Reason::GateFailed => "HealthGate",
             Reason::RolledBack | Reason::RollbackUnhealthy => "Rollback",
-            Reason::RevisionHalted | Reason::SlotLost | Reason::HolderVanished => "Rollout",
+            Reason::RevisionHalted | Reason::SlotLost | Reason::HolderVanished | Reason::Held => {
+                "Rollout"
+            }
             Reason::Draining | Reason::DrainBlocked => "Drain",
             Reason::Rebooting | Reason::Rebooted => "Reboot",
             Reason::DriftDetected => "DriftCheck",

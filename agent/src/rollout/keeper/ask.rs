@@ -41,6 +41,7 @@ impl Gatekeeper {
                 connected: clients.is_some(),
                 held_in_state,
                 holding: self.locker.seen(),
+                node: cfg.node_name(),
                 group: &group,
                 quorum_guard: cfg.node.role == Role::ControlPlane && cfg.rollout.quorum_guard,
                 etcd_guard: cfg.etcd.applies(cfg.node.role),
@@ -64,7 +65,7 @@ impl Gatekeeper {
                     Err(v) => v,
                 },
             };
-            return self.answer(verdict, backend);
+            return self.answer(verdict, backend, revision);
         }
     }
 
@@ -124,7 +125,13 @@ impl Gatekeeper {
 
     /// A verdict as the reconciler takes it, with what it means for the wake-ups and the
     /// journal.
-    pub(super) fn answer(&mut self, verdict: Verdict, backend: Effective) -> Permit {
+    pub(super) fn answer(
+        &mut self,
+        verdict: Verdict,
+        backend: Effective,
+        revision: &Revision,
+    ) -> Permit {
+        self.tell_held(&verdict, revision);
         match verdict {
             Verdict::Go(held) => {
                 if backend == Effective::Bootstrap && !self.bootstrap_logged {
@@ -144,6 +151,25 @@ impl Gatekeeper {
                 Permit::Wait(w.waiting_for, w.reason)
             }
         }
+    }
+}
+
+impl Gatekeeper {
+    /// An operator's hold that starts keeping this node back is told once (the journal, the
+    /// `Held` Event and notice), not at every look while it lasts.
+    fn tell_held(&mut self, verdict: &Verdict, revision: &Revision) {
+        let held = match verdict {
+            Verdict::Wait(w) if w.waiting_for == WaitingFor::Held => Some(&w.reason),
+            _ => None,
+        };
+        if let Some(why) = held.filter(|_| !self.held_told) {
+            tracing::info!(revision = %revision.short(), reason = %why,
+                "an operator's hold keeps this node out of the rollout");
+            self.w
+                .notices
+                .emit(Reason::Held, Some(revision.as_str()), why.clone());
+        }
+        self.held_told = held.is_some();
     }
 }
 

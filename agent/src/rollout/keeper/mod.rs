@@ -120,6 +120,8 @@ pub struct Gatekeeper {
     owed_halt: Option<Halt>,
     /// The etcd guard's memory between looks (when a hold started).
     etcd: super::etcd_guard::EtcdGuard,
+    /// The last answer was an operator's hold: its notice is given once per spell.
+    held_told: bool,
 }
 
 impl Gatekeeper {
@@ -149,6 +151,7 @@ impl Gatekeeper {
             wait_until: None,
             owed_halt: None,
             etcd: Default::default(),
+            held_told: false,
         }
     }
 
@@ -296,16 +299,16 @@ impl Gatekeeper {
             .await
         {
             Ok(vanished) => vanished,
-            Err(wait) => return self.answer(wait, backend),
+            Err(wait) => return self.answer(wait, backend, revision),
         };
         if let Some(v) = vanished
             && let Some(wait) = self.took_over(cfg, v, revision).await
         {
-            return self.answer(wait, backend);
+            return self.answer(wait, backend, revision);
         }
         let Some(held) = self.locker.held().cloned() else {
             let wait = admission::refused_lock("the slot taken over was released".into());
-            return self.answer(wait, backend);
+            return self.answer(wait, backend, revision);
         };
         if has_cluster(cfg)
             && let Some(c) = &clients
@@ -318,7 +321,7 @@ impl Gatekeeper {
                 tracing::warn!(error = %e, "cannot release the slot just taken; it expires by itself");
             }
             self.locker.forget();
-            return self.answer(wait, backend);
+            return self.answer(wait, backend, revision);
         }
         self.locker.granted(cfg);
         Permit::Granted(Some(held))
