@@ -457,14 +457,7 @@ fn an_alarm_on_one_member_holds_the_control_plane_node_and_names_it() {
         "nothing applied while held"
     );
     // The wait shows in the metric, in the cluster view, and as an Event on the Node.
-    let addr = s["metrics_listen"].as_str().unwrap().to_owned();
-    let scraped = crate::kubernetes::scrape(&addr);
-    assert!(
-        scraped
-            .lines()
-            .any(|l| l == "ginx_rollout_waiting{waiting_for=\"etcd\"} 1"),
-        "{scraped}"
-    );
+    crate::kubernetes::assert_waiting_metric(&s, "etcd");
     wait_for("the cluster view to show the wait", || {
         let view: Value = serde_json::from_str(&n.d().ctl_ok(&["cluster", "--json"])).ok()?;
         let me = view["nodes"]
@@ -475,23 +468,12 @@ fn an_alarm_on_one_member_holds_the_control_plane_node_and_names_it() {
         (me["waiting_for"] == "etcd").then_some(())
     });
     wait_for("the EtcdUnhealthy Event", || {
-        let out = cp.kubectl(&[
-            "get",
-            "events",
-            "-n",
-            "default",
-            "--field-selector",
-            "reason=EtcdUnhealthy,involvedObject.name=ea-lucy",
-            "-o",
-            "json",
-        ]);
-        let v: Value = serde_json::from_str(&out).ok()?;
-        let e = v["items"].as_array()?.first()?.clone();
-        Some(e).filter(|e| {
-            e["message"]
-                .as_str()
-                .is_some_and(|m| m.contains("ea-quinn has the alarm NOSPACE"))
-        })
+        let events = cp.node_events("ea-lucy", "EtcdUnhealthy");
+        let e = events.first()?;
+        e["message"]
+            .as_str()
+            .is_some_and(|m| m.contains("ea-quinn has the alarm NOSPACE"))
+            .then_some(())
     });
     etcd.alarm(0, 2, "NOSPACE", false);
     n.d().ctl_ok(&["sync"]);
@@ -575,13 +557,7 @@ fn missing_certificates_a_wrong_ca_and_a_silent_endpoint_each_hold_with_a_reason
     }
     // A reboot held by etcd is the node's wait in the metric and in the cluster view too.
     let s = status(&nodes[0]).unwrap();
-    let scraped = crate::kubernetes::scrape(s["metrics_listen"].as_str().unwrap());
-    assert!(
-        scraped
-            .lines()
-            .any(|l| l == "ginx_rollout_waiting{waiting_for=\"etcd\"} 1"),
-        "{scraped}"
-    );
+    crate::kubernetes::assert_waiting_metric(&s, "etcd");
     wait_for("the cluster view to show the reboot's wait", || {
         let view: Value =
             serde_json::from_str(&nodes[0].d().ctl_ok(&["cluster", "--json"])).ok()?;

@@ -15,6 +15,7 @@ mod events;
 mod faults;
 mod fleet;
 mod fleetlock;
+mod holds;
 mod kubeadm;
 mod kubernetes;
 mod monitoring;

@@ -782,6 +782,14 @@ fn metrics_are_served_and_parse() {
     assert!(body.trim_end().ends_with("# EOF"));
 }
 
+/// Fails unless the ginx whose status is `status` serves
+/// `ginx_rollout_waiting{waiting_for="<waiting_for>"} 1`.
+pub(crate) fn assert_waiting_metric(status: &Value, waiting_for: &str) {
+    let scraped = scrape(status["metrics_listen"].as_str().expect("metrics_listen"));
+    let want = format!("ginx_rollout_waiting{{waiting_for=\"{waiting_for}\"}} 1");
+    assert!(scraped.lines().any(|l| l == want), "{want} in\n{scraped}");
+}
+
 pub(crate) fn scrape(addr: &str) -> String {
     use std::io::{Read, Write};
     let mut s = std::net::TcpStream::connect(addr).unwrap();

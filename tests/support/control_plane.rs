@@ -465,6 +465,24 @@ impl ControlPlane {
         }
     }
 
+    /// The Events with `reason` about the Node `node` (ginx writes them in default).
+    pub fn node_events(&self, node: &str, reason: &str) -> Vec<Value> {
+        let out = self.kubectl(&[
+            "get",
+            "events",
+            "-n",
+            "default",
+            "--field-selector",
+            &format!("reason={reason},involvedObject.name={node}"),
+            "-o",
+            "json",
+        ]);
+        serde_json::from_str::<Value>(&out)
+            .ok()
+            .and_then(|v| v["items"].as_array().cloned())
+            .unwrap_or_default()
+    }
+
     pub fn node(&self, name: &str) -> Option<Value> {
         self.get_path(&format!("/api/v1/nodes/{name}"))
     }
