@@ -18,38 +18,16 @@ use crate::rollout::{Node, most_at_once, node};
 use crate::support::blackhole::Blackhole;
 use crate::support::control_plane::{self, ControlPlane, RbacGuard};
 use crate::support::daemon::Daemon;
+use crate::support::faketime;
 use crate::support::kubelet::Kubelet;
 use crate::support::webhook::Webhook;
 use crate::support::{Env, wait_for};
 
 /// libfaketime's preload library (Debian's `faketime` package).
-const LIBFAKETIME: &str = "/usr/lib/x86_64-linux-gnu/faketime/libfaketime.so.1";
-
-/// Whether libfaketime is here; under `CI=true` its absence fails the test.
-fn faketime() -> bool {
-    if Path::new(LIBFAKETIME).exists() {
-        return true;
-    }
-    let msg = format!("{LIBFAKETIME} is missing: apt-get install faketime");
-    if std::env::var("CI").is_ok_and(|v| v == "true") {
-        panic!("{msg}");
-    }
-    eprintln!("SKIPPED: {msg}");
-    false
-}
-
-/// Starts `n`'s ginx with its wall clock at the offset written in `offset_file` (libfaketime's
-/// `FAKETIME_TIMESTAMP_FILE`, e.g. `+5m`, read again every second, so a test can step it). The
-/// monotonic clock is left alone, as a wall-clock step leaves it.
+/// Starts `n`'s ginx with its wall clock at the offset written in `offset_file` (see
+/// [`faketime::start`]).
 fn start_skewed(n: &Node, offset_file: &Path, offset: &str) -> Daemon {
-    std::fs::write(offset_file, format!("{offset}\n")).unwrap();
-    n.env.start_with(|c| {
-        c.env("LD_PRELOAD", LIBFAKETIME)
-            .env("FAKETIME_TIMESTAMP_FILE", offset_file)
-            .env("FAKETIME_CACHE_DURATION", "1")
-            .env("FAKETIME_DONT_FAKE_MONOTONIC", "1")
-            .env("DONT_FAKE_MONOTONIC", "1");
-    })
+    faketime::start(&n.env, offset_file, offset)
 }
 
 /// One line of the journal: `start NODE REVISION`, `end NODE` or `verify NODE`.
@@ -281,7 +259,7 @@ fn clock_skew_of_five_minutes_either_way_takes_no_live_slot() {
     let Some(cp) = control_plane::shared() else {
         return;
     };
-    if !faketime() {
+    if !faketime::available() {
         return;
     }
     let mut rbac = RbacGuard::new(cp);
@@ -781,7 +759,7 @@ fn a_wall_clock_step_during_a_gate_keeps_the_full_settle() {
     let Some(cp) = control_plane::shared() else {
         return;
     };
-    if !faketime() {
+    if !faketime::available() {
         return;
     }
     let mut rbac = RbacGuard::new(cp);
@@ -842,7 +820,7 @@ fn a_wall_clock_step_with_a_failing_check_does_not_fail_the_gate() {
     let Some(cp) = control_plane::shared() else {
         return;
     };
-    if !faketime() {
+    if !faketime::available() {
         return;
     }
     let mut rbac = RbacGuard::new(cp);

@@ -15,6 +15,7 @@ mod events;
 mod faults;
 mod fleet;
 mod fleetlock;
+mod freezes;
 mod holds;
 mod kubeadm;
 mod kubernetes;

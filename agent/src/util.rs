@@ -150,6 +150,22 @@ pub fn interface_with(ip: std::net::IpAddr) -> Result<Option<String>, String> {
         .next())
 }
 
+/// The builder of ginx's HTTP clients to a server named in the configuration (etcd,
+/// FleetLock, Prometheus): rustls on ring, every request bounded by `timeout`, no proxy from
+/// the environment (the server is reached directly), no redirect followed (a redirect is an
+/// answer, not a new request), ginx's user agent.
+pub fn http_client(timeout: std::time::Duration) -> reqwest::ClientBuilder {
+    // Without a provider, reqwest (built without one of its own) would panic; installing it
+    // twice changes nothing.
+    let _ = rustls::crypto::ring::default_provider().install_default();
+    reqwest::Client::builder()
+        .timeout(timeout)
+        .connect_timeout(timeout)
+        .no_proxy()
+        .redirect(reqwest::redirect::Policy::none())
+        .user_agent(concat!("ginx/", env!("CARGO_PKG_VERSION")))
+}
+
 /// An error and its causes, one line. reqwest's own message names the URL, credentials and
 /// all, so it is left out; the causes below it (connect, TLS, I/O) do not.
 pub fn http_error(e: &reqwest::Error) -> String {

@@ -9,6 +9,7 @@ pub mod control_plane;
 pub mod daemon;
 pub mod etcd;
 pub mod fakes;
+pub mod faketime;
 pub mod fleetlock;
 pub mod git;
 pub mod http;

@@ -141,6 +141,14 @@ fn rollout_lines(o: &mut String, s: &Status) {
         };
         let _ = writeln!(o, "window     {line}");
     }
+    if let Some(f) = &s.rollout.freeze {
+        let when = if f.active {
+            format!("until {}", time(f.ends_at))
+        } else {
+            format!("next from {} until {}", time(f.starts_at), time(f.ends_at))
+        };
+        let _ = writeln!(o, "freeze     {when}: {}", printable(&f.reason));
+    }
 }
 
 /// The running system in `status`: its generation and the closure applied.

@@ -334,6 +334,13 @@ pub const DISRUPTION_TIMEOUT: DurationBound = bound(
     "each step of computing a revision's plan (dry-activate, the closure difference); past it \
      the plan is unknown and disruption.unknown applies",
 );
+pub const PROMETHEUS_TIMEOUT: DurationBound = bound(
+    "rollout.gate.prometheus.timeout",
+    millis(100),
+    secs(MINUTE),
+    "one query to Prometheus; every look before a slot and every round of an open gate waits \
+     for it",
+);
 pub const ETCD_TIMEOUT: DurationBound = bound(
     "etcd.timeout",
     millis(100),
@@ -379,6 +386,7 @@ pub const DURATIONS: &[&DurationBound] = &[
     &REBOOT_WINDOW_LENGTH,
     &DISRUPTION_TIMEOUT,
     &ETCD_TIMEOUT,
+    &PROMETHEUS_TIMEOUT,
     &NOTIFY_TIMEOUT,
     &STAGE_TIMEOUT,
     &FLUX_TIMEOUT,
@@ -559,6 +567,9 @@ pub fn durations(c: &super::Config) -> Vec<(String, std::time::Duration)> {
     for (i, s) in c.bootstrap.stages.iter().enumerate() {
         v.push((format!("bootstrap.stages[{i}].timeout"), s.timeout));
     }
+    if let Some(p) = &r.gate.prometheus {
+        v.push(("rollout.gate.prometheus.timeout".into(), p.timeout));
+    }
     if let Some(f) = &c.bootstrap.flux {
         v.push(("bootstrap.flux.timeout".into(), f.timeout));
     }
@@ -621,6 +632,7 @@ mod tests {
                 add(&table, "start = \"02:00\"".into());
             }
             "[notify]" => add(&table, "url = \"http://127.0.0.1:9/hook\"".into()),
+            "rollout.gate.prometheus" => add(&table, "url = \"http://127.0.0.1:9090\"".into()),
             "[bootstrap.stages]" => {
                 add(&table, "name = \"a\"".into());
                 add(&table, "path = \"/a.yaml\"".into());

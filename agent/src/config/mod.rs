@@ -20,6 +20,7 @@ mod control;
 mod disruption;
 mod duration;
 mod etcd;
+mod freeze;
 mod health;
 pub mod kubeadm;
 mod kubernetes;
@@ -28,6 +29,7 @@ mod metrics;
 mod node;
 mod notify;
 mod program;
+mod prometheus;
 mod reboot;
 pub mod reference;
 mod rollout;
@@ -49,6 +51,7 @@ pub use control::ControlConfig;
 pub use disruption::{DEFAULT_DRAIN_UNITS, DisruptionConfig, DisruptionRule, check_glob};
 pub use duration::Duration;
 pub use etcd::{DEFAULT_ETCD_MANIFEST, EtcdConfig};
+pub use freeze::{CivilPoint, Freeze};
 pub use health::{
     ApiserverProbe, CiliumProbe, HealthConfig, KubeVipProbe, KubeletProbe, NodeReadyProbe,
     SystemdProbe,
@@ -62,6 +65,7 @@ pub use node::NodeConfig;
 pub use notify::{
     DEFAULT_EVENTS as NOTIFY_DEFAULT_EVENTS, NotifyConfig, shown as notify_url_shown,
 };
+pub use prometheus::{DEFAULT_ALERT_QUERY, OnPrometheusUnavailable, PrometheusConfig};
 pub use reboot::{RebootConfig, RebootMode};
 pub use rollout::{
     FleetLockConfig, GateConfig, GateRequire, LockBackend, OnApiUnavailable, OnHolderLost,
@@ -69,7 +73,7 @@ pub use rollout::{
 };
 pub use sources::SourceConfig;
 pub use system::SystemConfig;
-pub use window::{ClockTime, Day, Window};
+pub use window::{CivilDate, ClockTime, Day, Week, Window};
 
 /// The longest path a unix socket can be bound at: `sun_path` holds 108 bytes with the
 /// terminating NUL.
@@ -496,6 +500,92 @@ url = "ssh://git@git.example.com/infra/hephaestus.git"
 
     fn err_text(text: &str) -> String {
         load_text(text).unwrap_err().to_string()
+    }
+
+    #[test]
+    fn calendars_and_freezes_load_and_bad_ones_are_named_where_they_are() {
+        let ok = format!(
+            "{BASE}\n[[rollout.windows]]\ndays = [\"tue\"]\nweeks = [\"first\", \"last\"]\n\
+             start = \"02:00\"\nlength = \"3h\"\n\n\
+             [[rollout.windows]]\ndates = [\"2026-12-24\"]\nstart = \"23:00\"\nlength = \"1h\"\n\n\
+             [[rollout.freezes]]\nstart = \"2026-12-20\"\nend = \"2027-01-03\"\n\
+             time_zone = \"Europe/Berlin\"\nreason = \"year-end\"\n\n\
+             [[rollout.freezes]]\nstart = \"2027-01-03T23:00\"\nend = \"2027-01-05\"\n\
+             reason = \"touching the first is fine\"\n"
+        );
+        let c = load_text(&ok).unwrap();
+        assert_eq!(c.rollout.windows[0].weeks.len(), 2);
+        assert_eq!(c.rollout.freezes.len(), 2);
+        let window = |body: &str| {
+            err_text(&format!(
+                "{BASE}\n[[rollout.windows]]\nstart = \"02:00\"\nlength = \"1h\"\n{body}"
+            ))
+        };
+        let e = window("days = [\"sat\"]\ndates = [\"2026-12-24\"]\n");
+        assert!(
+            e.contains("rollout.windows[0].dates: give days") && e.contains("not both"),
+            "{e}"
+        );
+        let e = window("weeks = [\"first\"]\ndates = [\"2026-12-24\"]\n");
+        assert!(e.contains("rollout.windows[0].weeks: needs days"), "{e}");
+        let e = window("dates = [\"2026-12-24\", \"2026-12-24\"]\n");
+        assert!(e.contains("names 2026-12-24 twice"), "{e}");
+        let e = window("dates = [\"2026-02-30\"]\n");
+        assert!(e.contains("\"2026-02-30\" is not a date"), "{e}");
+        let e = window("days = [\"tue\"]\nweeks = [\"fifth\"]\n");
+        assert!(e.contains("rollout.windows") && e.contains("fifth"), "{e}");
+        let freeze = |start: &str, end: &str, extra: &str| {
+            err_text(&format!(
+                "{BASE}\n[[rollout.freezes]]\nstart = \"2026-12-20\"\nend = \"2027-01-03\"\n\
+                 reason = \"first\"\n\n[[rollout.freezes]]\nstart = \"{start}\"\n\
+                 end = \"{end}\"\n{extra}"
+            ))
+        };
+        let e = freeze("2027-02-10", "2027-02-09", "reason = \"x\"\n");
+        assert!(
+            e.contains("rollout.freezes[1].end: 2027-02-09 is not after start (2027-02-10)"),
+            "{e}"
+        );
+        let e = freeze("2027-02-01", "2027-06-01", "reason = \"x\"\n");
+        assert!(
+            e.contains("at most 92") && e.contains("rollout pause"),
+            "{e}"
+        );
+        let e = freeze(
+            "2026-12-24",
+            "2026-12-31",
+            "reason = \"x\"\ntime_zone = \"Asia/Tokyo\"\n",
+        );
+        assert!(
+            e.contains(
+                "rollout.freezes[1]: (2026-12-24 … 2026-12-31, Asia/Tokyo) overlaps \
+                        rollout.freezes[0] (2026-12-20 … 2027-01-03, UTC): merge them"
+            ),
+            "{e}"
+        );
+        let e = freeze(
+            "2027-02-01",
+            "2027-02-02",
+            "reason = \"x\"\ntime_zone = \"Mars/Base\"\n",
+        );
+        assert!(
+            e.contains("rollout.freezes[1].time_zone: unknown time zone"),
+            "{e}"
+        );
+        let e = freeze("2027-02-01", "2027-02-02", "reason = \" \"\n");
+        assert!(e.contains("rollout.freezes[1].reason: must say why"), "{e}");
+        let e = freeze("2027-02-01", "2027-02-02T25:00", "reason = \"x\"\n");
+        assert!(e.contains("neither a date nor a local time"), "{e}");
+        // Across zones: Tokyo's 2027-01-03 ends before UTC's does, so this one touches nothing.
+        let e = freeze(
+            "2027-01-04",
+            "2027-01-05",
+            "reason = \"x\"\ntime_zone = \"Asia/Tokyo\"\n",
+        );
+        assert!(
+            e.contains("overlaps rollout.freezes[0]"),
+            "Tokyo's 01-04 00:00 is 01-03 15:00Z: {e}"
+        );
     }
 
     #[test]

@@ -306,7 +306,12 @@ fn section(
         });
         let sub = |h: String, k: String, p: Defaults, t: &str| (h, k, p, t.to_owned());
         match shape(&f.ty, known) {
-            Shape::Table(t) => nested.push(sub(format!("[{}]", key), format!("{key}."), fpath, t)),
+            // An optional table absent from the defaults: its entry's defaults, if given.
+            Shape::Table(t) => {
+                let prefix = format!("{key}.");
+                let d = entry_defaults(entries, &prefix).or(fpath);
+                nested.push(sub(format!("[{key}]"), prefix, d, t))
+            }
             Shape::Tables(t) => {
                 let prefix = format!("{key}[].");
                 let d = entry_defaults(entries, &prefix);
@@ -382,6 +387,11 @@ mod tests {
             (
                 "notify[].",
                 made::<super::super::NotifyConfig>("url = \"http://127.0.0.1/\""),
+                &["url"][..],
+            ),
+            (
+                "rollout.gate.prometheus.",
+                made::<super::super::PrometheusConfig>("url = \"http://127.0.0.1/\""),
                 &["url"][..],
             ),
         ]

@@ -4,7 +4,7 @@
 
 use serde::{Deserialize, Serialize};
 
-use super::{ConfigError, Ctx, Duration, bounds, is_dns_label};
+use super::{ConfigError, Ctx, Duration, Freeze, PrometheusConfig, Window, bounds, is_dns_label};
 use crate::types::EndpointUrl;
 
 /// `rollout.lock`.
@@ -102,6 +102,10 @@ pub struct GateConfig {
     pub command: Option<Vec<String>>,
     /// One run of `command` taking longer counts as unhealthy.
     pub command_timeout: Duration,
+    /// The alert gate: firing alerts hold a node before its slot, and one that appears after
+    /// the activation fails its gate.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub prometheus: Option<PrometheusConfig>,
 }
 
 impl Default for GateConfig {
@@ -113,6 +117,7 @@ impl Default for GateConfig {
             interval: Duration::from_secs(2),
             command: None,
             command_timeout: Duration::from_secs(30),
+            prometheus: None,
         }
     }
 }
@@ -165,7 +170,10 @@ pub struct RolloutConfig {
     pub fleetlock: Option<FleetLockConfig>,
     /// `[[rollout.windows]]`: when an apply may start; none means always.
     #[serde(skip_serializing_if = "Vec::is_empty")]
-    pub windows: Vec<super::Window>,
+    pub windows: Vec<Window>,
+    /// `[[rollout.freezes]]`: dated ranges in which nothing new starts (no apply, no reboot).
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub freezes: Vec<Freeze>,
     /// The least time between one node's gate passing and the next node of the group starting
     /// the same revision, on the waiting node's monotonic clock from when it saw the pass.
     pub soak: Duration,
@@ -197,6 +205,7 @@ impl Default for RolloutConfig {
             gate: GateConfig::default(),
             fleetlock: None,
             windows: Vec::new(),
+            freezes: Vec::new(),
             soak: Duration::from_secs(0),
             after: Vec::new(),
             halt_after: 1,
@@ -243,6 +252,7 @@ impl RolloutConfig {
         }
         check_gate(&self.gate, ctx)?;
         self.check_lock(ctx)?;
+        super::freeze::validate(&self.freezes, ctx)?;
         super::window::validate(
             &self.windows,
             "rollout.windows",
@@ -319,6 +329,9 @@ impl RolloutConfig {
 /// `rollout.gate`: its durations in bounds, a settle shorter than the timeout, and a command
 /// that can run.
 fn check_gate(g: &GateConfig, ctx: &Ctx<'_>) -> Result<(), ConfigError> {
+    if let Some(p) = &g.prometheus {
+        p.validate(ctx)?;
+    }
     for (bound, d) in [
         (&bounds::GATE_SETTLE, g.settle),
         (&bounds::GATE_TIMEOUT, g.timeout),

@@ -1,5 +1,6 @@
-//! `[[rollout.windows]]`: maintenance windows. Each is a weekly time of day in a time zone and a
-//! length; a window gates the *start* of an apply, never cuts one off. The arithmetic (when a
+//! `[[rollout.windows]]`: maintenance windows. Each is a time of day in a time zone and a
+//! length, on days of the week (every week, or the first … fourth or last of the month), or on
+//! dates; a window gates the *start* of an apply, never cuts one off. The arithmetic (when a
 //! window is open, when the next opens) is `rollout::window`, a pure function.
 //!
 //! Time zones come from the system's tz database (`TZDIR`, `/usr/share/zoneinfo`,
@@ -35,6 +36,65 @@ impl Day {
             Day::Sat => W::Saturday,
             Day::Sun => W::Sunday,
         }
+    }
+}
+
+/// Which week of the month a day of `days` falls in, as written in `weeks`: `first` is days
+/// 1–7 of the month, `second` 8–14, `third` 15–21, `fourth` 22–28, `last` the last seven.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Week {
+    First,
+    Second,
+    Third,
+    Fourth,
+    Last,
+}
+
+impl Week {
+    /// Whether `date` is in this week of its month.
+    pub fn holds(self, date: jiff::civil::Date) -> bool {
+        let nth = (date.day() - 1) / 7;
+        match self {
+            Week::First => nth == 0,
+            Week::Second => nth == 1,
+            Week::Third => nth == 2,
+            Week::Fourth => nth == 3,
+            Week::Last => date.day() + 7 > date.days_in_month(),
+        }
+    }
+}
+
+/// A calendar date, `"2026-12-24"`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(try_from = "String", into = "String")]
+pub struct CivilDate(pub jiff::civil::Date);
+
+impl TryFrom<String> for CivilDate {
+    type Error = String;
+
+    fn try_from(s: String) -> Result<Self, String> {
+        let well_formed = s.len() == 10
+            && s.bytes().enumerate().all(|(i, b)| {
+                if i == 4 || i == 7 {
+                    b == b'-'
+                } else {
+                    b.is_ascii_digit()
+                }
+            });
+        well_formed
+            .then(|| s.parse::<jiff::civil::Date>().ok())
+            .flatten()
+            .map(CivilDate)
+            .ok_or_else(|| {
+                format!("{s:?} is not a date: write \"YYYY-MM-DD\", like \"2026-12-24\"")
+            })
+    }
+}
+
+impl From<CivilDate> for String {
+    fn from(d: CivilDate) -> String {
+        d.0.to_string()
     }
 }
 
@@ -83,12 +143,20 @@ impl From<ClockTime> for String {
     }
 }
 
-/// One weekly window.
+/// One window: on days of the week, or on dates.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct Window {
-    /// The days it starts on, in its time zone.
+    /// The days of the week it starts on, in its time zone; or give `dates`.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub days: Vec<Day>,
+    /// Only in these weeks of the month (`"first"` … `"fourth"`, `"last"`): `days = ["tue"]`
+    /// with `weeks = ["first"]` is the first Tuesday of each month. Empty: every week.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub weeks: Vec<Week>,
+    /// Instead of `days`: the dates it starts on, `"YYYY-MM-DD"` (at most 366).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub dates: Vec<CivilDate>,
     /// When it starts, local time. A start that does not exist that day (a DST gap) moves
     /// forward by the gap; one that happens twice (a DST fold) is the first.
     pub start: ClockTime,
@@ -103,6 +171,9 @@ fn utc() -> String {
     "UTC".to_owned()
 }
 
+/// The most dates one window may name.
+pub const MAX_DATES: usize = 366;
+
 /// Checks `windows` (at `key`, like `rollout.windows`), their lengths against `length`.
 pub(super) fn validate(
     windows: &[Window],
@@ -112,24 +183,62 @@ pub(super) fn validate(
 ) -> Result<(), ConfigError> {
     for (i, w) in windows.iter().enumerate() {
         let at = |field: &str| format!("{key}[{i}].{field}");
-        if w.days.is_empty() {
-            return Err(ctx.error(
-                &at("days"),
-                "must name at least one day, like [\"sat\", \"sun\"]",
-            ));
-        }
+        check_calendar(w).map_err(|(field, why)| ctx.error(&at(field), why))?;
         length.check_at(ctx, &at("length"), w.length)?;
-        if let Err(e) = jiff::tz::TimeZone::get(&w.time_zone) {
-            return Err(ctx.error(
-                &at("time_zone"),
-                format!(
-                    "unknown time zone {:?} ({e}); use an IANA name like \"Europe/Berlin\" or \
-                     \"UTC\" (looked up in TZDIR, /usr/share/zoneinfo, /etc/zoneinfo, then \
-                     ginx's bundled copy)",
-                    w.time_zone
-                ),
-            ));
-        }
+        check_zone(&w.time_zone).map_err(|why| ctx.error(&at("time_zone"), why))?;
     }
     Ok(())
+}
+
+/// Days or dates, not both; weeks only with days; dates bounded and each once. `Err((field,
+/// why))`.
+fn check_calendar(w: &Window) -> Result<(), (&'static str, String)> {
+    match (w.days.is_empty(), w.dates.is_empty()) {
+        (true, true) => {
+            return Err((
+                "days",
+                "must name at least one day, like [\"sat\", \"sun\"], or give dates, like \
+                 [\"2026-12-24\"]"
+                    .into(),
+            ));
+        }
+        (false, false) => {
+            return Err((
+                "dates",
+                "give days, like [\"sat\", \"sun\"], or dates, like [\"2026-12-24\"], not both"
+                    .into(),
+            ));
+        }
+        _ => {}
+    }
+    if !w.weeks.is_empty() && w.days.is_empty() {
+        return Err((
+            "weeks",
+            "needs days: days = [\"tue\"] with weeks = [\"first\"] is the first Tuesday of the \
+             month"
+                .into(),
+        ));
+    }
+    if w.dates.len() > MAX_DATES {
+        return Err((
+            "dates",
+            format!("names {} dates; at most {MAX_DATES}", w.dates.len()),
+        ));
+    }
+    let mut seen = std::collections::BTreeSet::new();
+    if let Some(twice) = w.dates.iter().find(|d| !seen.insert(**d)) {
+        return Err(("dates", format!("names {} twice", twice.0)));
+    }
+    Ok(())
+}
+
+/// `Err(why)` unless `zone` is a time zone the tz database (or ginx's copy) knows.
+pub(super) fn check_zone(zone: &str) -> Result<(), String> {
+    jiff::tz::TimeZone::get(zone).map(|_| ()).map_err(|e| {
+        format!(
+            "unknown time zone {zone:?} ({e}); use an IANA name like \"Europe/Berlin\" or \
+             \"UTC\" (looked up in TZDIR, /usr/share/zoneinfo, /etc/zoneinfo, then ginx's \
+             bundled copy)"
+        )
+    })
 }

@@ -35,15 +35,8 @@ impl Client {
     /// A client with the certificates of `cfg` (read now: a changed file is read by the
     /// next client, which the guard makes for every look).
     pub fn new(cfg: &EtcdConfig) -> Result<Self, EtcdError> {
-        // rustls on ring, as for the other clients; installing it twice changes nothing.
-        let _ = rustls::crypto::ring::default_provider().install_default();
         let timeout = cfg.timeout.get();
-        let mut builder = reqwest::Client::builder()
-            .timeout(timeout)
-            .connect_timeout(timeout)
-            .no_proxy()
-            .redirect(reqwest::redirect::Policy::none())
-            .user_agent(concat!("ginx/", env!("CARGO_PKG_VERSION")));
+        let mut builder = crate::util::http_client(timeout);
         if cfg.endpoint.scheme() == "https" {
             let read = |key: &str, path: &std::path::Path| {
                 std::fs::read(path).map_err(|e| {

@@ -52,11 +52,7 @@ pub fn annotations(status: &Status, prefix: &str) -> BTreeMap<String, String> {
             serde_json::to_string(&g.without_messages()).unwrap_or_default(),
         );
     }
-    if let Some(w) = status.rollout.waiting() {
-        let what = match w {
-            status::WaitingFor::After => format!("after {}", status.rollout.after.join(",")),
-            other => other.as_str().to_owned(),
-        };
+    if let Some(what) = waiting_for(&status.rollout) {
         put("waiting-for", what);
     }
     put(
@@ -69,6 +65,19 @@ pub fn annotations(status: &Status, prefix: &str) -> BTreeMap<String, String> {
         }
     }
     a
+}
+
+/// `ginx.io/waiting-for`: what the node waits for, with what `ginxctl cluster` should show
+/// beside it (the groups it comes after, when a freeze ends).
+fn waiting_for(r: &status::RolloutStatus) -> Option<String> {
+    Some(match r.waiting()? {
+        status::WaitingFor::After => format!("after {}", r.after.join(",")),
+        status::WaitingFor::Freeze => match &r.freeze {
+            Some(f) if f.active => format!("freeze until {}", f.ends_at),
+            _ => "freeze".to_owned(),
+        },
+        other => other.as_str().to_owned(),
+    })
 }
 
 /// A merge patch turning `current` (ginx's keys as they are) into `desired`; `None` when they
@@ -345,6 +354,25 @@ mod tests {
                 )
             })
             .collect()
+    }
+
+    #[test]
+    fn the_waiting_for_annotation_names_the_wait_and_a_freeze_s_end() {
+        let mut st = status::RolloutStatus::default();
+        assert_eq!(waiting_for(&st), None);
+        st.waiting_for = Some(status::WaitingFor::Held);
+        assert_eq!(waiting_for(&st).as_deref(), Some("held"));
+        st.waiting_for = Some(status::WaitingFor::Freeze);
+        st.freeze = Some(status::FreezeStatus {
+            active: true,
+            reason: "year-end".into(),
+            starts_at: "2026-12-19T23:00:00Z".parse().unwrap(),
+            ends_at: "2027-01-03T23:00:00Z".parse().unwrap(),
+        });
+        assert_eq!(
+            waiting_for(&st).as_deref(),
+            Some("freeze until 2027-01-03T23:00:00Z")
+        );
     }
 
     #[test]

@@ -482,13 +482,17 @@ impl Reconciler {
     /// What the core decides this turn; `busy` while an attempt runs.
     /// When to look again without being told: `reboot.sentinel` appears without telling
     /// anyone, so it is looked at every few seconds while ginx may reboot; and status says
-    /// whether a window is open, so it is published again when one opens or closes.
+    /// whether a window is open or a freeze holds, so it is published again when one opens or
+    /// closes, begins or ends.
     fn looks(&self) -> (Option<std::time::Duration>, Option<std::time::Duration>) {
         let cfg = self.config.borrow();
         let sentinel = (cfg.reboot.mode == crate::config::RebootMode::WhenRequired
             && self.core.state().rebooting.is_none())
         .then_some(reboot::SENTINEL_POLL);
-        (sentinel, publish::until_window_edge(&cfg.rollout.windows))
+        (
+            sentinel,
+            publish::until_window_edge(&cfg.rollout.windows, &cfg.rollout.freezes),
+        )
     }
 
     fn decide_turn(&mut self, busy: bool, now: Timestamp) -> Decision {

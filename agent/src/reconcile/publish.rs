@@ -5,8 +5,8 @@ use crate::apply::system;
 use crate::rollout::window::WindowState;
 use crate::state::{AfterGate, AttemptKind, Held, RebootPhase, State};
 use crate::status::{
-    ApplyState, ApplyStatus, GateProgress, HaltStatus, HoldStatus, PauseStatus, Phase, Published,
-    RebootStatus, RolloutStatus, SystemStatus, WaitingFor, WindowStatus,
+    ApplyState, ApplyStatus, FreezeStatus, GateProgress, HaltStatus, HoldStatus, PauseStatus,
+    Phase, Published, RebootStatus, RolloutStatus, SystemStatus, WaitingFor, WindowStatus,
 };
 use crate::types::{HaltCause, Revision};
 use crate::util;
@@ -27,15 +27,38 @@ fn window_status(windows: &[crate::config::Window]) -> Option<WindowStatus> {
     }
 }
 
-/// How long until the maintenance windows open or close next (a moment after, so that the
-/// state has changed by then): the loop publishes status again then, also while idle.
-pub(super) fn until_window_edge(windows: &[crate::config::Window]) -> Option<std::time::Duration> {
+/// The change freeze holding now, else the next one.
+fn freeze_status(freezes: &[crate::config::Freeze]) -> Option<FreezeStatus> {
     let now = util::now();
-    let edge = match crate::rollout::window::state(windows, now) {
-        WindowState::Always => return None,
-        WindowState::Open { closes_at } => closes_at,
-        WindowState::Closed { opens_at } => opens_at?,
+    crate::rollout::freeze::current_or_next(freezes, now).map(|f| FreezeStatus {
+        active: f.starts_at <= now,
+        reason: f.reason,
+        starts_at: f.starts_at,
+        ends_at: f.ends_at,
+    })
+}
+
+/// How long until the maintenance windows open or close, or a change freeze begins or ends,
+/// next (a moment after, so that the state has changed by then): the loop publishes status
+/// again then, also while idle.
+pub(super) fn until_window_edge(
+    windows: &[crate::config::Window],
+    freezes: &[crate::config::Freeze],
+) -> Option<std::time::Duration> {
+    let now = util::now();
+    let window_edge = match crate::rollout::window::state(windows, now) {
+        WindowState::Always => None,
+        WindowState::Open { closes_at } => Some(closes_at),
+        WindowState::Closed { opens_at } => opens_at,
     };
+    let freeze_edge = crate::rollout::freeze::current_or_next(freezes, now).map(|f| {
+        if f.starts_at <= now {
+            f.ends_at
+        } else {
+            f.starts_at
+        }
+    });
+    let edge = window_edge.into_iter().chain(freeze_edge).min()?;
     let d = now.duration_until(edge);
     // The sleep runs on the monotonic clock and the edge is on the wall clock: cut at a minute,
     // so that a step of the wall clock moves the wake-up with it.
@@ -210,6 +233,7 @@ impl Reconciler {
                 .and_then(|f| f.hold_of(cfg.node_name(), util::now()))
                 .map(HoldStatus::from),
             window: window_status(&cfg.rollout.windows),
+            freeze: freeze_status(&cfg.rollout.freezes),
             reboot: self.reboot_status(&cfg),
             passed_revision: st.passed.clone(),
             quarantined: quarantine_of(st, cfg.rollout.halt_after),
@@ -442,7 +466,7 @@ mod tests {
     /// Idle status must not say a window is open after it closed: the loop wakes at the edge.
     #[test]
     fn the_loop_wakes_at_the_next_window_edge() {
-        assert_eq!(until_window_edge(&[]), None);
+        assert_eq!(until_window_edge(&[], &[]), None);
         let now = util::now().in_tz("UTC").unwrap();
         let day = |d: jiff::civil::Weekday| {
             format!("{d:?}")
@@ -461,7 +485,7 @@ mod tests {
             start.second()
         ))
         .unwrap();
-        let d = until_window_edge(&[w]).unwrap();
+        let d = until_window_edge(&[w], &[]).unwrap();
         assert!(
             d > std::time::Duration::from_secs(50) && d <= std::time::Duration::from_secs(61),
             "{d:?}"

@@ -22,7 +22,7 @@ use jiff::Timestamp;
 use super::fleet_state::FleetState;
 use super::lease::LockError;
 use super::window::{self, WindowState};
-use crate::config::{OnApiUnavailable, Window};
+use crate::config::{Freeze, OnApiUnavailable, Window};
 use crate::state::Held;
 use crate::status::WaitingFor;
 use crate::types::{HaltCause, Revision};
@@ -87,8 +87,12 @@ pub struct Ask<'a> {
     pub quorum_guard: bool,
     /// A control-plane node with a stacked etcd member and `etcd.guard` on.
     pub etcd_guard: bool,
+    /// `[rollout.gate.prometheus]` is set: firing alerts hold the node before its slot.
+    pub alerts: bool,
     /// `rollout.after` names groups not yet seen to have passed this revision.
     pub after_pending: bool,
+    /// `[[rollout.freezes]]`: nothing new starts inside one, an apply or a reboot.
+    pub freezes: &'a [Freeze],
     /// The windows that gate this purpose, and the key they come from (for the message).
     pub windows: &'a [Window],
     pub windows_key: &'static str,
@@ -107,6 +111,8 @@ pub struct Facts<'a> {
     /// The etcd guard's answer (after the hand-over of the leadership, if this node's member
     /// led): `Some(None)` when it let the node through.
     pub etcd: Option<Option<String>>,
+    /// The alert gate's answer: `Some(None)` when nothing fires (or Prometheus is ignored).
+    pub alerts: Option<Option<String>>,
     pub owed_halt: Owed,
     /// The `rollout.after` groups' answer: `Some(None)` when all passed.
     pub after: Option<Option<String>>,
@@ -134,6 +140,8 @@ pub enum Next {
     /// Ask etcd whether every member is fit and the quorum survives this node, and hand the
     /// leadership over if this node's member leads.
     CheckEtcd,
+    /// Ask Prometheus whether alerts fire (`[rollout.gate.prometheus]`).
+    CheckAlerts,
     /// Write the halt this node owes.
     WriteOwedHalt,
     /// Read whether every node of the `rollout.after` groups passed the revision.
@@ -177,14 +185,16 @@ pub fn next(ask: &Ask<'_>, facts: &Facts<'_>, now: Timestamp) -> Next {
     let resuming = ask.held_in_state || !matches!(ask.holding, Holding::None);
     match ask.backend {
         Effective::Bootstrap => {
-            return Next::Answer(outside_window(ask, resuming, now).unwrap_or(Verdict::Go(None)));
+            return Next::Answer(calendar_wait(ask, resuming, now).unwrap_or(Verdict::Go(None)));
         }
         // No lock to take, but etcd is this node's own business: asked all the same.
         Effective::None => {
-            if let Some(wait) = outside_window(ask, resuming, now) {
+            if let Some(wait) = calendar_wait(ask, resuming, now) {
                 return Next::Answer(wait);
             }
-            return etcd_first(ask, facts, resuming).unwrap_or(Next::Answer(Verdict::Go(None)));
+            return etcd_first(ask, facts, resuming)
+                .or_else(|| alerts_first(ask, facts, resuming))
+                .unwrap_or(Next::Answer(Verdict::Go(None)));
         }
         Effective::Kubernetes | Effective::Fleetlock => {}
     }
@@ -214,7 +224,7 @@ pub fn next(ask: &Ask<'_>, facts: &Facts<'_>, now: Timestamp) -> Next {
     {
         return Next::Answer(wait);
     }
-    if let Some(wait) = outside_window(ask, resuming, now) {
+    if let Some(wait) = calendar_wait(ask, resuming, now) {
         return Next::Answer(wait);
     }
     // A reboot passes the quorum guard even with the slot kept since its apply.
@@ -226,7 +236,9 @@ pub fn next(ask: &Ask<'_>, facts: &Facts<'_>, now: Timestamp) -> Next {
             Some(None) => {}
         }
     }
-    if let Some(step) = etcd_first(ask, facts, resuming) {
+    if let Some(step) =
+        etcd_first(ask, facts, resuming).or_else(|| alerts_first(ask, facts, resuming))
+    {
         return step;
     }
     match facts.owed_halt {
@@ -274,6 +286,44 @@ fn etcd_first(ask: &Ask<'_>, facts: &Facts<'_>, resuming: bool) -> Option<Next> 
     }
 }
 
+/// What the alert gate has to say before the node goes on: ask Prometheus, or wait for the
+/// alerts it named; `None` when nothing fires or it does not apply. An apply that holds its
+/// slot already was asked; a reboot is asked even with the slot kept.
+fn alerts_first(ask: &Ask<'_>, facts: &Facts<'_>, resuming: bool) -> Option<Next> {
+    if !ask.alerts || ask.purpose == Purpose::Apply && resuming {
+        return None;
+    }
+    match &facts.alerts {
+        None => Some(Next::CheckAlerts),
+        Some(Some(why)) => Some(Next::Answer(Verdict::wait(WaitingFor::Alerts, why.clone()))),
+        Some(None) => None,
+    }
+}
+
+/// What the calendar says: a freeze holding, else outside every window.
+fn calendar_wait(ask: &Ask<'_>, resuming: bool, now: Timestamp) -> Option<Verdict> {
+    frozen_wait(ask, resuming, now).or_else(|| outside_window(ask, resuming, now))
+}
+
+/// Inside a change freeze, the wait until it (and any freeze it touches) ends; `None` outside
+/// every freeze, or when the node already holds its lock for an apply (it finishes what it
+/// started). A reboot that is due waits too.
+fn frozen_wait(ask: &Ask<'_>, resuming: bool, now: Timestamp) -> Option<Verdict> {
+    if ask.purpose == Purpose::Apply && resuming {
+        return None;
+    }
+    let f = super::freeze::frozen(ask.freezes, now)?;
+    Some(Verdict::Wait(Wait {
+        waiting_for: WaitingFor::Freeze,
+        reason: format!(
+            "inside the change freeze rollout.freezes[{}] ({:?}) until {}; nothing new starts, \
+             a due reboot neither",
+            f.index, f.reason, f.ends_at
+        ),
+        until: Some(f.ends_at),
+    }))
+}
+
 /// Outside every window, the wait (and when the next opens); `None` inside one, or when the
 /// node already holds its lock for an apply (a window gates the start of an apply only; a
 /// reboot's always).
@@ -289,7 +339,10 @@ fn outside_window(ask: &Ask<'_>, resuming: bool, now: Timestamp) -> Option<Verdi
         waiting_for: WaitingFor::Window,
         reason: match opens_at {
             Some(t) => format!("outside the maintenance windows ({key}); the next opens at {t}"),
-            None => format!("outside the maintenance windows ({key})"),
+            None => format!(
+                "outside the maintenance windows ({key}), and none opens again: every date they \
+                 name is past"
+            ),
         },
         until: opens_at,
     }))

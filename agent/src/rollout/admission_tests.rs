@@ -23,6 +23,8 @@ const NOON: &str = "2026-11-30T12:00:00Z";
 fn monday_night() -> Vec<Window> {
     vec![Window {
         days: vec![Day::Mon],
+        weeks: Vec::new(),
+        dates: Vec::new(),
         start: ClockTime::try_from("02:00".to_owned()).unwrap(),
         length: crate::config::Duration::from_secs(3600),
         time_zone: "UTC".into(),
@@ -65,7 +67,9 @@ fn ask(r: &Revision) -> Ask<'_> {
         group: "workers",
         quorum_guard: false,
         etcd_guard: false,
+        alerts: false,
         after_pending: false,
+        freezes: &[],
         windows: &[],
         windows_key: "rollout.windows",
         on_api_unavailable: OnApiUnavailable::Wait,
@@ -515,6 +519,121 @@ fn a_hold_keeps_its_node_out_until_it_lapses_and_lets_its_own_slot_finish() {
         waits_for(&next(&ask(&r), &read(&both), now)),
         Some(WaitingFor::Paused)
     );
+}
+
+#[test]
+fn a_freeze_holds_applies_and_reboots_until_it_ends_but_not_an_apply_under_way() {
+    let r = rev('a');
+    let empty = FleetState::default();
+    let freezes = [crate::config::Freeze {
+        start: crate::config::CivilPoint::try_from("2026-11-30".to_owned()).unwrap(),
+        end: crate::config::CivilPoint::try_from("2026-12-01".to_owned()).unwrap(),
+        time_zone: "Europe/Berlin".into(),
+        reason: "release week".into(),
+    }];
+    let frozen = Ask {
+        freezes: &freezes,
+        ..ask(&r)
+    };
+    let Next::Answer(Verdict::Wait(w)) = next(&frozen, &read(&empty), t(NOON)) else {
+        panic!("a frozen node goes on");
+    };
+    assert_eq!(w.waiting_for, WaitingFor::Freeze);
+    assert_eq!(
+        w.until,
+        Some(t("2026-12-01T23:00:00Z")),
+        "wakes when it ends"
+    );
+    assert_eq!(
+        w.reason,
+        "inside the change freeze rollout.freezes[0] (\"release week\") until \
+         2026-12-01T23:00:00Z; nothing new starts, a due reboot neither"
+    );
+    assert_eq!(
+        next(&frozen, &read(&empty), t("2026-12-01T23:00:00Z")),
+        Next::Take
+    );
+    // Before the cluster and without a lock too.
+    for backend in [Effective::Bootstrap, Effective::None] {
+        let a = Ask {
+            backend,
+            ..frozen.clone()
+        };
+        assert_eq!(
+            waits_for(&next(&a, &Facts::default(), t(NOON))),
+            Some(WaitingFor::Freeze)
+        );
+    }
+    // An apply under its slot finishes; a reboot, even with the slot kept since its apply,
+    // waits.
+    let h = held(&r);
+    let resuming = Ask {
+        holding: Holding::Live(&h),
+        ..frozen.clone()
+    };
+    assert_eq!(
+        next(&resuming, &read(&empty), t(NOON)),
+        Next::Answer(Verdict::Go(Some(h.clone())))
+    );
+    let reboot = Ask {
+        purpose: Purpose::Reboot,
+        ..resuming
+    };
+    assert_eq!(
+        waits_for(&next(&reboot, &read(&empty), t(NOON))),
+        Some(WaitingFor::Freeze)
+    );
+}
+
+#[test]
+fn the_alert_gate_is_asked_before_a_slot_and_its_answer_holds_or_lets_go() {
+    let r = rev('a');
+    let empty = FleetState::default();
+    let now = t(NOON);
+    let gated = Ask {
+        alerts: true,
+        ..ask(&r)
+    };
+    assert_eq!(next(&gated, &read(&empty), now), Next::CheckAlerts);
+    let firing = Facts {
+        alerts: Some(Some("1 alert(s) fire".into())),
+        ..read(&empty)
+    };
+    assert_eq!(
+        waits_for(&next(&gated, &firing, now)),
+        Some(WaitingFor::Alerts)
+    );
+    let quiet = Facts {
+        alerts: Some(None),
+        ..read(&empty)
+    };
+    assert_eq!(next(&gated, &quiet, now), Next::Take);
+    // After the quorum and etcd guards.
+    let guarded = Ask {
+        etcd_guard: true,
+        ..gated.clone()
+    };
+    assert_eq!(next(&guarded, &read(&empty), now), Next::CheckEtcd);
+    // Without a lock too; an apply under its slot is not asked again, a reboot is.
+    let unlocked = Ask {
+        backend: Effective::None,
+        ..gated.clone()
+    };
+    assert_eq!(next(&unlocked, &Facts::default(), now), Next::CheckAlerts);
+    let h = held(&r);
+    let resuming = Ask {
+        holding: Holding::Live(&h),
+        ..gated.clone()
+    };
+    assert_eq!(
+        next(&resuming, &read(&empty), now),
+        Next::Answer(Verdict::Go(Some(h.clone())))
+    );
+    let reboot = Ask {
+        purpose: Purpose::Reboot,
+        ..resuming
+    };
+    assert_eq!(next(&reboot, &read(&empty), now), Next::CheckAlerts);
 }
 
 #[test]

@@ -115,6 +115,16 @@ impl Evidence {
                 run_command(argv, cfg.rollout.gate.command_timeout.get(), look).await,
             );
         }
+        // Asked last: the baseline's alerts are those firing right before the activation.
+        if let Some(p) = &cfg.rollout.gate.prometheus {
+            let answer = super::alerts::query(p).await;
+            out.extend(super::alerts::checks(
+                p,
+                &answer,
+                Instant::now(),
+                util::now(),
+            ));
+        }
         out
     }
 

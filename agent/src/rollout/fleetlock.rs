@@ -196,25 +196,14 @@ impl FleetLock {
     pub fn new(cfg: &FleetLockConfig, group: &str, timeout: Duration) -> Result<Self, String> {
         check_group(group)?;
         let id = read_machine_id(&cfg.machine_id)?;
-        // rustls on ring, as for the Kubernetes client; installing it twice changes nothing.
-        // Without a provider, reqwest (built without one of its own) would panic.
-        let _ = rustls::crypto::ring::default_provider().install_default();
-        let http = reqwest::Client::builder()
-            .timeout(timeout)
-            .connect_timeout(timeout)
-            // The server is reached directly; a proxy from the environment is not ours.
-            .no_proxy()
-            // The protocol header exists so that a redirected request is not taken for one
-            // meant for the server: a redirect is an answer, not a new request.
-            .redirect(reqwest::redirect::Policy::none())
-            .user_agent(concat!("ginx/", env!("CARGO_PKG_VERSION")))
-            .build()
-            .map_err(|e| {
-                format!(
-                    "cannot set up the FleetLock client: {}",
-                    crate::util::http_error(&e)
-                )
-            })?;
+        // The protocol header exists so that a redirected request is not taken for one meant
+        // for the server: the builder follows no redirect.
+        let http = crate::util::http_client(timeout).build().map_err(|e| {
+            format!(
+                "cannot set up the FleetLock client: {}",
+                crate::util::http_error(&e)
+            )
+        })?;
         let body = serde_json::json!({ "client_params": { "id": id, "group": group } }).to_string();
         Ok(Self {
             http,

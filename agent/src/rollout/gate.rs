@@ -105,13 +105,16 @@ pub fn blocking(
             GateRequire::AllOk => c.status != HealthStatus::Ok,
             // A regression: failed now, ok or degraded before. A check that was failed,
             // unknown or not there yet before the activation tells nothing about it.
+            // An alert (the alert gate) is a regression when it was not firing before.
             GateRequire::NoRegression => {
                 c.status == HealthStatus::Failed
                     && (rules.required.contains(&name.as_str())
                         || matches!(
                             v.baseline.get(name),
                             Some(HealthStatus::Ok | HealthStatus::Degraded)
-                        ))
+                        )
+                        || (name.starts_with(super::alerts::ALERT_CHECK_PREFIX)
+                            && v.baseline.get(name) != Some(&HealthStatus::Failed)))
             }
         };
         if blocks {
@@ -385,6 +388,36 @@ mod tests {
             step(&mut v, &checks(&[("kubelet", Ok, 1)]), &rules, 1),
             Verdict::Passed
         );
+    }
+
+    #[test]
+    fn an_alert_that_appears_after_the_activation_fails_the_gate_one_firing_before_does_not() {
+        let new = "alert:TestBroken{cause=\"activation\"}";
+        let old = "alert:TestBroken{cause=\"before\"}";
+        // The baseline saw the old alert firing, and Prometheus answering.
+        let mut g = gate(&[("prometheus", Ok), (old, Failed)]);
+        let c = checks(&[("prometheus", Ok, 1), (old, Failed, 1)]);
+        let (failing, _) = blocking(&g.v, g.t.opened, &c, &RULES);
+        assert!(failing.is_empty(), "{failing:?}");
+        let c = checks(&[("prometheus", Ok, 2), (old, Failed, 2), (new, Failed, 2)]);
+        let (failing, _) = blocking(&g.v, g.t.opened, &c, &RULES);
+        assert_eq!(failing.keys().collect::<Vec<_>>(), [new]);
+        // Held to the deadline, it fails the gate naming the alert.
+        assert!(
+            matches!(step(&mut g, &c, &RULES, 100), Verdict::Failed { failing } if failing.contains_key(new))
+        );
+        // Prometheus going silent after the activation is a regression (on_unavailable = wait).
+        let c = checks(&[("prometheus", Failed, 3)]);
+        let (failing, _) = blocking(&g.v, g.t.opened, &c, &RULES);
+        assert!(failing.contains_key("prometheus"));
+        // All-ok: every alert blocks, the old one too.
+        let all_ok = Rules {
+            require: GateRequire::AllOk,
+            ..RULES
+        };
+        let c = checks(&[("prometheus", Ok, 2), (old, Failed, 2)]);
+        let (failing, _) = blocking(&g.v, g.t.opened, &c, &all_ok);
+        assert_eq!(failing.keys().collect::<Vec<_>>(), [old]);
     }
 }
 

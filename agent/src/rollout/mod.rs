@@ -9,6 +9,7 @@
 
 pub mod admission;
 mod after;
+pub mod alerts;
 pub mod cluster;
 mod etcd_guard;
 mod evidence;
@@ -16,6 +17,7 @@ pub mod fleet;
 mod fleet_cache;
 mod fleet_state;
 pub mod fleetlock;
+pub mod freeze;
 pub mod gate;
 mod holding;
 pub mod holds;

@@ -1,8 +1,8 @@
 //! Maintenance-window arithmetic, as a pure function: the windows and `now` in, open (until
 //! when) or closed (until when) out. No clock, no I/O beyond the tz database lookup.
 //!
-//! A window starts on each of its days at its local start time and lasts its length of
-//! elapsed time. A start inside a DST gap moves forward by the gap (02:30 on the day Berlin
+//! A window starts on each of its days (in the weeks of the month it names, if any) or dates
+//! at its local start time and lasts its length of elapsed time. A start inside a DST gap moves forward by the gap (02:30 on the day Berlin
 //! springs forward is 03:30 CEST); a start inside a fold is its first occurrence (02:30 on the
 //! day Berlin falls back is 02:30 CEST, once). Windows that overlap or touch count as one.
 
@@ -20,7 +20,7 @@ pub enum WindowState {
     Open {
         closes_at: Timestamp,
     },
-    /// `opens_at` is `None` only if no window has any day, which the config refuses.
+    /// `opens_at` is `None` when no window opens again: every date they name is past.
     Closed {
         opens_at: Option<Timestamp>,
     },
@@ -32,30 +32,31 @@ impl WindowState {
     }
 }
 
-/// Every occurrence of `w` starting within eight days either side of `now`, as (start, end).
+/// Every occurrence of `w` starting near `now`, as (start, end): within eight days before and
+/// after (forty after for the weeks of a month, so the next first Tuesday is among them), or on
+/// each of its dates.
 fn occurrences(w: &Window, now: Timestamp) -> Vec<(Timestamp, Timestamp)> {
     let tz = TimeZone::get(&w.time_zone).unwrap_or(TimeZone::UTC);
-    let today: Date = now.to_zoned(tz.clone()).date();
     let length = SignedDuration::try_from(w.length.get()).unwrap_or(SignedDuration::ZERO);
-    let mut out = Vec::new();
-    for offset in -8i64..=8 {
-        let Ok(day) = today.checked_add(offset.days()) else {
-            continue;
-        };
-        if !w.days.iter().any(|d| d.weekday() == day.weekday()) {
-            continue;
-        }
-        let local = day.to_datetime(w.start.0);
-        // `compatible`: a gap moves forward by its length, a fold takes the earlier time.
-        let Ok(start) = tz.to_ambiguous_zoned(local).compatible() else {
-            continue;
-        };
-        let start = start.timestamp();
-        if let Ok(end) = start.checked_add(length) {
-            out.push((start, end));
-        }
-    }
-    out
+    let days: Vec<Date> = if w.dates.is_empty() {
+        let today: Date = now.to_zoned(tz.clone()).date();
+        let ahead = if w.weeks.is_empty() { 8 } else { 40 };
+        (-8i64..=ahead)
+            .filter_map(|offset| today.checked_add(offset.days()).ok())
+            .filter(|day| w.days.iter().any(|d| d.weekday() == day.weekday()))
+            .filter(|day| w.weeks.is_empty() || w.weeks.iter().any(|wk| wk.holds(*day)))
+            .collect()
+    } else {
+        w.dates.iter().map(|d| d.0).collect()
+    };
+    days.into_iter()
+        .filter_map(|day| {
+            let local = day.to_datetime(w.start.0);
+            // `compatible`: a gap moves forward by its length, a fold takes the earlier time.
+            let start = tz.to_ambiguous_zoned(local).compatible().ok()?.timestamp();
+            Some((start, start.checked_add(length).ok()?))
+        })
+        .collect()
 }
 
 /// Whether `now` is inside one of `windows`, and until when; or when the next one opens.
@@ -91,6 +92,8 @@ mod tests {
     fn window(days: &[Day], start: &str, length_secs: u64, tz: &str) -> Window {
         Window {
             days: days.to_vec(),
+            weeks: Vec::new(),
+            dates: Vec::new(),
             start: ClockTime::try_from(start.to_owned()).unwrap(),
             length: Duration::from_secs(length_secs),
             time_zone: tz.to_owned(),
@@ -265,6 +268,132 @@ mod tests {
         assert_eq!(
             String::from(ClockTime::try_from("23:59".to_owned()).unwrap()),
             "23:59"
+        );
+    }
+
+    fn on(w: Window, days: &[Day], weeks: &[crate::config::Week]) -> Window {
+        Window {
+            days: days.to_vec(),
+            weeks: weeks.to_vec(),
+            ..w
+        }
+    }
+
+    fn dated(start: &str, length_secs: u64, tz: &str, dates: &[&str]) -> Window {
+        Window {
+            days: Vec::new(),
+            dates: dates
+                .iter()
+                .map(|d| crate::config::CivilDate::try_from(d.to_string()).unwrap())
+                .collect(),
+            ..window(&[], start, length_secs, tz)
+        }
+    }
+
+    #[test]
+    fn the_first_tuesday_of_the_month_is_found_five_weeks_ahead() {
+        use crate::config::Week;
+        // 2026-12-01 is the first Tuesday of December; the next is 2027-01-05.
+        let w = [on(
+            window(&[], "02:00", H, "UTC"),
+            &[Day::Tue],
+            &[Week::First],
+        )];
+        assert_eq!(
+            state(&w, t("2026-12-01T02:30:00Z")),
+            WindowState::Open {
+                closes_at: t("2026-12-01T03:00:00Z")
+            }
+        );
+        assert_eq!(
+            state(&w, t("2026-12-01T03:00:00Z")),
+            WindowState::Closed {
+                opens_at: Some(t("2027-01-05T02:00:00Z"))
+            }
+        );
+        // The second and the last Tuesday of December 2026: the 8th and the 29th.
+        let w = [on(
+            window(&[], "02:00", H, "UTC"),
+            &[Day::Tue],
+            &[Week::Second, Week::Last],
+        )];
+        assert_eq!(
+            state(&w, t("2026-12-02T00:00:00Z")),
+            WindowState::Closed {
+                opens_at: Some(t("2026-12-08T02:00:00Z"))
+            }
+        );
+        assert_eq!(
+            state(&w, t("2026-12-09T00:00:00Z")),
+            WindowState::Closed {
+                opens_at: Some(t("2026-12-29T02:00:00Z"))
+            }
+        );
+    }
+
+    #[test]
+    fn the_last_sunday_of_march_and_october_keep_to_the_dst_rules() {
+        use crate::config::Week;
+        // Berlin's changes fall on the last Sundays: 2026-03-29 (02:30 does not exist, moved
+        // to 03:30 CEST) and 2026-10-25 (02:30 happens twice, the first is taken).
+        let w = [on(
+            window(&[], "02:30", H, "Europe/Berlin"),
+            &[Day::Sun],
+            &[Week::Last],
+        )];
+        assert_eq!(
+            state(&w, t("2026-03-20T00:00:00Z")),
+            WindowState::Closed {
+                opens_at: Some(t("2026-03-29T01:30:00Z"))
+            }
+        );
+        assert_eq!(
+            state(&w, t("2026-10-20T00:00:00Z")),
+            WindowState::Closed {
+                opens_at: Some(t("2026-10-25T00:30:00Z"))
+            }
+        );
+        assert_eq!(
+            state(&w, t("2026-10-25T01:30:00Z")),
+            WindowState::Closed {
+                opens_at: Some(t("2026-11-29T01:30:00Z"))
+            }
+        );
+    }
+
+    #[test]
+    fn dates_open_on_their_days_only_and_past_ones_never_again() {
+        let w = [dated("23:00", 3 * H, "UTC", &["2026-12-24", "2026-12-31"])];
+        assert_eq!(
+            state(&w, t("2026-12-20T00:00:00Z")),
+            WindowState::Closed {
+                opens_at: Some(t("2026-12-24T23:00:00Z"))
+            }
+        );
+        // Over midnight into the 25th.
+        assert_eq!(
+            state(&w, t("2026-12-25T01:00:00Z")),
+            WindowState::Open {
+                closes_at: t("2026-12-25T02:00:00Z")
+            }
+        );
+        assert_eq!(
+            state(&w, t("2026-12-25T02:00:00Z")),
+            WindowState::Closed {
+                opens_at: Some(t("2026-12-31T23:00:00Z"))
+            }
+        );
+        assert_eq!(
+            state(&w, t("2027-01-01T02:00:00Z")),
+            WindowState::Closed { opens_at: None }
+        );
+        // A date and a weekly window together: whichever comes first.
+        let both = [w[0].clone(), window(&[Day::Sat], "02:00", H, "UTC")];
+        assert_eq!(
+            state(&both, t("2027-01-01T02:00:00Z")),
+            WindowState::Closed {
+                opens_at: Some(t("2027-01-02T02:00:00Z"))
+            }
         );
     }
 }

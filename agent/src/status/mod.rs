@@ -35,9 +35,9 @@ pub use health::{HealthMap, HealthStatus, Overall, ProbeStatus, overall};
 pub use kubeadm::KubeadmStatus;
 pub use kubernetes::{KubeState, KubeStatus};
 pub use rollout::{
-    ClusterNode, ClusterView, FailureStatus, FleetEventStatus, FleetStatus, HaltStatus, HoldStatus,
-    PauseStatus, Phase, Quarantine, RebootStatus, RevisionCounts, RolloutStatus, WaitingFor,
-    WindowStatus,
+    ClusterNode, ClusterView, FailureStatus, FleetEventStatus, FleetStatus, FreezeStatus,
+    HaltStatus, HoldStatus, PauseStatus, Phase, Quarantine, RebootStatus, RevisionCounts,
+    RolloutStatus, WaitingFor, WindowStatus,
 };
 pub use source::{Refused, RemoteStatus, Signed, SourceStatus};
 

@@ -48,11 +48,16 @@ pub enum WaitingFor {
     Etcd,
     /// `ginxctl hold`: an operator keeps this node out of rollouts.
     Held,
+    /// Inside a `[[rollout.freezes]]` range.
+    Freeze,
+    /// The alert gate: alerts fire (or Prometheus does not answer and
+    /// `on_unavailable = "wait"`).
+    Alerts,
 }
 
 impl WaitingFor {
     /// Every wait, in the order the metric lists them.
-    pub const ALL: [WaitingFor; 14] = [
+    pub const ALL: [WaitingFor; 16] = [
         WaitingFor::Suspended,
         WaitingFor::Paused,
         WaitingFor::Halted,
@@ -67,6 +72,8 @@ impl WaitingFor {
         WaitingFor::Soak,
         WaitingFor::Etcd,
         WaitingFor::Held,
+        WaitingFor::Freeze,
+        WaitingFor::Alerts,
     ];
 
     /// The wait named `name` (as [`WaitingFor::as_str`] writes it).
@@ -90,6 +97,8 @@ impl WaitingFor {
             WaitingFor::Soak => "soak",
             WaitingFor::Etcd => "etcd",
             WaitingFor::Held => "held",
+            WaitingFor::Freeze => "freeze",
+            WaitingFor::Alerts => "alerts",
         }
     }
 }
@@ -270,6 +279,10 @@ pub struct RolloutStatus {
     /// The maintenance windows (`[[rollout.windows]]`) now; absent when none are configured.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub window: Option<WindowStatus>,
+    /// The change freeze holding now, else the next (`[[rollout.freezes]]`); absent when none
+    /// is ahead.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub freeze: Option<FreezeStatus>,
     /// The reboot (`[reboot]`): required or not, and how far ginx is with it.
     #[serde(default)]
     pub reboot: RebootStatus,
@@ -323,6 +336,16 @@ pub struct RebootStatus {
     /// `[[reboot.windows]]` (or the rollout's) now; absent when there are none.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub window: Option<WindowStatus>,
+}
+
+/// `rollout.freeze` in `ginxctl status --json`: a change freeze holding now (`active`), or the
+/// next one, with its span (to the end of the freezes it touches) and why.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct FreezeStatus {
+    pub active: bool,
+    pub reason: String,
+    pub starts_at: Timestamp,
+    pub ends_at: Timestamp,
 }
 
 /// Whether a maintenance window is open: when it closes, or when the next one opens.

@@ -45,7 +45,9 @@ impl Gatekeeper {
                 group: &group,
                 quorum_guard: cfg.node.role == Role::ControlPlane && cfg.rollout.quorum_guard,
                 etcd_guard: cfg.etcd.applies(cfg.node.role),
+                alerts: cfg.rollout.gate.prometheus.is_some() && backend != Effective::Bootstrap,
                 after_pending,
+                freezes: &cfg.rollout.freezes,
                 windows,
                 windows_key,
                 on_api_unavailable: cfg.rollout.on_api_unavailable,
@@ -97,6 +99,13 @@ impl Gatekeeper {
             (Next::CheckEtcd, _) => {
                 let answer = self.etcd.check(&cfg.etcd, &self.w.notices, revision).await;
                 learned.etcd = Some(answer);
+            }
+            (Next::CheckAlerts, _) => {
+                let answer = match &cfg.rollout.gate.prometheus {
+                    Some(p) => self.alerts.check(p, revision).await,
+                    None => None,
+                };
+                learned.alerts = Some(answer);
             }
             (Next::WriteOwedHalt, _) => {
                 learned.owed_halt = self
@@ -180,6 +189,7 @@ struct Learned {
     fleet: Option<FleetState>,
     quorum: Option<Option<String>>,
     etcd: Option<Option<String>>,
+    alerts: Option<Option<String>>,
     owed_halt: Owed,
     after: Option<Option<String>>,
 }
@@ -191,6 +201,7 @@ impl Learned {
             fleet: self.fleet.as_ref(),
             quorum: self.quorum.clone(),
             etcd: self.etcd.clone(),
+            alerts: self.alerts.clone(),
             owed_halt: self.owed_halt,
             after: self.after.clone(),
         }

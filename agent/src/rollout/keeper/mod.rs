@@ -122,6 +122,8 @@ pub struct Gatekeeper {
     etcd: super::etcd_guard::EtcdGuard,
     /// The last answer was an operator's hold: its notice is given once per spell.
     held_told: bool,
+    /// The alert gate's memory between looks (what it last logged).
+    alerts: super::alerts::AlertGuard,
 }
 
 impl Gatekeeper {
@@ -152,6 +154,7 @@ impl Gatekeeper {
             owed_halt: None,
             etcd: Default::default(),
             held_told: false,
+            alerts: Default::default(),
         }
     }
 
