@@ -3,6 +3,7 @@
 
 mod support;
 
+mod alert_gate;
 mod apply_engine;
 mod bootstrap;
 mod closure;

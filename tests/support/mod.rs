@@ -20,6 +20,7 @@ pub mod netns;
 pub mod nix;
 pub mod nspawn;
 pub mod peer_cut;
+pub mod prometheus;
 pub mod qemu;
 pub mod reboot;
 pub mod soak;
@@ -111,6 +112,19 @@ pub fn require(tool: &str) -> bool {
         eprintln!("SKIPPED: {tool} is not installed on this machine");
     }
     found
+}
+
+/// Makes the process `cmd` starts die with the test (SIGKILL when the test's thread that
+/// started it ends), so nothing a test starts outlives it.
+pub fn dies_with_test(cmd: &mut std::process::Command) {
+    use std::os::unix::process::CommandExt;
+    // SAFETY: prctl is async-signal-safe.
+    unsafe {
+        cmd.pre_exec(|| {
+            libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL);
+            Ok(())
+        });
+    }
 }
 
 pub fn which(tool: &str) -> Option<PathBuf> {

@@ -3,7 +3,6 @@
 //! control-plane binary, unchanged, with the etcd client certificate of the test cluster.
 //! [`Stacked::kill`] and [`Stacked::start`] take one down and up with its member's node.
 
-use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::sync::Mutex;
@@ -130,13 +129,7 @@ impl Stacked {
             .stdin(Stdio::null())
             .stdout(log.try_clone().unwrap())
             .stderr(log);
-        // SAFETY: prctl is async-signal-safe; the server dies with the test.
-        unsafe {
-            cmd.pre_exec(|| {
-                libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL);
-                Ok(())
-            });
-        }
+        super::dies_with_test(&mut cmd);
         let mut c = cmd.spawn().unwrap();
         let start = Instant::now();
         while std::net::TcpStream::connect(("127.0.0.1", s.port)).is_err() {
