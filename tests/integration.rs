@@ -6,6 +6,7 @@ mod support;
 mod alert_gate;
 mod apply_engine;
 mod bootstrap;
+mod canaries;
 mod closure;
 mod cluster_api;
 mod control_socket;

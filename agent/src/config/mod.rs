@@ -589,6 +589,34 @@ url = "ssh://git@git.example.com/infra/hephaestus.git"
     }
 
     #[test]
+    fn canaries_are_node_names_or_a_selector_with_a_lock() {
+        let ok = format!(
+            "{BASE}\n[rollout]\nfirst = [\"w3\"]\nfirst_selector = \"ginx.io/canary=true\"\n"
+        );
+        assert_eq!(load_text(&ok).unwrap().rollout.first, ["w3"]);
+        let e = err_text(&format!("{BASE}\n[rollout]\nfirst = [\"W3\"]\n"));
+        assert!(
+            e.contains("rollout.first[0]: \"W3\" is not a node name"),
+            "{e}"
+        );
+        let e = err_text(&format!("{BASE}\n[rollout]\nfirst_selector = \"a in (\"\n"));
+        assert!(e.contains("rollout.first_selector"), "{e}");
+        let e = err_text(&format!(
+            "{BASE}\n[rollout]\nlock = \"none\"\nfirst = [\"w3\"]\n"
+        ));
+        assert!(
+            e.contains("rollout.first: canaries need the cluster's heartbeats"),
+            "{e}"
+        );
+        let many: Vec<String> = (0..17).map(|i| format!("\"w{i}\"")).collect();
+        let e = err_text(&format!(
+            "{BASE}\n[rollout]\nfirst = [{}]\n",
+            many.join(", ")
+        ));
+        assert!(e.contains("names 17 nodes; at most 16"), "{e}");
+    }
+
+    #[test]
     fn maintenance_windows_load_and_bad_ones_are_named_where_they_are() {
         let ok = format!(
             "{BASE}\n[[rollout.windows]]\ndays = [\"sat\", \"sun\"]\nstart = \"02:00\"\n\

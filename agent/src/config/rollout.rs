@@ -181,6 +181,14 @@ pub struct RolloutConfig {
     /// this node's group starts it, e.g. `["control-plane"]`.
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub after: Vec<String>,
+    /// Canaries: these nodes take each revision before any other node of their group. The
+    /// others start it only once every canary of the group passed its gate on it and `soak`
+    /// has elapsed; a canary that is held, down or behind makes them wait, named.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub first: Vec<String>,
+    /// Canaries by a label selector on Nodes (like `"ginx.io/canary=true"`), besides `first`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub first_selector: Option<String>,
     /// The failure budget of one revision: failed gates (with their rollbacks) and vanished
     /// holders counted fleet-wide. Below it the failing node is quarantined and the rollout goes
     /// on; at it the revision is halted. 1: the first failure halts.
@@ -208,6 +216,8 @@ impl Default for RolloutConfig {
             freezes: Vec::new(),
             soak: Duration::from_secs(0),
             after: Vec::new(),
+            first: Vec::new(),
+            first_selector: None,
             halt_after: 1,
             halt_on_build_failure: false,
         }
@@ -218,6 +228,8 @@ impl Default for RolloutConfig {
 const MAX_GROUP_LEN: usize = 40;
 /// Groups `rollout.after` may name.
 const MAX_AFTER: usize = 16;
+/// Canaries `rollout.first` may name.
+pub const MAX_FIRST: usize = 16;
 
 impl RolloutConfig {
     /// The group, after the role default.
@@ -244,6 +256,7 @@ impl RolloutConfig {
         bounds::ROLLOUT_SOAK.check(ctx, self.soak)?;
         bounds::HALT_AFTER.check(ctx, self.halt_after)?;
         self.check_after(ctx)?;
+        self.check_first(ctx)?;
         if !super::is_dns_subdomain(&self.configmap) {
             return Err(ctx.error(
                 "rollout.configmap",
@@ -295,6 +308,47 @@ impl RolloutConfig {
                     ),
                 ));
             }
+        }
+        Ok(())
+    }
+
+    /// `rollout.first` and `first_selector`: node names and a selector, with a lock whose
+    /// heartbeats say who passed what.
+    fn check_first(&self, ctx: &Ctx<'_>) -> Result<(), ConfigError> {
+        if self.first.len() > MAX_FIRST {
+            return Err(ctx.error(
+                "rollout.first",
+                format!("names {} nodes; at most {MAX_FIRST}", self.first.len()),
+            ));
+        }
+        for (i, n) in self.first.iter().enumerate() {
+            if !super::is_dns_subdomain(n) {
+                return Err(ctx.error(
+                    &format!("rollout.first[{i}]"),
+                    format!(
+                        "{n:?} is not a node name (lowercase letters, digits, '-' and '.', each \
+                         dot-separated part starting and ending with a letter or digit)"
+                    ),
+                ));
+            }
+        }
+        if let Some(sel) = &self.first_selector
+            && let Err(e) = super::selector::check(sel)
+        {
+            return Err(ctx.error("rollout.first_selector", e));
+        }
+        let canaries = !self.first.is_empty() || self.first_selector.is_some();
+        if canaries && self.lock == LockBackend::None {
+            let key = if self.first.is_empty() {
+                "rollout.first_selector"
+            } else {
+                "rollout.first"
+            };
+            return Err(ctx.error(
+                key,
+                "canaries need the cluster's heartbeats to know what they passed: set \
+                 rollout.lock to \"auto\" or \"kubernetes\", not \"none\"",
+            ));
         }
         Ok(())
     }

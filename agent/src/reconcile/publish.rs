@@ -238,6 +238,7 @@ impl Reconciler {
             passed_revision: st.passed.clone(),
             quarantined: quarantine_of(st, cfg.rollout.halt_after),
             after: cfg.rollout.after_for(cfg.node.role),
+            canaries: cfg.rollout.first.clone(),
         }
     }
 

@@ -91,6 +91,8 @@ pub struct Ask<'a> {
     pub alerts: bool,
     /// `rollout.after` names groups not yet seen to have passed this revision.
     pub after_pending: bool,
+    /// Canaries (`rollout.first`) are configured and not yet seen to have passed this revision.
+    pub canary_pending: bool,
     /// `[[rollout.freezes]]`: nothing new starts inside one, an apply or a reboot.
     pub freezes: &'a [Freeze],
     /// The windows that gate this purpose, and the key they come from (for the message).
@@ -116,6 +118,8 @@ pub struct Facts<'a> {
     pub owed_halt: Owed,
     /// The `rollout.after` groups' answer: `Some(None)` when all passed.
     pub after: Option<Option<String>>,
+    /// The canaries' answer: `Some(None)` when this node may start the revision.
+    pub canaries: Option<Option<String>>,
 }
 
 /// A `holder-vanished` halt this node owes the fleet (see `keeper.rs`'s take-over).
@@ -146,6 +150,8 @@ pub enum Next {
     WriteOwedHalt,
     /// Read whether every node of the `rollout.after` groups passed the revision.
     CheckAfter,
+    /// Read whether this group's canaries passed the revision (and the soak after them).
+    CheckCanaries,
     /// Take (or resume) the lock.
     Take,
 }
@@ -264,6 +270,16 @@ pub fn next(ask: &Ask<'_>, facts: &Facts<'_>, now: Timestamp) -> Next {
             None => return Next::CheckAfter,
             Some(Some(behind)) => {
                 return Next::Answer(Verdict::wait(WaitingFor::After, behind.clone()));
+            }
+            Some(None) => {}
+        }
+    }
+    // Within the group: nothing starts a revision before its canaries passed it.
+    if ask.purpose == Purpose::Apply && !ask.held_in_state && ask.connected && ask.canary_pending {
+        match &facts.canaries {
+            None => return Next::CheckCanaries,
+            Some(Some(why)) => {
+                return Next::Answer(Verdict::wait(WaitingFor::Canary, why.clone()));
             }
             Some(None) => {}
         }

@@ -69,6 +69,7 @@ fn ask(r: &Revision) -> Ask<'_> {
         etcd_guard: false,
         alerts: false,
         after_pending: false,
+        canary_pending: false,
         freezes: &[],
         windows: &[],
         windows_key: "rollout.windows",
@@ -634,6 +635,48 @@ fn the_alert_gate_is_asked_before_a_slot_and_its_answer_holds_or_lets_go() {
         ..resuming
     };
     assert_eq!(next(&reboot, &read(&empty), now), Next::CheckAlerts);
+}
+
+#[test]
+fn canaries_are_asked_last_for_an_apply_and_their_answer_holds_or_lets_go() {
+    let r = rev('a');
+    let empty = FleetState::default();
+    let now = t(NOON);
+    let follower = Ask {
+        canary_pending: true,
+        ..ask(&r)
+    };
+    assert_eq!(next(&follower, &read(&empty), now), Next::CheckCanaries);
+    // After the groups of rollout.after.
+    let after = Ask {
+        after_pending: true,
+        ..follower.clone()
+    };
+    assert_eq!(next(&after, &read(&empty), now), Next::CheckAfter);
+    let behind = Facts {
+        canaries: Some(Some("canary w3 has not passed".into())),
+        ..read(&empty)
+    };
+    assert_eq!(
+        waits_for(&next(&follower, &behind, now)),
+        Some(WaitingFor::Canary)
+    );
+    let passed = Facts {
+        canaries: Some(None),
+        ..read(&empty)
+    };
+    assert_eq!(next(&follower, &passed, now), Next::Take);
+    // A reboot, and an apply resumed after a restart, are not held by canaries.
+    let reboot = Ask {
+        purpose: Purpose::Reboot,
+        ..follower.clone()
+    };
+    assert_eq!(next(&reboot, &read(&empty), now), Next::Take);
+    let resumed = Ask {
+        held_in_state: true,
+        ..follower
+    };
+    assert_ne!(next(&resumed, &read(&empty), now), Next::CheckCanaries);
 }
 
 #[test]

@@ -149,18 +149,30 @@ impl AfterGroups {
         {
             return;
         }
-        let (stop_tx, mut stop) = watch::channel(false);
-        let api = kube::Api::<Lease>::namespaced(clients.watch.clone(), ns);
-        let changes = changes.clone();
-        let selector = selector.to_owned();
-        tokio::spawn(async move {
-            tokio::select! {
-                () = lease::watch_objects(api, selector, None, changes, Some(passed_of)) => {}
-                _ = stop.changed() => {}
-            }
-        });
+        let stop_tx = watch_heartbeats(clients, ns, selector, changes);
         self.watching = Some((groups.to_vec(), generation, stop_tx));
     }
+}
+
+/// Watches the heartbeat Leases `selector` names, bumping `changes` when one's group or
+/// passed revision changes (not its renewals), until the returned sender is dropped.
+pub(super) fn watch_heartbeats(
+    clients: &KubeClients,
+    ns: &str,
+    selector: &str,
+    changes: &watch::Sender<u64>,
+) -> watch::Sender<bool> {
+    let (stop_tx, mut stop) = watch::channel(false);
+    let api = kube::Api::<Lease>::namespaced(clients.watch.clone(), ns);
+    let changes = changes.clone();
+    let selector = selector.to_owned();
+    tokio::spawn(async move {
+        tokio::select! {
+            () = lease::watch_objects(api, selector, None, changes, Some(passed_of)) => {}
+            _ = stop.changed() => {}
+        }
+    });
+    stop_tx
 }
 
 /// A heartbeat Lease as a [`Peer`], asking `later` whether what it passed is later than ours.
@@ -177,6 +189,22 @@ async fn peer(l: &Lease, revision: &Revision, later: Option<&Later>) -> Peer {
         .as_ref()
         .and_then(|s| s.holder_identity.clone())
         .unwrap_or_else(|| l.metadata.name.clone().unwrap_or_default());
+    let (passed, done) = passed(l, revision, later).await;
+    Peer {
+        group,
+        node,
+        passed,
+        done,
+    }
+}
+
+/// What a heartbeat Lease says its node passed, and whether that is `revision` or a later one
+/// (as `later` answers).
+pub(super) async fn passed(
+    l: &Lease,
+    revision: &Revision,
+    later: Option<&Later>,
+) -> (Option<Revision>, bool) {
     let passed: Option<Revision> = l
         .metadata
         .annotations
@@ -188,12 +216,7 @@ async fn peer(l: &Lease, revision: &Revision, later: Option<&Later>) -> Peer {
         (Some(p), Some(later)) => later(p.clone(), revision.clone()).await,
         _ => false,
     };
-    Peer {
-        group,
-        node,
-        passed,
-        done,
-    }
+    (passed, done)
 }
 
 /// What of a heartbeat Lease wakes a node waiting for its group: the group and the revision

@@ -10,6 +10,7 @@
 pub mod admission;
 mod after;
 pub mod alerts;
+mod canary;
 pub mod cluster;
 mod etcd_guard;
 mod evidence;

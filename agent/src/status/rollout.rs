@@ -53,11 +53,14 @@ pub enum WaitingFor {
     /// The alert gate: alerts fire (or Prometheus does not answer and
     /// `on_unavailable = "wait"`).
     Alerts,
+    /// A canary of the group (`rollout.first`) has not passed its gate on the revision, or the
+    /// soak after it is not over.
+    Canary,
 }
 
 impl WaitingFor {
     /// Every wait, in the order the metric lists them.
-    pub const ALL: [WaitingFor; 16] = [
+    pub const ALL: [WaitingFor; 17] = [
         WaitingFor::Suspended,
         WaitingFor::Paused,
         WaitingFor::Halted,
@@ -74,6 +77,7 @@ impl WaitingFor {
         WaitingFor::Held,
         WaitingFor::Freeze,
         WaitingFor::Alerts,
+        WaitingFor::Canary,
     ];
 
     /// The wait named `name` (as [`WaitingFor::as_str`] writes it).
@@ -99,6 +103,7 @@ impl WaitingFor {
             WaitingFor::Held => "held",
             WaitingFor::Freeze => "freeze",
             WaitingFor::Alerts => "alerts",
+            WaitingFor::Canary => "canary",
         }
     }
 }
@@ -298,6 +303,9 @@ pub struct RolloutStatus {
     /// it.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub after: Vec<String>,
+    /// `rollout.first`: the canaries named (the selector's are not listed).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub canaries: Vec<String>,
 }
 
 /// `rollout.quarantined` in `ginxctl status --json`.

@@ -32,6 +32,7 @@ impl Gatekeeper {
             let after_pending = self
                 .after
                 .pending(&cfg.rollout.after_for(cfg.node.role), revision);
+            let canary_pending = self.canaries.pending(&cfg, revision);
             let (windows, windows_key) = windows_for(&cfg, purpose);
             let ask = Ask {
                 revision,
@@ -47,6 +48,7 @@ impl Gatekeeper {
                 etcd_guard: cfg.etcd.applies(cfg.node.role),
                 alerts: cfg.rollout.gate.prometheus.is_some() && backend != Effective::Bootstrap,
                 after_pending,
+                canary_pending,
                 freezes: &cfg.rollout.freezes,
                 windows,
                 windows_key,
@@ -122,8 +124,21 @@ impl Gatekeeper {
                     .await?;
                 learned.after = Some(behind);
             }
+            (Next::CheckCanaries, Some(c)) => {
+                let later = self.w.later.clone();
+                let wake = (self.clients_generation, &self.changes_tx);
+                let fleet = learned.fleet.as_ref();
+                let why = self
+                    .canaries
+                    .check(cfg, c, fleet, revision, later.as_ref(), wake)
+                    .await?;
+                learned.canaries = Some(why);
+            }
             // Admission asks for a read only when connected, and answers or takes itself.
-            (Next::ReadFleet | Next::CheckQuorum | Next::CheckAfter, None)
+            (
+                Next::ReadFleet | Next::CheckQuorum | Next::CheckAfter | Next::CheckCanaries,
+                None,
+            )
             | (Next::Answer(_) | Next::Take, _) => {
                 let why = "no connection to the Kubernetes API".to_owned();
                 return Err(admission::unavailable(policy, why));
@@ -192,6 +207,7 @@ struct Learned {
     alerts: Option<Option<String>>,
     owed_halt: Owed,
     after: Option<Option<String>>,
+    canaries: Option<Option<String>>,
 }
 
 impl Learned {
@@ -204,6 +220,7 @@ impl Learned {
             alerts: self.alerts.clone(),
             owed_halt: self.owed_halt,
             after: self.after.clone(),
+            canaries: self.canaries.clone(),
         }
     }
 }

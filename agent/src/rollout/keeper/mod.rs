@@ -124,6 +124,8 @@ pub struct Gatekeeper {
     held_told: bool,
     /// The alert gate's memory between looks (what it last logged).
     alerts: super::alerts::AlertGuard,
+    /// The canaries of this node's group (`rollout.first`).
+    canaries: super::canary::CanaryGroup,
 }
 
 impl Gatekeeper {
@@ -155,6 +157,7 @@ impl Gatekeeper {
             etcd: Default::default(),
             held_told: false,
             alerts: Default::default(),
+            canaries: Default::default(),
         }
     }
 
@@ -201,7 +204,10 @@ impl Gatekeeper {
                 d.unsigned_abs()
             }
         });
-        let soak = self.locker.soak_left();
+        let soak = match (self.locker.soak_left(), self.canaries.soak_left()) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        };
         let recheck = if self.locker.queued() {
             QUEUED_RECHECK
         } else {

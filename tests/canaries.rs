@@ -1,0 +1,169 @@
+//! Canaries (`rollout.first`) on the shared control plane: five workers of one group, `first =
+//! ["cnr-w3"]`, `max_concurrent = 2`, `soak = "4s"`. Judged from the journal every node's
+//! stand-in activation and gate write to (one file, one clock: this machine's): for each of
+//! three revisions, cnr-w3 starts first, no other node starts before cnr-w3's gate passed plus
+//! the soak, and never more than two apply or verify at once. Then cnr-w3 stopped: the group
+//! waits, naming it, and nothing starts until it is back and passed.
+
+use std::path::Path;
+
+use crate::kubernetes::use_cluster;
+use crate::rollout::most_at_once;
+use crate::support::Env;
+use crate::support::control_plane::{self, ControlPlane, RbacGuard};
+use crate::support::daemon::Daemon;
+
+const SOAK: f64 = 4.0;
+const CANARY: &str = "cnr-w3";
+
+/// One line of the journal: what, node, revision, time (seconds since the epoch).
+struct Line {
+    what: String,
+    node: String,
+    revision: String,
+    at: f64,
+}
+
+fn lines(path: &Path) -> Vec<Line> {
+    std::fs::read_to_string(path)
+        .unwrap_or_default()
+        .lines()
+        .filter_map(|l| {
+            let w: Vec<&str> = l.split_whitespace().collect();
+            Some(Line {
+                what: (*w.first()?).to_owned(),
+                node: (*w.get(1)?).to_owned(),
+                revision: w.get(2).map_or("", |s| s).to_owned(),
+                at: w.get(3).and_then(|t| t.parse().ok()).unwrap_or(0.0),
+            })
+        })
+        .collect()
+}
+
+fn worker(cp: &ControlPlane, origin: &Path, journal: &Path, name: &str) -> Env {
+    let env = Env::new();
+    env.dropin(
+        "20-remote.toml",
+        &format!("[sources.hephaestus]\nurl = \"{}\"\n", origin.display()),
+    );
+    use_cluster(&env, cp, name, "");
+    // The gate command writes "verify NODE REVISION TIME" (and "baseline …" before).
+    let gate = format!(
+        "w=verify; [ $GINX_GATE_STEP = baseline ] && w=baseline; \
+         echo $w {name} $GINX_REVISION $(date +%s.%N) >> {}",
+        journal.display()
+    );
+    env.dropin(
+        "80-rollout.toml",
+        &format!(
+            "[node]\nrole = \"worker\"\n\n[rollout]\nlock = \"auto\"\ngroup = \"cnr\"\n\
+             lease_duration = \"5s\"\nmax_concurrent = 2\nsoak = \"4s\"\nfirst = [\"{CANARY}\"]\n\n\
+             [rollout.gate]\nsettle = \"1s\"\ninterval = \"200ms\"\n\
+             command = [\"sh\", \"-c\", \"{gate}\"]\n"
+        ),
+    );
+    env.stub("journal", &journal.display().to_string());
+    env.stub("journal_times", "");
+    env.stub("sleep", "0.5");
+    env
+}
+
+fn d(daemons: &[Option<Daemon>], i: usize) -> &Daemon {
+    daemons[i].as_ref().expect("a running daemon")
+}
+
+/// For `revision`: the canary started first, and every other start came after the canary's
+/// gate passed (its last `verify` line) plus the soak.
+fn canary_first(all: &[Line], revision: &str) {
+    let of_rev: Vec<&Line> = all.iter().filter(|l| l.revision == revision).collect();
+    let starts: Vec<&&Line> = of_rev.iter().filter(|l| l.what == "start").collect();
+    assert_eq!(starts.len(), 5, "five activations of {revision}");
+    assert_eq!(starts[0].node, CANARY, "the canary starts {revision} first");
+    let passed = of_rev
+        .iter()
+        .filter(|l| l.what == "verify" && l.node == CANARY)
+        .map(|l| l.at)
+        .fold(0.0, f64::max);
+    assert!(passed > 0.0, "the canary's gate ran on {revision}");
+    for s in &starts[1..] {
+        assert!(
+            s.at >= passed + SOAK,
+            "{} started {revision} {:.2}s after the canary's gate passed; the soak is {SOAK}s",
+            s.node,
+            s.at - passed
+        );
+    }
+}
+
+#[test]
+fn a_canary_goes_first_and_its_gate_and_soak_hold_the_group() {
+    let Some(cp) = control_plane::shared() else {
+        return;
+    };
+    let mut rbac = RbacGuard::new(cp);
+    let origin = Env::new();
+    let journal = origin.root.join("journal");
+    let names: Vec<String> = (1..=5).map(|i| format!("cnr-w{i}")).collect();
+    let envs: Vec<Env> = names
+        .iter()
+        .map(|n| {
+            rbac.watch(n);
+            worker(cp, &origin.repo.path, &journal, n)
+        })
+        .collect();
+    let mut daemons: Vec<Option<Daemon>> = envs.iter().map(|e| Some(e.start())).collect();
+    let mut revisions = vec![origin.repo.head()];
+    for i in 0..5 {
+        d(&daemons, i).wait_applied(&revisions[0]);
+    }
+    for k in 1..=2 {
+        let r = origin
+            .repo
+            .commit("hive.nix", &format!("{{ r = {k}; }}"), &format!("r{k}"));
+        for i in 0..5 {
+            d(&daemons, i).ctl_ok(&["sync"]);
+        }
+        for i in 0..5 {
+            d(&daemons, i).wait_applied(&r);
+        }
+        revisions.push(r);
+    }
+    let all = lines(&journal);
+    for r in &revisions {
+        canary_first(&all, r.as_str());
+    }
+    let pairs: Vec<(String, String)> = all
+        .iter()
+        .map(|l| (l.what.clone(), l.node.clone()))
+        .collect();
+    assert!(most_at_once(&pairs) <= 2, "more than two at once");
+
+    // The canary stopped: a new revision waits for it on every other node, named.
+    daemons[2] = None;
+    let r4 = origin.repo.commit("hive.nix", "{ r = 4; }", "r4");
+    for i in [0, 1, 3, 4] {
+        d(&daemons, i).ctl_ok(&["sync"]);
+    }
+    for i in [0, 1, 3, 4] {
+        let s = d(&daemons, i).wait_status("waiting for the canary", |s| {
+            s["rollout"]["waiting_for"] == "canary"
+        });
+        let reason = s["rollout"]["reason"].as_str().unwrap();
+        assert!(
+            reason.starts_with(&format!("canary {CANARY} has not passed its gate on "))
+                || reason.starts_with(&format!("canary {CANARY} has not renewed its heartbeat")),
+            "{reason}"
+        );
+        assert!(reason.ends_with("the group waits for it"), "{reason}");
+    }
+    assert!(
+        lines(&journal).iter().all(|l| l.revision != r4.as_str()),
+        "nothing started r4 without its canary"
+    );
+    // Back: it goes first, the rest follow.
+    daemons[2] = Some(envs[2].start());
+    for i in 0..5 {
+        d(&daemons, i).wait_applied(&r4);
+    }
+    canary_first(&lines(&journal), r4.as_str());
+}
