@@ -12,6 +12,7 @@ use crate::rollout::most_at_once;
 use crate::support::Env;
 use crate::support::control_plane::{self, ControlPlane, RbacGuard};
 use crate::support::daemon::Daemon;
+use crate::support::kubelet::Kubelet;
 
 const SOAK: f64 = 4.0;
 const CANARY: &str = "cnr-w3";
@@ -40,7 +41,7 @@ fn lines(path: &Path) -> Vec<Line> {
         .collect()
 }
 
-fn worker(cp: &ControlPlane, origin: &Path, journal: &Path, name: &str) -> Env {
+fn worker(cp: &ControlPlane, origin: &Path, journal: &Path, name: &str, rollout: &str) -> Env {
     let env = Env::new();
     env.dropin(
         "20-remote.toml",
@@ -56,9 +57,8 @@ fn worker(cp: &ControlPlane, origin: &Path, journal: &Path, name: &str) -> Env {
     env.dropin(
         "80-rollout.toml",
         &format!(
-            "[node]\nrole = \"worker\"\n\n[rollout]\nlock = \"auto\"\ngroup = \"cnr\"\n\
-             lease_duration = \"5s\"\nmax_concurrent = 2\nsoak = \"4s\"\nfirst = [\"{CANARY}\"]\n\n\
-             [rollout.gate]\nsettle = \"1s\"\ninterval = \"200ms\"\n\
+            "[node]\nrole = \"worker\"\n\n[rollout]\nlock = \"auto\"\nlease_duration = \"5s\"\n\
+             {rollout}\n\n[rollout.gate]\nsettle = \"1s\"\ninterval = \"200ms\"\n\
              command = [\"sh\", \"-c\", \"{gate}\"]\n"
         ),
     );
@@ -108,7 +108,10 @@ fn a_canary_goes_first_and_its_gate_and_soak_hold_the_group() {
         .iter()
         .map(|n| {
             rbac.watch(n);
-            worker(cp, &origin.repo.path, &journal, n)
+            let rollout = format!(
+                "group = \"cnr\"\nmax_concurrent = 2\nsoak = \"4s\"\nfirst = [\"{CANARY}\"]"
+            );
+            worker(cp, &origin.repo.path, &journal, n, &rollout)
         })
         .collect();
     let mut daemons: Vec<Option<Daemon>> = envs.iter().map(|e| Some(e.start())).collect();
@@ -166,4 +169,74 @@ fn a_canary_goes_first_and_its_gate_and_soak_hold_the_group() {
         d(&daemons, i).wait_applied(&r4);
     }
     canary_first(&lines(&journal), r4.as_str());
+}
+
+/// `rollout.order` by a Node label: four workers, one slot, zones set by the admin as a
+/// cloud's node controller would; a revision walks through them by zone, then name.
+#[test]
+fn workers_take_a_revision_in_zone_order() {
+    let Some(cp) = control_plane::shared() else {
+        return;
+    };
+    let mut rbac = RbacGuard::new(cp);
+    let origin = Env::new();
+    let journal = origin.root.join("journal");
+    let zones = [
+        ("ord-w1", "c"),
+        ("ord-w2", "a"),
+        ("ord-w3", "b"),
+        ("ord-w4", "a"),
+    ];
+    let _kubelets: Vec<Kubelet> = zones
+        .iter()
+        .map(|(n, _)| Kubelet::start(cp, n, "worker"))
+        .collect();
+    for (n, z) in zones {
+        cp.kubectl(&[
+            "label",
+            "node",
+            n,
+            &format!("topology.kubernetes.io/zone={z}"),
+            "--overwrite",
+        ]);
+    }
+    let envs: Vec<Env> = zones
+        .iter()
+        .map(|(n, _)| {
+            rbac.watch(n);
+            let rollout = "group = \"ord\"\norder = \"topology.kubernetes.io/zone\"";
+            worker(cp, &origin.repo.path, &journal, n, rollout)
+        })
+        .collect();
+    let daemons: Vec<Daemon> = envs.iter().map(Env::start).collect();
+    for d in &daemons {
+        d.wait_applied(&origin.repo.head());
+    }
+    // Every node's group and passed revision on its Node, as the walk reads them.
+    for (n, _) in zones {
+        crate::support::wait_for("the Node's rollout annotations", || {
+            let node = cp.node(n)?;
+            let a = &node["metadata"]["annotations"];
+            (a["ginx.io/rollout-group"] == "ord"
+                && a["ginx.io/passed-revision"] == origin.repo.head().as_str())
+            .then_some(())
+        });
+    }
+    let r = origin.repo.commit("hive.nix", "{ r = 1; }", "r1");
+    for d in &daemons {
+        d.ctl_ok(&["sync"]);
+    }
+    for d in &daemons {
+        d.wait_applied(&r);
+    }
+    let starts: Vec<String> = lines(&journal)
+        .into_iter()
+        .filter(|l| l.what == "start" && l.revision == r.as_str())
+        .map(|l| l.node)
+        .collect();
+    assert_eq!(
+        starts,
+        ["ord-w2", "ord-w4", "ord-w3", "ord-w1"],
+        "zone a, a, b, c"
+    );
 }

@@ -186,6 +186,12 @@ pub struct RolloutConfig {
     /// has elapsed; a canary that is held, down or behind makes them wait, named.
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub first: Vec<String>,
+    /// A deterministic walk through the group: `"name"`, or a Node label (like
+    /// `"topology.kubernetes.io/zone"`) whose value orders the nodes (then their names; a node
+    /// without it last). A node starts a revision only while fewer than `max_concurrent` of
+    /// the nodes before it have not passed it (held or not Ready ones are not waited for).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub order: Option<String>,
     /// Canaries by a label selector on Nodes (like `"ginx.io/canary=true"`), besides `first`.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub first_selector: Option<String>,
@@ -218,6 +224,7 @@ impl Default for RolloutConfig {
             after: Vec::new(),
             first: Vec::new(),
             first_selector: None,
+            order: None,
             halt_after: 1,
             halt_on_build_failure: false,
         }
@@ -336,6 +343,27 @@ impl RolloutConfig {
             && let Err(e) = super::selector::check(sel)
         {
             return Err(ctx.error("rollout.first_selector", e));
+        }
+        if let Some(o) = &self.order {
+            let plain = !o.is_empty()
+                && !o.contains([',', '=', '!', ' ', '(', ')'])
+                && super::selector::check(o).is_ok();
+            if !plain {
+                return Err(ctx.error(
+                    "rollout.order",
+                    format!(
+                        "{o:?} is neither \"name\" nor a Node label key like \
+                         \"topology.kubernetes.io/zone\""
+                    ),
+                ));
+            }
+            if self.lock == LockBackend::None {
+                return Err(ctx.error(
+                    "rollout.order",
+                    "an order needs the cluster's Nodes: set rollout.lock to \"auto\" or \
+                     \"kubernetes\", not \"none\"",
+                ));
+            }
         }
         let canaries = !self.first.is_empty() || self.first_selector.is_some();
         if canaries && self.lock == LockBackend::None {

@@ -93,6 +93,8 @@ pub struct Ask<'a> {
     pub after_pending: bool,
     /// Canaries (`rollout.first`) are configured and not yet seen to have passed this revision.
     pub canary_pending: bool,
+    /// `rollout.order` is set.
+    pub ordered: bool,
     /// `[[rollout.freezes]]`: nothing new starts inside one, an apply or a reboot.
     pub freezes: &'a [Freeze],
     /// The windows that gate this purpose, and the key they come from (for the message).
@@ -120,6 +122,8 @@ pub struct Facts<'a> {
     pub after: Option<Option<String>>,
     /// The canaries' answer: `Some(None)` when this node may start the revision.
     pub canaries: Option<Option<String>>,
+    /// The walk's answer (`rollout.order`): `Some(None)` when it is this node's turn.
+    pub order: Option<Option<String>>,
 }
 
 /// A `holder-vanished` halt this node owes the fleet (see `keeper.rs`'s take-over).
@@ -152,6 +156,8 @@ pub enum Next {
     CheckAfter,
     /// Read whether this group's canaries passed the revision (and the soak after them).
     CheckCanaries,
+    /// Read whether it is this node's turn in `rollout.order`.
+    CheckOrder,
     /// Take (or resume) the lock.
     Take,
 }
@@ -281,6 +287,13 @@ pub fn next(ask: &Ask<'_>, facts: &Facts<'_>, now: Timestamp) -> Next {
             Some(Some(why)) => {
                 return Next::Answer(Verdict::wait(WaitingFor::Canary, why.clone()));
             }
+            Some(None) => {}
+        }
+    }
+    if ask.purpose == Purpose::Apply && !ask.held_in_state && ask.connected && ask.ordered {
+        match &facts.order {
+            None => return Next::CheckOrder,
+            Some(Some(why)) => return Next::Answer(Verdict::wait(WaitingFor::Order, why.clone())),
             Some(None) => {}
         }
     }

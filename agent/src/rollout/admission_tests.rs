@@ -70,6 +70,7 @@ fn ask(r: &Revision) -> Ask<'_> {
         alerts: false,
         after_pending: false,
         canary_pending: false,
+        ordered: false,
         freezes: &[],
         windows: &[],
         windows_key: "rollout.windows",
@@ -674,9 +675,28 @@ fn canaries_are_asked_last_for_an_apply_and_their_answer_holds_or_lets_go() {
     assert_eq!(next(&reboot, &read(&empty), now), Next::Take);
     let resumed = Ask {
         held_in_state: true,
-        ..follower
+        ..follower.clone()
     };
     assert_ne!(next(&resumed, &read(&empty), now), Next::CheckCanaries);
+    // rollout.order is asked after the canaries.
+    let ordered = Ask {
+        ordered: true,
+        ..follower
+    };
+    assert_eq!(next(&ordered, &passed, now), Next::CheckOrder);
+    let turn = Facts {
+        order: Some(Some("w1 comes before".into())),
+        ..passed.clone()
+    };
+    assert_eq!(
+        waits_for(&next(&ordered, &turn, now)),
+        Some(WaitingFor::Order)
+    );
+    let go = Facts {
+        order: Some(None),
+        ..passed
+    };
+    assert_eq!(next(&ordered, &go, now), Next::Take);
 }
 
 #[test]

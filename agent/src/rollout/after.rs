@@ -205,12 +205,22 @@ pub(super) async fn passed(
     revision: &Revision,
     later: Option<&Later>,
 ) -> (Option<Revision>, bool) {
-    let passed: Option<Revision> = l
+    let value = l
         .metadata
         .annotations
         .as_ref()
-        .and_then(|a| a.get(HEARTBEAT_PASSED_ANNOTATION))
-        .and_then(|p| p.parse().ok());
+        .and_then(|a| a.get(HEARTBEAT_PASSED_ANNOTATION));
+    passed_value(value.map(String::as_str), revision, later).await
+}
+
+/// A passed revision as written (an annotation's value), and whether it is `revision` or a
+/// later one.
+pub(super) async fn passed_value(
+    value: Option<&str>,
+    revision: &Revision,
+    later: Option<&Later>,
+) -> (Option<Revision>, bool) {
+    let passed: Option<Revision> = value.and_then(|p| p.parse().ok());
     let done = match (&passed, later) {
         (Some(p), _) if p == revision => true,
         (Some(p), Some(later)) => later(p.clone(), revision.clone()).await,

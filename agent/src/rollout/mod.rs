@@ -26,6 +26,7 @@ mod keeper;
 pub mod lease;
 pub mod lock;
 mod locker;
+mod order;
 pub mod plan_requests;
 pub mod quorum;
 pub mod slots;

@@ -56,11 +56,13 @@ pub enum WaitingFor {
     /// A canary of the group (`rollout.first`) has not passed its gate on the revision, or the
     /// soak after it is not over.
     Canary,
+    /// Nodes before this one in `rollout.order` have not passed the revision.
+    Order,
 }
 
 impl WaitingFor {
     /// Every wait, in the order the metric lists them.
-    pub const ALL: [WaitingFor; 17] = [
+    pub const ALL: [WaitingFor; 18] = [
         WaitingFor::Suspended,
         WaitingFor::Paused,
         WaitingFor::Halted,
@@ -78,6 +80,7 @@ impl WaitingFor {
         WaitingFor::Freeze,
         WaitingFor::Alerts,
         WaitingFor::Canary,
+        WaitingFor::Order,
     ];
 
     /// The wait named `name` (as [`WaitingFor::as_str`] writes it).
@@ -104,6 +107,7 @@ impl WaitingFor {
             WaitingFor::Freeze => "freeze",
             WaitingFor::Alerts => "alerts",
             WaitingFor::Canary => "canary",
+            WaitingFor::Order => "order",
         }
     }
 }

@@ -49,6 +49,7 @@ impl Gatekeeper {
                 alerts: cfg.rollout.gate.prometheus.is_some() && backend != Effective::Bootstrap,
                 after_pending,
                 canary_pending,
+                ordered: cfg.rollout.order.is_some(),
                 freezes: &cfg.rollout.freezes,
                 windows,
                 windows_key,
@@ -134,9 +135,20 @@ impl Gatekeeper {
                     .await?;
                 learned.canaries = Some(why);
             }
+            (Next::CheckOrder, Some(c)) => {
+                let later = self.w.later.clone();
+                let fleet = learned.fleet.as_ref();
+                let why =
+                    super::super::order::check(cfg, c, fleet, revision, later.as_ref()).await?;
+                learned.order = Some(why);
+            }
             // Admission asks for a read only when connected, and answers or takes itself.
             (
-                Next::ReadFleet | Next::CheckQuorum | Next::CheckAfter | Next::CheckCanaries,
+                Next::ReadFleet
+                | Next::CheckQuorum
+                | Next::CheckAfter
+                | Next::CheckCanaries
+                | Next::CheckOrder,
                 None,
             )
             | (Next::Answer(_) | Next::Take, _) => {
@@ -208,6 +220,7 @@ struct Learned {
     owed_halt: Owed,
     after: Option<Option<String>>,
     canaries: Option<Option<String>>,
+    order: Option<Option<String>>,
 }
 
 impl Learned {
@@ -221,6 +234,7 @@ impl Learned {
             owed_halt: self.owed_halt,
             after: self.after.clone(),
             canaries: self.canaries.clone(),
+            order: self.order.clone(),
         }
     }
 }
