@@ -87,7 +87,11 @@ fn check(
     may_resume: bool,
     histories: &[(&str, Value)],
 ) {
-    let with_baselines = lines(journal);
+    // The operator's holds and releases (the steered nemesis) are no node's activation.
+    let with_baselines: Vec<Line> = lines(journal)
+        .into_iter()
+        .filter(|l| l.what != "hold" && l.what != "release")
+        .collect();
     let pairs: Vec<(String, String)> = with_baselines
         .iter()
         .map(|l| (l.what.clone(), l.node.clone()))
@@ -938,6 +942,18 @@ enum Fault {
     Stop,
     /// The API server killed and started again.
     ApiRestart,
+    /// An operator holds a node for the round (placed before the round's revision, lifted
+    /// once the others applied it, or the group was seen waiting for its held canary).
+    Hold,
+}
+
+/// What an operator steers in a nemesis run: a canary (`rollout.first`), and holds among the
+/// faults drawn.
+#[derive(Clone, Copy, Debug, Default)]
+struct Steering {
+    /// The index of the canary among the nodes.
+    canary: Option<usize>,
+    holds: bool,
 }
 
 /// When in the holder's rollout a fault lands.
@@ -956,7 +972,12 @@ enum Moment {
 /// to the last revision and [`check`] judges the whole history. Returns what it did, one line a
 /// round.
 pub(crate) fn nemesis(rounds: usize, seed: u64) -> Vec<String> {
-    println!("nemesis: seed {seed} (NEMESIS_SEED), {rounds} rounds");
+    run_nemesis(rounds, seed, "fnm", Steering::default())
+}
+
+/// [`nemesis`] over the nodes of `group`, steered as `steer` says.
+fn run_nemesis(rounds: usize, seed: u64, group: &str, steer: Steering) -> Vec<String> {
+    println!("nemesis: seed {seed} (NEMESIS_SEED), {rounds} rounds, {group}: {steer:?}");
     let mut rng = fastrand::Rng::with_seed(seed);
     let Some(bin) = control_plane::require() else {
         return Vec::new();
@@ -965,33 +986,64 @@ pub(crate) fn nemesis(rounds: usize, seed: u64) -> Vec<String> {
     let mut rbac = RbacGuard::new(&cp);
     let origin = Env::new();
     let journal = origin.root.join("journal");
-    let names = ["fnm-lucy", "fnm-makise", "fnm-quinn"];
-    let nodes = fleet(&cp, &mut rbac, &origin, &journal, "fnm", &names);
+    let owned: Vec<String> = ["lucy", "makise", "quinn"]
+        .iter()
+        .map(|n| format!("{group}-{n}"))
+        .collect();
+    let names: Vec<&str> = owned.iter().map(String::as_str).collect();
+    let nodes = fleet(&cp, &mut rbac, &origin, &journal, group, &names);
+    if let Some(c) = steer.canary {
+        for n in &nodes {
+            n.env.dropin(
+                "83-canary.toml",
+                &format!("[rollout]\nfirst = [\"{}\"]\n", names[c]),
+            );
+        }
+    }
     let proxies: Vec<Blackhole> = names.iter().map(|_| Blackhole::start(cp.addr())).collect();
-    for ((n, name), p) in nodes.iter().zip(names).zip(&proxies) {
+    for ((n, name), p) in nodes.iter().zip(names.iter().copied()).zip(&proxies) {
         cp.ginx_kubeconfig_via(&n.env.root.join("kubeconfig"), name, &p.url());
         // Activations long enough to be hit.
         n.env.stub("sleep", "2");
     }
     let mut daemons: Vec<Daemon> = nodes.iter().map(|n| n.env.start()).collect();
-    let lease = "ginx-rollout-fnm-0";
+    let lease = format!("ginx-rollout-{group}-0");
+    let lease = lease.as_str();
     let mut seen_halts: BTreeMap<String, Value> = BTreeMap::new();
     let mut operator_cleared: Vec<String> = Vec::new();
     let mut done = Vec::new();
     for round in 0..rounds {
+        let fault = match rng.u8(0..if steer.holds { 6 } else { 5 }) {
+            0 => Fault::None,
+            1 => Fault::Partition,
+            2 => Fault::Kill,
+            3 => Fault::Stop,
+            4 => Fault::ApiRestart,
+            _ => Fault::Hold,
+        };
+        // A hold is placed before the round's revision exists: no start of it by the held
+        // node can be one decided before the hold.
+        let held = matches!(fault, Fault::Hold).then(|| rng.usize(0..names.len()));
+        if let Some(h) = held {
+            nodes[0].env.operator_ok(
+                &cp.admin_kubeconfig,
+                &["hold", names[h], "--reason", "nemesis", "--force"],
+            );
+            journal_line(&journal, &format!("hold {}", names[h]));
+        }
         let r = origin
             .repo
             .commit("hive.nix", &format!("{{ round = {round}; }}"), "round");
         for d in &daemons {
             d.ctl_ok(&["sync"]);
         }
-        let fault = match rng.u8(0..5) {
-            0 => Fault::None,
-            1 => Fault::Partition,
-            2 => Fault::Kill,
-            3 => Fault::Stop,
-            _ => Fault::ApiRestart,
-        };
+        if let Some(h) = held {
+            steer_hold(&daemons, &names, h, steer.canary, &r);
+            journal_line(&journal, &format!("release {}", names[h]));
+            nodes[0]
+                .env
+                .operator_ok(&cp.admin_kubeconfig, &["release", names[h]]);
+        }
         let moment = match rng.u8(0..3) {
             0 => Moment::Held,
             1 => Moment::Applying,
@@ -1030,8 +1082,13 @@ pub(crate) fn nemesis(rounds: usize, seed: u64) -> Vec<String> {
                 st["rollout"]["phase"] == "verifying"
             }
         });
-        // Taken over, or nobody else wants the slot (the others have the revision).
+        // Taken over, or nobody else wants the slot (the others have the revision). A canary's
+        // slot is never taken over: the others wait for it, and say so.
         let taken_over = |i: usize, daemons: &[Daemon]| {
+            if steer.canary == Some(i) {
+                wait_for_canary(daemons, &names, i);
+                return;
+            }
             wait_for("the slot taken over, or the holder done", || {
                 let h = slot_holder(&cp, lease);
                 let halted = halts(&cp).contains_key(&r);
@@ -1055,6 +1112,15 @@ pub(crate) fn nemesis(rounds: usize, seed: u64) -> Vec<String> {
                 taken_over(i, &daemons);
                 daemons.remove(i).crash();
                 daemons.insert(i, nodes[i].env.start());
+                // The group waits for its canary: the operator has it try again now rather
+                // than at its next retry.
+                if steer.canary == Some(i) {
+                    let s = daemons[i]
+                        .wait_status("the canary back", |s| s["apply"]["state"].is_string());
+                    if s["apply"]["state"] == "failed" {
+                        daemons[i].ctl_ok(&["retry"]);
+                    }
+                }
             }
             (Fault::Stop, Some(i)) => {
                 daemons[i].signal(nix::sys::signal::Signal::SIGSTOP);
@@ -1111,7 +1177,7 @@ pub(crate) fn nemesis(rounds: usize, seed: u64) -> Vec<String> {
         }
         let line = format!(
             "round {round}: {fault:?} at {moment:?} of {}; {} halted: {}, cleared by the operator: {cleared}",
-            victim.map_or("-", |i| names[i]),
+            victim.or(held).map_or("-", |i| names[i]),
             r.get(..8).unwrap_or(&r),
             seen_halts.contains_key(&r)
         );
@@ -1136,7 +1202,149 @@ pub(crate) fn nemesis(rounds: usize, seed: u64) -> Vec<String> {
         .map(|(n, d)| (*n, history(d)))
         .collect();
     check(&journal, 1, &seen_halts, true, &histories);
+    if let Some(c) = steer.canary {
+        check_steering(&journal, names[c]);
+    } else {
+        check_steering(&journal, "");
+    }
     done
+}
+
+/// Appends `line` to the journal (what the test itself did, between the nodes' lines).
+fn journal_line(journal: &Path, line: &str) {
+    use std::io::Write;
+    let mut f = std::fs::OpenOptions::new()
+        .append(true)
+        .create(true)
+        .open(journal)
+        .unwrap();
+    writeln!(f, "{line}").unwrap();
+}
+
+/// A round with node `h` held: the others apply `r` (unless `h` is their canary, when they are
+/// seen waiting for it), and `h` is seen held, having started nothing of it.
+fn steer_hold(daemons: &[Daemon], names: &[&str], h: usize, canary: Option<usize>, r: &str) {
+    if canary == Some(h) {
+        wait_for_canary(daemons, names, h);
+    } else {
+        for (k, d) in daemons.iter().enumerate().filter(|(k, _)| *k != h) {
+            d.wait_status(&format!("{} applying {r}", names[k]), |s| {
+                s["apply"]["revision"] == r && s["apply"]["state"] == "succeeded"
+            });
+        }
+    }
+    let s = daemons[h].wait_status("the held node waiting", |s| {
+        s["rollout"]["waiting_for"] == "held"
+    });
+    assert_ne!(s["apply"]["applied_revision"], r, "{s:#}");
+}
+
+/// Waits until a node other than canary `c` says it waits for it.
+fn wait_for_canary(daemons: &[Daemon], names: &[&str], c: usize) {
+    wait_for("a node of the group waiting for its canary", || {
+        daemons.iter().enumerate().find_map(|(k, d)| {
+            let s = d.status();
+            let reason = s["rollout"]["reason"].as_str().unwrap_or("");
+            (k != c
+                && s["rollout"]["waiting_for"] == "canary"
+                && reason.contains(&format!("canary {}", names[c])))
+            .then_some(())
+        })
+    });
+}
+
+/// The steering invariants on the journal: (a) no node but `canary` starts a revision before
+/// the canary's span of it (its activation and gate) ended; (b) no node starts anything
+/// between `hold NODE` and `release NODE`.
+fn check_steering(journal: &Path, canary: &str) {
+    let all: Vec<Line> = lines(journal)
+        .into_iter()
+        .filter(|l| l.what != "baseline")
+        .collect();
+    for (i, l) in all.iter().enumerate() {
+        if l.what != "start" {
+            continue;
+        }
+        if !canary.is_empty() && l.node != canary {
+            let own = all[..i]
+                .iter()
+                .rposition(|c| c.what == "start" && c.node == canary && c.revision == l.revision);
+            let Some(j) = own else {
+                panic!(
+                    "{} started {} before its canary {canary}: {all:#?}",
+                    l.node, l.revision
+                );
+            };
+            let next_start = all[j + 1..]
+                .iter()
+                .position(|c| c.node == canary && c.what == "start")
+                .map_or(all.len(), |k| j + 1 + k);
+            let span_end = all[j..next_start]
+                .iter()
+                .rposition(|c| c.node == canary && c.what != "hold" && c.what != "release")
+                .map_or(j, |k| j + k);
+            assert!(
+                span_end < i,
+                "{} started {} during its canary {canary}'s activation or gate: {all:#?}",
+                l.node,
+                l.revision
+            );
+        }
+        let held = all[..i]
+            .iter()
+            .rev()
+            .find(|h| (h.what == "hold" || h.what == "release") && h.node == l.node);
+        assert!(
+            held.is_none_or(|h| h.what == "release"),
+            "{} started {} while held: {all:#?}",
+            l.node,
+            l.revision
+        );
+    }
+}
+
+#[test]
+fn check_steering_catches_a_start_before_the_canary_and_one_while_held() {
+    let dir = tempfile::tempdir().unwrap();
+    let j = dir.path().join("journal");
+    let ok = "start b r1\nend b\nverify b\nstart a r1\nend a\nhold c\nstart b r2\nend b\nstart a r2\nhold b\nrelease c\nstart c r2\nrelease b\n";
+    std::fs::write(&j, ok).unwrap();
+    check_steering(&j, "b");
+    for (bad, why) in [
+        ("start a r1\nend a\nstart b r1\n", "a before its canary"),
+        (
+            "start b r1\nend b\nstart a r1\nverify b\n",
+            "a during the canary's gate",
+        ),
+        ("hold a\nstart a r1\nrelease a\n", "a while held"),
+        (
+            "start b r1\nend b\nstart a r1\nverify b\nhold b\n",
+            "a during the canary's gate, a hold after",
+        ),
+    ] {
+        std::fs::write(&j, bad).unwrap();
+        let r = std::panic::catch_unwind(|| check_steering(&j, "b"));
+        assert!(r.is_err(), "{why}");
+    }
+}
+
+/// The nemesis with a canary (fns-makise) and holds among the faults: the same invariants,
+/// and the steering's (see [`check_steering`]).
+#[test]
+fn a_randomised_nemesis_with_a_canary_and_holds() {
+    let seed = std::env::var("NEMESIS_SEED")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(7_340_991_202_611_418_113);
+    let rounds = std::env::var("NEMESIS_ROUNDS")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(5);
+    let steer = Steering {
+        canary: Some(1),
+        holds: true,
+    };
+    run_nemesis(rounds, seed, "fns", steer);
 }
 
 #[test]
