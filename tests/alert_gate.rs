@@ -12,6 +12,7 @@ use crate::kubernetes::use_cluster;
 use crate::support::control_plane::{self, ControlPlane, RbacGuard};
 use crate::support::daemon::Daemon;
 use crate::support::prometheus::{Exporter, Prometheus};
+use crate::support::tls::TestCa;
 use crate::support::{self, Env, wait_for};
 
 /// Prometheus scraping its exporter, in `root`.
@@ -199,18 +200,8 @@ fn with_prometheus_stopped_wait_holds_and_ignore_proceeds_and_each_says_so() {
     };
     let url = prom.url.clone();
     prom.stop();
-    let standalone = |on_unavailable: &str| {
-        let env = Env::new();
-        env.dropin(
-            "80-rollout.toml",
-            &format!(
-                "[rollout]\nlock = \"none\"\n\n{}",
-                gate(&url, "", &format!("on_unavailable = \"{on_unavailable}\""))
-            ),
-        );
-        env
-    };
-    let (waits, ignores) = (standalone("wait"), standalone("ignore"));
+    let on = |setting: &str| standalone(&url, &format!("on_unavailable = \"{setting}\""));
+    let (waits, ignores) = (on("wait"), on("ignore"));
     let (dw, di) = (waits.start(), ignores.start());
     let s = waiting_for(&dw, "alerts");
     let reason = s["rollout"]["reason"].as_str().unwrap();
@@ -235,4 +226,69 @@ fn with_prometheus_stopped_wait_holds_and_ignore_proceeds_and_each_says_so() {
     // Prometheus back: the waiting node goes on.
     prom.run();
     dw.wait_applied(&waits.repo.head());
+}
+
+/// A node without a lock (`lock = "none"`) whose alert gate asks `url` with `prom_extra`.
+fn standalone(url: &str, prom_extra: &str) -> Env {
+    let env = Env::new();
+    env.dropin(
+        "80-rollout.toml",
+        &format!(
+            "[rollout]\nlock = \"none\"\n\n{}",
+            gate(url, "", prom_extra)
+        ),
+    );
+    env
+}
+
+#[test]
+fn over_tls_it_trusts_the_ca_of_ca_file_and_sends_its_token() {
+    let tmp = tempfile::tempdir().unwrap();
+    if !support::require("prometheus") {
+        return;
+    }
+    let exporter = Exporter::start(&tmp.path().join("flags"));
+    let ca = TestCa::new(tmp.path());
+    let prom = Prometheus::start_tls(&tmp.path().join("prometheus"), &exporter.addr, &ca);
+    assert!(prom.url.starts_with("https://127.0.0.1:"), "{}", prom.url);
+    std::fs::write(exporter.flag("tls"), "").unwrap();
+    prom.wait_firing(&["TestBroken{tls}"]);
+    // Prometheus without auth ignores a bearer token; sending one must not break the query,
+    // and the token must never show in what ginx writes (the secrets sweep reads it all).
+    let token = tmp.path().join("token");
+    std::fs::write(&token, "prom-token-Zq81xW\n").unwrap();
+    support::sweep::secret("Prometheus bearer token", "prom-token-Zq81xW");
+    let trusting = standalone(
+        &prom.url,
+        &format!(
+            "ca_file = \"{}\"\nbearer_token_file = \"{}\"",
+            ca.pem_path.display(),
+            token.display()
+        ),
+    );
+    // Without ca_file the test CA is nobody's: the TLS handshake fails, and "wait" holds.
+    let untrusting = standalone(&prom.url, "");
+    let (dt, du) = (trusting.start(), untrusting.start());
+    let s = waiting_for(&dt, "alerts");
+    let reason = s["rollout"]["reason"].as_str().unwrap();
+    assert!(
+        reason.starts_with(
+            "1 alert(s) fire (rollout.gate.prometheus.query): TestBroken{cause=\"tls\""
+        ),
+        "{reason}"
+    );
+    let s = waiting_for(&du, "alerts");
+    let reason = s["rollout"]["reason"].as_str().unwrap();
+    assert!(
+        reason.starts_with(&format!("Prometheus at {} does not answer: ", prom.url))
+            && reason.to_lowercase().contains("certificate"),
+        "the handshake's failure is named: {reason}"
+    );
+    assert!(trusting.calls().is_empty() && untrusting.calls().is_empty());
+    // The alert resolves: the node that trusts the CA goes on; the other still cannot ask.
+    std::fs::remove_file(exporter.flag("tls")).unwrap();
+    prom.wait_firing(&[]);
+    dt.wait_applied(&trusting.repo.head());
+    assert_eq!(du.status()["rollout"]["waiting_for"], "alerts");
+    assert!(untrusting.calls().is_empty(), "{:?}", untrusting.calls());
 }

@@ -3,7 +3,8 @@
 //! `ginx_test_broken{cause="…"} 1`, one series per flag file in its directory. A test raises
 //! an alert by creating a flag file (or lets the stand-in activation create one, colmena-stub's
 //! `touch`), and waits on Prometheus' own view of what fires ([`Prometheus::firing`]), never a
-//! fixed sleep.
+//! fixed sleep. [`Prometheus::start_tls`] serves its API over TLS only (its own
+//! `--web.config.file`, `tls_server_config`) with a certificate from a test CA.
 
 use std::io::{Read, Write};
 use std::net::{TcpListener, TcpStream};
@@ -15,6 +16,7 @@ use std::time::Duration;
 
 use serde_json::Value;
 
+use super::tls::TestCa;
 use super::wait_for;
 
 /// Serves `/metrics`: `ginx_test_broken{cause="<name>"} 1` for each file in `flags`.
@@ -91,6 +93,8 @@ pub struct Prometheus {
     dir: PathBuf,
     args: Vec<String>,
     child: Option<Child>,
+    /// How the test itself reaches it over TLS (trusting the test CA); `None`: plain HTTP.
+    tls: Option<Arc<rustls::ClientConfig>>,
 }
 
 const RULES: &str = "groups:
@@ -107,6 +111,16 @@ const RULES: &str = "groups:
 impl Prometheus {
     /// Starts it in `dir` (its configuration and data), scraping `target` (`host:port`).
     pub fn start(dir: &Path, target: &str) -> Self {
+        Self::launch(dir, target, None)
+    }
+
+    /// As [`Self::start`], serving HTTPS only, with a certificate for 127.0.0.1 that `ca`
+    /// signed; `url` is `https://127.0.0.1:PORT`.
+    pub fn start_tls(dir: &Path, target: &str, ca: &TestCa) -> Self {
+        Self::launch(dir, target, Some(ca))
+    }
+
+    fn launch(dir: &Path, target: &str, ca: Option<&TestCa>) -> Self {
         std::fs::create_dir_all(dir).unwrap();
         std::fs::write(dir.join("rules.yml"), RULES).unwrap();
         std::fs::write(
@@ -124,17 +138,25 @@ impl Prometheus {
             .local_addr()
             .unwrap()
             .port();
-        let args = vec![
+        let mut args = vec![
             format!("--config.file={}", dir.join("prometheus.yml").display()),
             format!("--storage.tsdb.path={}", dir.join("data").display()),
             format!("--web.listen-address=127.0.0.1:{port}"),
             "--log.level=warn".into(),
         ];
+        if let Some(ca) = ca {
+            args.push(format!(
+                "--web.config.file={}",
+                web_config(dir, ca).display()
+            ));
+        }
+        let scheme = if ca.is_some() { "https" } else { "http" };
         let mut p = Self {
-            url: format!("http://127.0.0.1:{port}"),
+            url: format!("{scheme}://127.0.0.1:{port}"),
             dir: dir.to_owned(),
             args,
             child: None,
+            tls: ca.map(client_config),
         };
         p.run();
         p
@@ -160,7 +182,8 @@ impl Prometheus {
         let url = self.url.clone();
         let log = self.dir.join("prometheus.log");
         wait_for("Prometheus ready", || {
-            let ready = get(&url, "/-/ready").is_some_and(|(code, _)| code == 200);
+            let ready =
+                get(&url, "/-/ready", self.tls.as_ref()).is_some_and(|(code, _)| code == 200);
             if !ready
                 && let Some(c) = self.child.as_mut()
                 && let Ok(Some(st)) = c.try_wait()
@@ -188,7 +211,7 @@ impl Prometheus {
     /// The alerts that fire, as Prometheus' own ALERTS series says: each `alertname{cause}`.
     pub fn firing(&self) -> Vec<String> {
         let path = "/api/v1/query?query=ALERTS%7Balertstate%3D%22firing%22%7D";
-        let Some((200, body)) = get(&self.url, path) else {
+        let Some((200, body)) = get(&self.url, path, self.tls.as_ref()) else {
             return Vec::new();
         };
         let v: Value = serde_json::from_str(&body).unwrap_or_default();
@@ -225,15 +248,62 @@ impl Drop for Prometheus {
     }
 }
 
-/// `GET url+path`, HTTP/1.0: the status and the body, or `None` when nothing answers.
-fn get(url: &str, path: &str) -> Option<(u16, String)> {
-    let host = url.strip_prefix("http://")?;
-    let mut s = TcpStream::connect(host).ok()?;
-    s.set_read_timeout(Some(Duration::from_secs(5))).ok()?;
-    write!(s, "GET {path} HTTP/1.0\r\nHost: {host}\r\n\r\n").ok()?;
-    let mut out = String::new();
-    s.read_to_string(&mut out).ok()?;
+/// Prometheus' web configuration: TLS with a certificate for 127.0.0.1 signed by `ca`.
+fn web_config(dir: &Path, ca: &TestCa) -> PathBuf {
+    let (cert, key) = ca.issue_server_pem(&["127.0.0.1"]);
+    std::fs::write(dir.join("web.crt"), cert).unwrap();
+    std::fs::write(dir.join("web.key"), key).unwrap();
+    let path = dir.join("web.yml");
+    std::fs::write(
+        &path,
+        format!(
+            "tls_server_config:\n  cert_file: {}\n  key_file: {}\n",
+            dir.join("web.crt").display(),
+            dir.join("web.key").display()
+        ),
+    )
+    .unwrap();
+    path
+}
+
+fn client_config(ca: &TestCa) -> Arc<rustls::ClientConfig> {
+    let mut roots = rustls::RootCertStore::empty();
+    roots.add(ca.der()).unwrap();
+    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    let config = rustls::ClientConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()
+        .unwrap()
+        .with_root_certificates(roots)
+        .with_no_client_auth();
+    Arc::new(config)
+}
+
+/// `GET url+path`, HTTP/1.0, over TLS with `tls`: the status and the body, or `None` when
+/// nothing answers.
+fn get(url: &str, path: &str, tls: Option<&Arc<rustls::ClientConfig>>) -> Option<(u16, String)> {
+    let host = url
+        .strip_prefix("http://")
+        .or_else(|| url.strip_prefix("https://"))?;
+    let sock = TcpStream::connect(host).ok()?;
+    sock.set_read_timeout(Some(Duration::from_secs(5))).ok()?;
+    let mut stream: Box<dyn ReadWrite> = match tls {
+        None => Box::new(sock),
+        Some(config) => {
+            let name = rustls::pki_types::ServerName::try_from("127.0.0.1").ok()?;
+            let conn = rustls::ClientConnection::new(Arc::clone(config), name).ok()?;
+            Box::new(rustls::StreamOwned::new(conn, sock))
+        }
+    };
+    write!(stream, "GET {path} HTTP/1.0\r\nHost: {host}\r\n\r\n").ok()?;
+    let mut raw = Vec::new();
+    // A server that closes without TLS' close_notify ends the read with an error after the
+    // whole answer came; what came is what counts.
+    let _ = stream.read_to_end(&mut raw);
+    let out = String::from_utf8(raw).ok()?;
     let (head, body) = out.split_once("\r\n\r\n")?;
     let code = head.split_whitespace().nth(1)?.parse().ok()?;
     Some((code, body.to_owned()))
 }
+
+trait ReadWrite: Read + Write {}
+impl<T: Read + Write> ReadWrite for T {}

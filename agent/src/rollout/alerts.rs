@@ -513,4 +513,90 @@ mod tests {
                 .contains("refused the query")
         );
     }
+
+    /// Serves one HTTP request on 127.0.0.1 with `status` and `body`; the request's head
+    /// comes back through the handle.
+    async fn one_answer(
+        status: u16,
+        body: &'static str,
+    ) -> (String, tokio::task::JoinHandle<String>) {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let url = format!("http://{}/prom/", listener.local_addr().unwrap());
+        let served = tokio::spawn(async move {
+            let (mut conn, _) = listener.accept().await.unwrap();
+            let mut head = Vec::new();
+            let mut buf = [0u8; 1024];
+            while !head.windows(4).any(|w| w == b"\r\n\r\n") {
+                let n = conn.read(&mut buf).await.unwrap();
+                assert!(n > 0, "the client closed before its request ended");
+                head.extend_from_slice(&buf[..n]);
+            }
+            let reply = format!(
+                "HTTP/1.1 {status} X\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\
+                 Connection: close\r\n\r\n{body}",
+                body.len()
+            );
+            conn.write_all(reply.as_bytes()).await.unwrap();
+            String::from_utf8(head).unwrap()
+        });
+        (url, served)
+    }
+
+    #[tokio::test]
+    async fn the_token_is_sent_as_a_bearer_trimmed_and_never_shown() {
+        let dir = tempfile::tempdir().unwrap();
+        let token = dir.path().join("token");
+        std::fs::write(&token, "s3cret-t0ken\n").unwrap();
+        let ok = r#"{"status":"success","data":{"resultType":"vector","result":[]}}"#;
+        let (url, served) = one_answer(200, ok).await;
+        let mut c = cfg(OnPrometheusUnavailable::Wait);
+        c.url = url.parse().unwrap();
+        c.bearer_token_file = Some(token.clone());
+        let answer = query(&c).await;
+        assert_eq!(
+            answer,
+            Answer::Firing {
+                alerts: Vec::new(),
+                more: 0
+            }
+        );
+        let head = served.await.unwrap();
+        let request_line = head.lines().next().unwrap();
+        assert!(
+            request_line
+                .starts_with("GET /prom/api/v1/query?query=ALERTS%7Balertstate%3D%22firing%22"),
+            "{request_line}"
+        );
+        let auth: Vec<&str> = head
+            .lines()
+            .filter(|l| l.to_ascii_lowercase().starts_with("authorization:"))
+            .collect();
+        assert_eq!(auth, ["authorization: Bearer s3cret-t0ken"]);
+
+        // Refused: the message points at the file and does not echo what was sent.
+        let (url, served) = one_answer(401, "").await;
+        c.url = url.parse().unwrap();
+        let Answer::Refused(why) = query(&c).await else {
+            panic!("a 401 is a refusal")
+        };
+        served.await.unwrap();
+        assert!(
+            why.contains("bearer_token_file") && !why.contains("s3cret"),
+            "{why}"
+        );
+        let (hold, _) = verdict(&c, &Answer::Refused(why));
+        assert!(!hold.unwrap().contains("s3cret"));
+
+        // A token file that cannot be read is named, and nothing is sent.
+        c.bearer_token_file = Some(dir.path().join("absent"));
+        let Answer::Refused(why) = query(&c).await else {
+            panic!("an unreadable token file is a refusal")
+        };
+        assert!(
+            why.starts_with("cannot read rollout.gate.prometheus.bearer_token_file "),
+            "{why}"
+        );
+        assert!(why.contains("absent"), "{why}");
+    }
 }
