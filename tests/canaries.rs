@@ -3,7 +3,8 @@
 //! stand-in activation and gate write to (one file, one clock: this machine's): for each of
 //! three revisions, cnr-w3 starts first, no other node starts before cnr-w3's gate passed plus
 //! the soak, and never more than two apply or verify at once. Then cnr-w3 stopped: the group
-//! waits, naming it, and nothing starts until it is back and passed.
+//! waits, naming it, and nothing starts until it is back and passed. And canaries chosen by a
+//! label on their Nodes (`rollout.first_selector`), read again for each revision.
 
 use std::path::Path;
 
@@ -72,23 +73,29 @@ fn d(daemons: &[Option<Daemon>], i: usize) -> &Daemon {
     daemons[i].as_ref().expect("a running daemon")
 }
 
-/// For `revision`: the canary started first, and every other start came after the canary's
-/// gate passed (its last `verify` line) plus the soak.
+/// For `revision`: cnr-w3 started first of the five, and every other start came after its
+/// gate passed plus the soak.
 fn canary_first(all: &[Line], revision: &str) {
+    canary_went_first(all, revision, CANARY, 5, SOAK);
+}
+
+/// For `revision`: `canary` started first of `nodes` activations, and every other start came
+/// after the canary's gate passed (its last `verify` line) plus `soak` seconds.
+fn canary_went_first(all: &[Line], revision: &str, canary: &str, nodes: usize, soak: f64) {
     let of_rev: Vec<&Line> = all.iter().filter(|l| l.revision == revision).collect();
     let starts: Vec<&&Line> = of_rev.iter().filter(|l| l.what == "start").collect();
-    assert_eq!(starts.len(), 5, "five activations of {revision}");
-    assert_eq!(starts[0].node, CANARY, "the canary starts {revision} first");
+    assert_eq!(starts.len(), nodes, "{nodes} activations of {revision}");
+    assert_eq!(starts[0].node, canary, "the canary starts {revision} first");
     let passed = of_rev
         .iter()
-        .filter(|l| l.what == "verify" && l.node == CANARY)
+        .filter(|l| l.what == "verify" && l.node == canary)
         .map(|l| l.at)
         .fold(0.0, f64::max);
     assert!(passed > 0.0, "the canary's gate ran on {revision}");
     for s in &starts[1..] {
         assert!(
-            s.at >= passed + SOAK,
-            "{} started {revision} {:.2}s after the canary's gate passed; the soak is {SOAK}s",
+            s.at >= passed + soak,
+            "{} started {revision} {:.2}s after the canary's gate passed; the soak is {soak}s",
             s.node,
             s.at - passed
         );
@@ -239,4 +246,52 @@ fn workers_take_a_revision_in_zone_order() {
         ["ord-w2", "ord-w4", "ord-w3", "ord-w1"],
         "zone a, a, b, c"
     );
+}
+
+/// `rollout.first_selector`: the canary is whichever Node carries the label when a revision
+/// comes. Three workers with room for all three at once; the label moves from sel-w2 to
+/// sel-w1 between two revisions, and the canary with it.
+#[test]
+fn a_label_on_the_node_makes_the_canary_and_moving_it_moves_the_canary() {
+    let Some(cp) = control_plane::shared() else {
+        return;
+    };
+    let mut rbac = RbacGuard::new(cp);
+    let origin = Env::new();
+    let journal = origin.root.join("journal");
+    let names = ["sel-w1", "sel-w2", "sel-w3"];
+    let _kubelets: Vec<Kubelet> = names
+        .iter()
+        .map(|n| Kubelet::start(cp, n, "worker"))
+        .collect();
+    let label = |node: &str, value: &str| {
+        cp.kubectl(&["label", "node", node, value, "--overwrite"]);
+    };
+    label("sel-w2", "ginx.io/canary=true");
+    let envs: Vec<Env> = names
+        .iter()
+        .map(|n| {
+            rbac.watch(n);
+            let rollout = "group = \"sel\"\nmax_concurrent = 3\nsoak = \"2s\"\n\
+                           first_selector = \"ginx.io/canary=true\"";
+            worker(cp, &origin.repo.path, &journal, n, rollout)
+        })
+        .collect();
+    let daemons: Vec<Daemon> = envs.iter().map(Env::start).collect();
+    let first = origin.repo.head();
+    for d in &daemons {
+        d.wait_applied(&first);
+    }
+    canary_went_first(&lines(&journal), first.as_str(), "sel-w2", 3, 2.0);
+
+    label("sel-w2", "ginx.io/canary-");
+    label("sel-w1", "ginx.io/canary=true");
+    let r = origin.repo.commit("hive.nix", "{ r = 1; }", "r1");
+    for d in &daemons {
+        d.ctl_ok(&["sync"]);
+    }
+    for d in &daemons {
+        d.wait_applied(&r);
+    }
+    canary_went_first(&lines(&journal), r.as_str(), "sel-w1", 3, 2.0);
 }
