@@ -121,6 +121,9 @@ fn a_hold_from_a_workstation_keeps_a_worker_out_of_two_revisions_until_it_lapses
             made
         })
         .collect();
+    // hld-w2 tells a receiver when it is held, as it would tell an on-call channel.
+    let receiver = crate::notify::Receiver::start(vec![200], false);
+    crate::notify::hook(&nodes[1].env, receiver.port, "[\"Held\"]", "");
     let daemons: Vec<_> = nodes.iter().map(|n| n.env.start()).collect();
     let first = origin.repo.head();
     for d in &daemons {
@@ -218,6 +221,23 @@ fn a_hold_from_a_workstation_keeps_a_worker_out_of_two_revisions_until_it_lapses
                 .is_some_and(|m| m.contains("held by ann-hold") && m.contains("disk failing")))
         .then_some(())
     });
+    let posted = wait_for("the Held notification", || {
+        let got = receiver.got();
+        (!got.is_empty()).then_some(got)
+    });
+    assert_eq!(posted.len(), 1, "once per spell: {posted:#?}");
+    let b = &posted[0].body;
+    assert_eq!(
+        (&b["reason"], &b["node"], &b["group"]),
+        (&"Held".into(), &"hld-w2".into(), &"hld".into()),
+        "{b:#}"
+    );
+    assert!(
+        b["message"]
+            .as_str()
+            .is_some_and(|m| m.contains("held by ann-hold") && m.contains("disk failing")),
+        "{b:#}"
+    );
 
     // Held again, until 5 s from now: the new hold replaces the old and lapses by itself; w2
     // then applies the latest revision, never the one in between.

@@ -12,23 +12,23 @@ use crate::support::{Env, wait_for};
 
 /// One request as the receiver read it.
 #[derive(Clone, Debug)]
-struct Received {
-    path: String,
-    headers: Vec<(String, String)>,
-    body: Value,
+pub(crate) struct Received {
+    pub(crate) path: String,
+    pub(crate) headers: Vec<(String, String)>,
+    pub(crate) body: Value,
 }
 
 /// An HTTP/1.1 receiver on 127.0.0.1 that answers each request with the next status of
 /// `answers` (the last one repeats), or, with `hang`, reads requests and never answers.
-struct Receiver {
-    port: u16,
+pub(crate) struct Receiver {
+    pub(crate) port: u16,
     got: Arc<Mutex<Vec<Received>>>,
     /// Connections held open unanswered (`hang`).
     _held: Arc<Mutex<Vec<TcpStream>>>,
 }
 
 impl Receiver {
-    fn start(answers: Vec<u16>, hang: bool) -> Self {
+    pub(crate) fn start(answers: Vec<u16>, hang: bool) -> Self {
         let listener = TcpListener::bind("127.0.0.1:0").unwrap();
         let port = listener.local_addr().unwrap().port();
         let got = Arc::new(Mutex::new(Vec::new()));
@@ -64,7 +64,7 @@ impl Receiver {
         }
     }
 
-    fn got(&self) -> Vec<Received> {
+    pub(crate) fn got(&self) -> Vec<Received> {
         self.got.lock().unwrap().clone()
     }
 }
@@ -102,7 +102,8 @@ fn read_request(stream: &TcpStream) -> Option<Received> {
 const TOKEN: &str = "tok-5ecret-4242";
 const SECRET_PATH: &str = "services/T0/B0/pathsecret77";
 
-fn hook(env: &Env, port: u16, events: &str, extra: &str) {
+/// Notifies the receiver on `port` of `events` (a TOML list), with a token and a secret path.
+pub(crate) fn hook(env: &Env, port: u16, events: &str, extra: &str) {
     let token = env.root.join("notify-token");
     std::fs::write(&token, format!("{TOKEN}\n")).unwrap();
     env.dropin(
