@@ -62,6 +62,28 @@ impl EtcdCluster {
     /// As [`EtcdCluster::new`]; with `cuts`, the members reach each other's peer ports only
     /// through proxies that `cuts` can cut (tests/support/peer_cut.rs).
     pub fn with_cuts(bin: &Path, names: &[&str], cuts: Option<super::peer_cut::Cuts>) -> Self {
+        // Ports are found free and let go before etcd binds them, so a process started beside
+        // (another test) may take one in between; the member given it exits at once. Such a
+        // cluster is made again, on other ports.
+        const ATTEMPTS: usize = 3;
+        for attempt in 1..=ATTEMPTS {
+            match Self::make(bin, names, cuts.clone()) {
+                Ok(c) => return c,
+                Err(taken) if attempt < ATTEMPTS => {
+                    eprintln!("etcd: {taken}; making the cluster again on other ports");
+                }
+                Err(taken) => panic!("etcd: {taken}, {ATTEMPTS} times"),
+            }
+        }
+        unreachable!("the last attempt returns or panics")
+    }
+
+    /// One try at [`EtcdCluster::with_cuts`]: `Err` when a member could not bind its port.
+    fn make(
+        bin: &Path,
+        names: &[&str],
+        cuts: Option<super::peer_cut::Cuts>,
+    ) -> Result<Self, String> {
         let tmp = tempfile::Builder::new()
             .prefix("ginx-etcd-")
             .tempdir()
@@ -157,11 +179,11 @@ impl EtcdCluster {
         for i in 0..c.members.len() {
             c.start(i);
         }
-        c.wait_leader();
+        c.elect()?;
         if let Some(cuts) = cuts {
             cuts.set_ids((0..c.members.len()).map(|i| c.hex_id(i)).collect());
         }
-        c
+        Ok(c)
     }
 
     /// Member `i`'s id in hexadecimal, as etcd's peers name each other.
@@ -263,10 +285,19 @@ impl EtcdCluster {
     /// Waits until every running member follows one leader; returns its index. Fails with
     /// the members' logs after a minute.
     pub fn wait_leader(&self) -> usize {
+        self.elect().unwrap_or_else(|taken| panic!("etcd: {taken}"))
+    }
+
+    /// As [`Self::wait_leader`], or `Err` naming a member that exited because its port was
+    /// taken.
+    fn elect(&self) -> Result<usize, String> {
         let start = Instant::now();
         loop {
             if let Some(i) = self.leader() {
-                return i;
+                return Ok(i);
+            }
+            if let Some(taken) = self.port_taken() {
+                return Err(taken);
             }
             if start.elapsed() > Duration::from_secs(60) {
                 let logs: Vec<String> = (0..self.members.len())
@@ -281,6 +312,26 @@ impl EtcdCluster {
             }
             std::thread::sleep(Duration::from_millis(100));
         }
+    }
+
+    /// A member that exited because a port it was given is in use, named, if any.
+    fn port_taken(&self) -> Option<String> {
+        (0..self.members.len()).find_map(|i| {
+            let exited = self.members[i]
+                .child
+                .lock()
+                .unwrap()
+                .as_mut()
+                .is_some_and(|c| matches!(c.try_wait(), Ok(Some(_))));
+            let log = std::fs::read_to_string(&self.members[i].log).unwrap_or_default();
+            (exited && log.contains("address already in use")).then(|| {
+                format!(
+                    "{} exited at start: a port it was given is in use (bind: address already \
+                     in use)",
+                    self.members[i].name
+                )
+            })
+        })
     }
 
     /// The index of the leader every running member follows, if they agree on one.
