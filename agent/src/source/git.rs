@@ -785,9 +785,12 @@ fn download(
 /// Downloads tried when a signal interrupts them.
 const DOWNLOAD_TRIES: u32 = 3;
 
-/// Whether libgit2 gave up because a system call was interrupted by a signal (EINTR).
+/// Whether libgit2 gave up because a system call was interrupted by a signal (EINTR). Its
+/// socket stream reports a failed read as a network error with strerror's text (libgit2 1.9,
+/// streams/socket.c); other reads report it as an OS error.
 fn interrupted(e: &git2::Error) -> bool {
-    e.class() == ErrorClass::Os && e.message().contains("Interrupted system call")
+    matches!(e.class(), ErrorClass::Net | ErrorClass::Os)
+        && e.message().ends_with(": Interrupted system call")
 }
 
 /// Points the tracking ref of each of `branches` the remote `advertised` at its head, writing
@@ -829,12 +832,20 @@ mod tests {
         assert!(!interrupted(&os(
             "failed to connect to 127.0.0.1: Connection refused"
         )));
-        let net = git2::Error::new(
+        // How libgit2's socket stream reports it: a network error.
+        let net = |m: &str| git2::Error::new(git2::ErrorCode::GenericError, ErrorClass::Net, m);
+        assert!(interrupted(&net(
+            "error receiving data from socket: Interrupted system call"
+        )));
+        assert!(!interrupted(&net(
+            "error receiving data from socket: Connection reset by peer"
+        )));
+        let odb = git2::Error::new(
             git2::ErrorCode::GenericError,
-            ErrorClass::Net,
-            "Interrupted system call",
+            ErrorClass::Odb,
+            "read: Interrupted system call",
         );
-        assert!(!interrupted(&net), "only the OS class");
+        assert!(!interrupted(&odb), "only what a socket or the OS reports");
     }
 
     #[test]
