@@ -301,6 +301,13 @@ pub const LOCK_TTL: DurationBound = in_seconds(
      mid-reboot holds its slot that long",
 );
 pub const DRAIN_TIMEOUT: DurationBound = bound("reboot.drain_timeout", secs(1), secs(DAY), TIMEOUT);
+pub const GUARD_TIMEOUT: DurationBound = bound(
+    "reboot.guard_timeout",
+    secs(5),
+    secs(DAY),
+    "a drained node looks at the guards again every 5 s, so a shorter wait gives up before \
+     the second look; a longer one keeps a cordoned node and its slot out of use for longer",
+);
 pub const GRACE_PERIOD: DurationBound = in_seconds(
     "reboot.grace_period",
     secs(1),
@@ -382,6 +389,7 @@ pub const DURATIONS: &[&DurationBound] = &[
     &ROLLOUT_WINDOW_LENGTH,
     &LOCK_TTL,
     &DRAIN_TIMEOUT,
+    &GUARD_TIMEOUT,
     &GRACE_PERIOD,
     &REBOOT_WINDOW_LENGTH,
     &DISRUPTION_TIMEOUT,
@@ -560,6 +568,7 @@ pub fn durations(c: &super::Config) -> Vec<(String, std::time::Duration)> {
     let b = &c.reboot;
     v.push(("reboot.lock_ttl".into(), b.lock_ttl));
     v.push(("reboot.drain_timeout".into(), b.drain_timeout));
+    v.push(("reboot.guard_timeout".into(), b.guard_timeout));
     v.extend(b.grace_period.map(|d| ("reboot.grace_period".into(), d)));
     for (i, w) in b.windows.iter().flatten().enumerate() {
         v.push((format!("reboot.windows[{i}].length"), w.length));

@@ -38,13 +38,14 @@ pub struct NotifyConfig {
 }
 
 /// What a webhook is told unless `events` says otherwise: what needs a person.
-pub const DEFAULT_EVENTS: [Reason; 10] = [
+pub const DEFAULT_EVENTS: [Reason; 11] = [
     Reason::RevisionHalted,
     Reason::RolledBack,
     Reason::RollbackUnhealthy,
     Reason::SlotLost,
     Reason::HolderVanished,
     Reason::DrainBlocked,
+    Reason::PutOff,
     Reason::Rebooting,
     Reason::Rebooted,
     Reason::ApplyFailed,

@@ -42,6 +42,10 @@ pub struct RebootConfig {
     pub lock_ttl: Duration,
     /// A drain not done by then is given up: the node is uncordoned and the slot released.
     pub drain_timeout: Duration,
+    /// A drained node whose last look (the etcd, quorum and alert guards asked again right
+    /// before the reboot or the activation) holds it this long gives the attempt up as a
+    /// drain that timed out does: uncordoned, its slot released, tried again later.
+    pub guard_timeout: Duration,
     /// A label selector: while a pod matching it runs on the node, the reboot waits.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub blocking_pod_selector: Option<String>,
@@ -65,6 +69,7 @@ impl Default for RebootConfig {
             sentinel: PathBuf::from("/run/reboot-required"),
             lock_ttl: Duration::from_secs(30 * 60),
             drain_timeout: Duration::from_secs(15 * 60),
+            guard_timeout: Duration::from_secs(10 * 60),
             blocking_pod_selector: None,
             force: false,
             delete_emptydir_data: false,
@@ -131,6 +136,7 @@ impl RebootConfig {
             });
         }
         bounds::DRAIN_TIMEOUT.check(ctx, self.drain_timeout)?;
+        bounds::GUARD_TIMEOUT.check(ctx, self.guard_timeout)?;
         if let Some(g) = self.grace_period {
             bounds::GRACE_PERIOD.check(ctx, g)?;
         }

@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use serde::de::DeserializeOwned;
 
-use super::wire::{AlarmResponse, ErrorBody, MemberListResponse, StatusResponse};
+use super::wire::{ErrorBody, MemberListResponse, StatusResponse};
 use crate::config::EtcdConfig;
 
 /// A look at etcd that could not be made.
@@ -95,17 +95,6 @@ impl Client {
         self.post(&self.endpoint, "/v3/cluster/member/list", "{}")
             .await
             .map_err(|e| self.unreachable(e))
-    }
-
-    /// The active alarms, asked of this node's member.
-    pub async fn alarms(&self) -> Result<AlarmResponse, EtcdError> {
-        self.post(
-            &self.endpoint,
-            "/v3/maintenance/alarm",
-            r#"{"action":"GET"}"#,
-        )
-        .await
-        .map_err(|e| self.unreachable(e))
     }
 
     /// The status of the member at `url` (one of its client URLs), or why it did not answer.

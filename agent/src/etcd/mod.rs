@@ -15,5 +15,5 @@ mod view;
 mod wire;
 
 pub use client::{Client, EtcdError};
-pub use observe::{HandOver, Leadership, hand_over, observe};
+pub use observe::{HandOver, Leadership, Unfit, hand_over, observe};
 pub use view::{Member, Status, View, hex};

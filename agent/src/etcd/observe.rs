@@ -7,14 +7,15 @@ use std::time::Duration;
 use tokio::task::JoinSet;
 
 use super::client::{Client, EtcdError};
-use super::view::{Member, Status, View};
+use super::view::{Member, Status, View, alarms_in};
 
-/// Asks this node's member for the member list and the alarms, and every member for its own
-/// status, all at once. `Err` when this node's member does not answer: the guard fails then,
-/// it never passes for want of an answer.
+/// Asks this node's member for the member list, and every member for its own status, all at
+/// once; the alarms are what the statuses report (see `view.rs`). None of these requests
+/// needs a quorum: with one lost, the members that still answer say so. `Err` when this
+/// node's member does not answer: the guard fails then, it never passes for want of an
+/// answer.
 pub async fn observe(client: &Client) -> Result<View, EtcdError> {
     let list = client.members().await?;
-    let alarms = client.alarms().await?;
     let mut asks = JoinSet::new();
     for (i, m) in list.members.iter().enumerate() {
         let (client, url) = (client.clone(), m.client_urls.first().cloned());
@@ -27,16 +28,24 @@ pub async fn observe(client: &Client) -> Result<View, EtcdError> {
         });
     }
     let mut statuses: Vec<Option<Result<Status, String>>> = vec![None; list.members.len()];
+    let mut alarms: Vec<(u64, String)> = Vec::new();
     while let Some(done) = asks.join_next().await {
         if let Ok((i, s)) = done {
-            statuses[i] = Some(s.map(|s| Status {
-                leader: s.leader,
-                term: s.raft_term,
-                applied: s.raft_applied_index,
-                errors: s.errors,
+            statuses[i] = Some(s.map(|s| {
+                let (theirs, errors) = alarms_in(s.errors);
+                alarms.extend(theirs);
+                Status {
+                    leader: s.leader,
+                    term: s.raft_term,
+                    applied: s.raft_applied_index,
+                    errors,
+                }
             }));
         }
     }
+    alarms.sort();
+    alarms.dedup();
+    alarms.retain(|(_, what)| what != "NONE");
     let members = list
         .members
         .into_iter()
@@ -52,12 +61,7 @@ pub async fn observe(client: &Client) -> Result<View, EtcdError> {
     Ok(View {
         me: list.header.member_id,
         members,
-        alarms: alarms
-            .alarms
-            .into_iter()
-            .filter_map(|a| a.alarm.map(|what| (a.member_id, what)))
-            .filter(|(_, what)| what != "NONE")
-            .collect(),
+        alarms,
     })
 }
 
@@ -101,22 +105,39 @@ impl Leadership for Client {
     }
 }
 
-/// Moves the leadership away from this node's member if it leads, to the fittest other
-/// member, and waits until that member's status shows it leading. Tries `attempts` times,
-/// looking again before each; `Err` says why the last try failed.
+/// Why the last look before a disruption did not let this node go down.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum Unfit {
+    /// The cluster cannot lose this node's member now, or could not be looked at: why.
+    #[error("{0}")]
+    Cluster(String),
+    /// This node's member leads and the leadership could not be moved away: why.
+    #[error("{0}")]
+    Leading(String),
+}
+
+/// The last look before a disruption: the cluster must be able to lose this node's member
+/// ([`View::blockers`]), and then, if that member leads and `move_leader` is on, the
+/// leadership goes to the fittest other member, confirmed by that member's status. Each try
+/// judges a look of its own (the first is `first`), so the move follows the look that found
+/// the cluster fit; `attempts` tries, looking again before each.
 pub async fn hand_over(
     etcd: &impl Leadership,
     first: View,
     max_lag: u64,
     attempts: u32,
-) -> Result<HandOver, String> {
+    move_leader: bool,
+) -> Result<HandOver, Unfit> {
     let mut view = first;
     let mut last = String::new();
     for attempt in 1..=attempts.max(1) {
         if attempt > 1 {
-            view = etcd.look().await?;
+            view = etcd.look().await.map_err(Unfit::Cluster)?;
         }
-        if view.leader() != Some(view.me) {
+        if let Some(why) = view.blockers(max_lag) {
+            return Err(Unfit::Cluster(why));
+        }
+        if !move_leader || view.leader() != Some(view.me) {
             return Ok(HandOver::NotLeader);
         }
         let Some(target) = view.successor(max_lag) else {
@@ -143,10 +164,10 @@ pub async fn hand_over(
             Err(e) => last = format!("{to} was asked to lead but {e}"),
         }
     }
-    Err(format!(
+    Err(Unfit::Leading(format!(
         "the leadership could not be moved away from {} in {attempts} attempt(s): {last}",
         view.name(view.me)
-    ))
+    )))
 }
 
 /// Waits (up to ten looks, [`Leadership::pause`] apart) until `target` reports itself the
@@ -237,7 +258,7 @@ mod tests {
     #[tokio::test]
     async fn a_leader_hands_over_to_the_furthest_member_and_sees_it_lead() {
         let etcd = scripted(vec![Ok(())], 3);
-        let done = hand_over(&etcd, view(), 10, 3).await.unwrap();
+        let done = hand_over(&etcd, view(), 10, 3, true).await.unwrap();
         assert_eq!(
             done,
             HandOver::Moved {
@@ -251,7 +272,7 @@ mod tests {
     #[tokio::test]
     async fn a_failed_move_is_retried_after_a_fresh_look() {
         let etcd = scripted(vec![Err("leader transfer timeout".into()), Ok(())], 3);
-        assert!(hand_over(&etcd, view(), 10, 3).await.is_ok());
+        assert!(hand_over(&etcd, view(), 10, 3, true).await.is_ok());
         assert_eq!(etcd.asked.lock().unwrap().len(), 2);
         assert_eq!(
             *etcd.looks.lock().unwrap(),
@@ -263,15 +284,18 @@ mod tests {
     #[tokio::test]
     async fn moves_that_fail_or_are_not_seen_end_in_a_reason_to_wait() {
         let failing = scripted(vec![Err("leader transfer timeout".into()); 2], 3);
-        let why = hand_over(&failing, view(), 10, 2).await.unwrap_err();
+        let why = hand_over(&failing, view(), 10, 2, true).await.unwrap_err();
         assert_eq!(
-            why,
+            why.to_string(),
             "the leadership could not be moved away from lucy in 2 attempt(s): moving the \
              leadership to quinn failed: leader transfer timeout"
         );
         // The move is answered, but quinn keeps reporting lucy as the leader.
         let unseen = scripted(vec![Ok(())], 1);
-        let why = hand_over(&unseen, view(), 10, 1).await.unwrap_err();
+        let why = hand_over(&unseen, view(), 10, 1, true)
+            .await
+            .unwrap_err()
+            .to_string();
         assert!(
             why.ends_with("quinn was asked to lead but it reports the leader 1"),
             "{why}"
@@ -283,7 +307,68 @@ mod tests {
         let etcd = scripted(Vec::new(), 3);
         let mut v = view();
         v.me = 2;
-        assert_eq!(hand_over(&etcd, v, 10, 3).await, Ok(HandOver::NotLeader));
+        assert_eq!(
+            hand_over(&etcd, v, 10, 3, true).await,
+            Ok(HandOver::NotLeader)
+        );
         assert!(etcd.asked.lock().unwrap().is_empty());
+    }
+
+    #[tokio::test]
+    async fn a_cluster_that_cannot_lose_this_member_moves_nothing_and_says_why() {
+        let etcd = scripted(vec![Ok(())], 3);
+        let mut v = view();
+        v.members[1].status = Err("connection refused".into());
+        let why = hand_over(&etcd, v, 10, 3, true).await.unwrap_err();
+        let Unfit::Cluster(why) = why else {
+            panic!("the cluster's unfitness, not the move's: {why:?}");
+        };
+        assert!(why.contains("makise does not answer"), "{why}");
+        assert!(etcd.asked.lock().unwrap().is_empty(), "no move asked");
+        // With the hand-over off the look still judges the cluster.
+        let mut v = view();
+        v.alarms.push((3, "NOSPACE".into()));
+        let why = hand_over(&etcd, v, 10, 3, false).await.unwrap_err();
+        assert!(
+            why.to_string().contains("quinn has the alarm NOSPACE"),
+            "{why}"
+        );
+        assert_eq!(
+            hand_over(&etcd, view(), 10, 3, false).await,
+            Ok(HandOver::NotLeader),
+            "a fit cluster, no move wanted"
+        );
+    }
+
+    #[tokio::test]
+    async fn a_member_that_fails_between_two_tries_stops_the_hand_over() {
+        // The first move fails; the fresh look before the second try finds makise gone.
+        struct Failing(Scripted);
+        impl Leadership for Failing {
+            async fn look(&self) -> Result<View, String> {
+                let mut v = view();
+                v.members[1].status = Err("connection refused".into());
+                Ok(v)
+            }
+            async fn move_to(&self, target: u64) -> Result<(), String> {
+                self.0.move_to(target).await
+            }
+            async fn leader_at(&self, url: &str) -> Result<u64, String> {
+                self.0.leader_at(url).await
+            }
+            fn pause(&self) -> Duration {
+                self.0.pause()
+            }
+        }
+        let etcd = Failing(scripted(
+            vec![Err("leader transfer timeout".into()), Ok(())],
+            3,
+        ));
+        let why = hand_over(&etcd, view(), 10, 3, true).await.unwrap_err();
+        assert!(
+            matches!(&why, Unfit::Cluster(w) if w.contains("makise does not answer")),
+            "{why:?}"
+        );
+        assert_eq!(etcd.0.asked.lock().unwrap().len(), 1, "no second move");
     }
 }

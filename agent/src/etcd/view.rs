@@ -2,6 +2,11 @@
 //! fit and the cluster keeps a quorum without this node ([`View::blockers`]), whether this
 //! node's member is back and caught up ([`View::own_trouble`]), and who should lead instead
 //! ([`View::successor`]). No I/O: `observe.rs` builds the view.
+//!
+//! The alarms come from the members' own status answers ([`alarms_in`]), which every member
+//! gives from what it knows without asking its peers: asking for them through etcd's alarm
+//! request goes through consensus and hangs when the cluster has lost its quorum, the moment
+//! the guard most needs to say what is wrong.
 
 /// One look at the cluster, from this node's member.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -11,6 +16,28 @@ pub struct View {
     pub members: Vec<Member>,
     /// Active alarms: the member and the alarm's name (`NOSPACE`, `CORRUPT`).
     pub alarms: Vec<(u64, String)>,
+}
+
+/// Splits the errors a member's status reports into the alarms among them (etcd lists each
+/// active alarm there in protobuf's text form, `memberID:<id> alarm:<NAME>`) and the rest.
+pub fn alarms_in(errors: Vec<String>) -> (Vec<(u64, String)>, Vec<String>) {
+    let mut alarms = Vec::new();
+    let mut rest = Vec::new();
+    for e in errors {
+        let field = |name: &str| {
+            e.split_whitespace()
+                .find_map(|w| w.strip_prefix(name)?.strip_prefix(':'))
+                .map(|v| v.trim_matches('"').to_owned())
+        };
+        match (
+            field("memberID").and_then(|m| m.parse().ok()),
+            field("alarm"),
+        ) {
+            (Some(member), Some(alarm)) => alarms.push((member, alarm)),
+            _ => rest.push(e),
+        }
+    }
+    (alarms, rest)
 }
 
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -112,11 +139,47 @@ impl View {
         })
     }
 
+    /// The voting members, and how many of them make a quorum.
+    fn voters(&self) -> (Vec<&Member>, usize) {
+        let voters: Vec<&Member> = self.members.iter().filter(|m| !m.learner).collect();
+        let need = voters.len() / 2 + 1;
+        (voters, need)
+    }
+
+    /// When fewer voting members answer than a quorum needs: that etcd has lost its quorum,
+    /// naming the members that answer and those that do not.
+    pub fn no_quorum(&self) -> Option<String> {
+        let (voters, need) = self.voters();
+        let (up, down): (Vec<&Member>, Vec<&Member>) =
+            voters.iter().partition(|m| m.status.is_ok());
+        if up.len() >= need {
+            return None;
+        }
+        let names = |ms: &[&Member]| {
+            let names: Vec<String> = ms.iter().map(|m| self.name(m.id)).collect();
+            if names.is_empty() {
+                "none".to_owned()
+            } else {
+                names.join(", ")
+            }
+        };
+        Some(format!(
+            "etcd has no quorum: {} of {} voting members answer ({}), and it needs {need}; \
+             no answer from {}",
+            up.len(),
+            voters.len(),
+            names(&up),
+            names(&down)
+        ))
+    }
+
     /// Why this node may not go down now; `None` when every member is fit and the members
     /// left without this node's keep a quorum.
     pub fn blockers(&self, max_lag: u64) -> Option<String> {
         let mut why: Vec<String> = Vec::new();
-        if self.leader().is_none() {
+        if let Some(lost) = self.no_quorum() {
+            why.push(lost);
+        } else if self.leader().is_none() {
             why.push("etcd has no leader: no member that answers knows one".to_owned());
         }
         why.extend(
@@ -130,8 +193,7 @@ impl View {
                 why.push(format!("member {} has the alarm {what}", hex(*id)));
             }
         }
-        let voters: Vec<&Member> = self.members.iter().filter(|m| !m.learner).collect();
-        let need = voters.len() / 2 + 1;
+        let (voters, need) = self.voters();
         let fit = voters
             .iter()
             .filter(|m| m.id != self.me && self.trouble(m.id, max_lag).is_none())
@@ -156,6 +218,9 @@ impl View {
     /// Why this node's member is not back in the cluster yet; `None` once it answers, carries
     /// no alarm and is caught up with the leader.
     pub fn own_trouble(&self, max_lag: u64) -> Option<String> {
+        if let Some(lost) = self.no_quorum() {
+            return Some(lost);
+        }
         match self.leader() {
             None => Some("etcd has no leader: no member that answers knows one".to_owned()),
             Some(_) => self.trouble(self.me, max_lag),
@@ -338,6 +403,58 @@ mod tests {
         );
         v.members[2].status = Err("refused".into());
         assert_eq!(v.successor(100), None);
+    }
+
+    #[test]
+    fn alarms_are_read_from_the_errors_a_status_reports() {
+        let (alarms, rest) = alarms_in(vec![
+            "memberID:13803658152347727308 alarm:NOSPACE ".into(),
+            "etcdserver: no leader".into(),
+            "memberID:17  alarm:CORRUPT".into(),
+        ]);
+        assert_eq!(
+            alarms,
+            [
+                (13_803_658_152_347_727_308, "NOSPACE".to_owned()),
+                (17, "CORRUPT".to_owned())
+            ]
+        );
+        assert_eq!(rest, ["etcdserver: no leader"]);
+    }
+
+    #[test]
+    fn a_lost_quorum_is_said_so_naming_the_members_that_answer_and_those_that_do_not() {
+        let mut v = three();
+        for m in &mut v.members {
+            if let Ok(s) = m.status.as_mut() {
+                s.leader = 0;
+            }
+        }
+        v.members[1].status = Err("connection refused".into());
+        v.members[2].status = Err("no answer within etcd.timeout (1s)".into());
+        let why = v.blockers(100).unwrap();
+        assert!(
+            why.starts_with(
+                "etcd has no quorum: 1 of 3 voting members answer (lucy), and it needs 2; \
+                 no answer from makise, quinn"
+            ),
+            "{why}"
+        );
+        assert!(!why.contains("etcd has no leader"), "said once: {why}");
+        assert!(
+            why.contains("makise does not answer (connection refused)"),
+            "{why}"
+        );
+        assert!(
+            v.own_trouble(100)
+                .unwrap()
+                .starts_with("etcd has no quorum")
+        );
+        // One member down of three: a quorum still, no such words.
+        let mut v = three();
+        v.members[2].status = Err("refused".into());
+        assert_eq!(v.no_quorum(), None);
+        assert!(!v.blockers(100).unwrap().contains("no quorum"));
     }
 
     #[test]

@@ -61,21 +61,6 @@ pub struct StatusResponse {
     pub is_learner: bool,
 }
 
-#[derive(Debug, Deserialize)]
-pub struct AlarmResponse {
-    #[serde(default)]
-    pub alarms: Vec<AlarmMember>,
-}
-
-#[derive(Debug, Deserialize)]
-pub struct AlarmMember {
-    #[serde(rename = "memberID", default, deserialize_with = "u64_text")]
-    pub member_id: u64,
-    /// `NOSPACE`, `CORRUPT`; absent means `NONE`.
-    #[serde(default)]
-    pub alarm: Option<String>,
-}
-
 /// An error body of the gateway: `{"error": "...", "code": N, "message": "..."}`.
 #[derive(Debug, Default, Deserialize)]
 pub struct ErrorBody {
@@ -111,10 +96,5 @@ mod tests {
             (17, 3, 41)
         );
         assert!(status.errors.is_empty());
-        let alarms: AlarmResponse =
-            serde_json::from_str(r#"{"alarms":[{"memberID":"17","alarm":"NOSPACE"}]}"#).unwrap();
-        assert_eq!(alarms.alarms[0].alarm.as_deref(), Some("NOSPACE"));
-        let none: AlarmResponse = serde_json::from_str(r#"{"header":{}}"#).unwrap();
-        assert!(none.alarms.is_empty());
     }
 }

@@ -28,6 +28,8 @@ mod rollback;
 mod slot;
 mod start;
 mod stop;
+#[cfg(test)]
+mod tests;
 mod verify;
 
 use std::collections::BTreeMap;
@@ -324,16 +326,28 @@ impl Reconciler {
         result
     }
 
-    /// Applies `change` to the core and persists it; if it cannot be persisted, the change is
-    /// undone (what status says is what is on disk) and the reason returned.
+    /// Applies `change` to the core and persists it, then publishes it: status says it the
+    /// moment it is on disk, whichever branch of the loop made it. If it cannot be persisted,
+    /// the change is undone (what status says is what is on disk) and the reason returned.
     fn change_persisted<T>(&mut self, change: impl FnOnce(&mut Core) -> T) -> Result<T, String> {
         let before = self.core.clone();
         let out = change(&mut self.core);
-        if let Err(e) = self.save_state() {
+        let saved = self.save_state();
+        if saved.is_err() {
             self.core = before;
-            return Err(e);
         }
-        Ok(out)
+        self.publish();
+        saved.map(|()| out)
+    }
+
+    /// What the apply waits for (or `None`), published at once when it changed; returns
+    /// whether it did.
+    fn set_wait(&mut self, w: Option<(WaitingFor, String)>) -> bool {
+        let changed = self.core.set_waiting(w, util::now());
+        if changed {
+            self.publish();
+        }
+        changed
     }
 
     /// Makes a checked transition of the core and persists it. One the core refuses (a bug in
@@ -413,7 +427,7 @@ impl Reconciler {
                     reboot::Step::Again => continue,
                     other => reboot_wait = Some(other),
                 }
-            } else if let Acted::Again(started) = self.act(&decision, now).await {
+            } else if let Acted::Again(started) = self.act(&decision).await {
                 if started.is_some() {
                     attempting = started;
                 }
@@ -512,13 +526,11 @@ impl Reconciler {
     }
 
     /// Acts on the core's decision (when the turn is not the reboot's).
-    async fn act(&mut self, decision: &Decision, now: Timestamp) -> Acted {
+    async fn act(&mut self, decision: &Decision) -> Acted {
         match decision {
             Decision::Start(desired) if self.blocked.as_ref() != Some(&desired.revision) => {
                 if let Some(why) = self.live_drain.put_off(&desired.revision) {
-                    if self.core.set_waiting(Some((WaitingFor::Pods, why)), now) {
-                        self.publish();
-                    }
+                    self.set_wait(Some(why));
                 } else if self.ask(desired).await {
                     self.live_drain_activated(&desired.revision);
                     let testing = self.desired().is_some_and(|(_, t)| t);
@@ -529,9 +541,7 @@ impl Reconciler {
                 }
             }
             Decision::Build(desired) if self.blocked.as_ref() != Some(&desired.revision) => {
-                if self.core.set_waiting(None, now) {
-                    self.publish();
-                }
+                self.set_wait(None);
                 let testing = self.desired().is_some_and(|(_, t)| t);
                 return Acted::Again(
                     self.start_apply(desired.clone(), testing, AttemptKind::Build)
@@ -549,9 +559,7 @@ impl Reconciler {
                 }
             }
             _ => {
-                if self.core.set_waiting(None, now) {
-                    self.publish();
-                }
+                self.set_wait(None);
             }
         }
         Acted::Wait

@@ -504,6 +504,7 @@ mod tests {
             reasons: Vec::new(),
             cordoned: false,
             drain_started_at: None,
+            drained_at: None,
             boot_id: None,
             reboot_at: None,
             rollback: false,

@@ -14,7 +14,6 @@ use crate::rollout::{Halt, Permit};
 use crate::state::{AfterGate, AttemptKind};
 use crate::status::WaitingFor;
 use crate::types::{HaltCause, Reason};
-use crate::util;
 
 impl Reconciler {
     /// Asks the rollout whether `desired` may be applied now; `true` with the lock (if any)
@@ -26,76 +25,80 @@ impl Reconciler {
             .gatekeeper
             .permit(&desired.revision, held.as_ref())
             .await;
-        let now = util::now();
         match permit {
             Permit::Wait(waiting_for, reason) => {
                 let first = self.core.waiting.as_ref().map(|w| w.waiting_for) != Some(waiting_for);
-                if self
-                    .core
-                    .set_waiting(Some((waiting_for, reason.clone())), now)
-                    && first
-                {
+                if self.set_wait(Some((waiting_for, reason.clone()))) && first {
                     tracing::info!(revision = %desired.revision.short(), waiting_for = waiting_for.as_str(),
                         reason = %reason, "waiting to apply");
                 }
                 false
             }
             Permit::Granted(lock) => {
-                self.core.set_waiting(None, now);
+                self.set_wait(None);
                 if lock != self.core.state().rollout_held
                     && let Err(e) = self.transition(|c| c.lock_granted(lock))
                 {
                     tracing::error!(error = %e, "cannot record the rollout lock; not applying");
                     return false;
                 }
-                // The drain the plan calls for comes before the baseline (the gate compares
-                // with the drained node) and before the fencing (last before the activation).
-                if let Err((waiting_for, why)) =
-                    self.drain_before_activation(&desired.revision).await
-                {
-                    if self
-                        .core
-                        .set_waiting(Some((waiting_for, why.clone())), util::now())
-                    {
-                        tracing::info!(revision = %desired.revision.short(), waiting_for = waiting_for.as_str(),
-                            reason = %why, "waiting to activate");
+                match self.before_activation(desired).await {
+                    Ok(()) => true,
+                    Err((waiting_for, why)) => {
+                        if self.set_wait(Some((waiting_for, why.clone()))) {
+                            tracing::info!(revision = %desired.revision.short(), waiting_for = waiting_for.as_str(),
+                                reason = %why, "waiting to activate");
+                        }
+                        false
                     }
-                    return false;
                 }
-                // A leading etcd member hands its leadership over, last before the
-                // activation but for the fencing: the activation may restart etcd.
-                if let Err(why) = self.gatekeeper.hand_over_etcd(&desired.revision).await {
-                    if self
-                        .core
-                        .set_waiting(Some((WaitingFor::Etcd, why.clone())), util::now())
-                    {
-                        tracing::info!(revision = %desired.revision.short(), reason = %why,
-                            "waiting to activate: etcd's leadership is not handed over");
-                    }
-                    return false;
-                }
-                if gated(desired.goal) {
-                    self.gatekeeper.new_gate();
-                    self.baseline = gate::baseline(
-                        &self
-                            .gatekeeper
-                            .baseline_checks(Some(&desired.revision))
-                            .await,
-                    );
-                }
-                // Fencing, last before the activation: the slot's last renewal is fresh (or
-                // renewed now), and the slot is not lost.
-                if let Err(why) = self.gatekeeper.fence().await {
-                    if self
-                        .core
-                        .set_waiting(Some((WaitingFor::Lock, why.clone())), util::now())
-                    {
-                        tracing::warn!(revision = %desired.revision.short(), reason = %why,
-                            "not starting the activation: the rollout slot is not fresh");
-                    }
-                    return false;
-                }
-                true
+            }
+        }
+    }
+
+    /// With the slot held, what comes before the activation: the drain the plan calls for
+    /// (before the baseline: the gate compares with the drained node), the last look (the
+    /// guards asked again, etcd's leadership handed over: the activation may restart etcd),
+    /// the gate's baseline, and fencing, last. `Err` with what the activation waits for.
+    async fn before_activation(&mut self, desired: &Desired) -> Result<(), (WaitingFor, String)> {
+        self.drain_before_activation(&desired.revision).await?;
+        if let Err(held) = self.gatekeeper.last_look(&desired.revision).await {
+            return Err(self.held_before_activation(&desired.revision, held).await);
+        }
+        self.live_drain.looked();
+        if gated(desired.goal) {
+            self.gatekeeper.new_gate();
+            self.baseline = gate::baseline(
+                &self
+                    .gatekeeper
+                    .baseline_checks(Some(&desired.revision))
+                    .await,
+            );
+        }
+        // Fencing, last before the activation: the slot's last renewal is fresh (or renewed
+        // now), and the slot is not lost.
+        if let Err(why) = self.gatekeeper.fence().await {
+            tracing::warn!(revision = %desired.revision.short(), reason = %why,
+                "not starting the activation: the rollout slot is not fresh");
+            return Err((WaitingFor::Lock, why));
+        }
+        Ok(())
+    }
+
+    /// Gives the slot back now: an attempt given up must not keep it until the loop next
+    /// settles it. A release that fails is tried again by [`settle_lock`](Self::settle_lock).
+    pub(super) async fn give_slot_back(&mut self) {
+        let Some(held) = self.core.state().rollout_held.clone() else {
+            return;
+        };
+        match self.gatekeeper.release(&held).await {
+            Ok(()) => {
+                self.lock_retry_at = None;
+                let _ = self.transition(Core::lock_released);
+            }
+            Err(e) => {
+                tracing::warn!(error = %e, "cannot release the rollout lock; trying again");
+                self.lock_retry_at = Some(Instant::now() + crate::rollout::RECHECK);
             }
         }
     }
@@ -180,19 +183,12 @@ impl Reconciler {
                 } else {
                     self.lock_retry_at = None;
                 }
+                // Taken up again, or found lost: status says which now.
+                self.publish();
             }
             return;
         }
-        match self.gatekeeper.release(&held).await {
-            Ok(()) => {
-                self.lock_retry_at = None;
-                let _ = self.transition(Core::lock_released);
-            }
-            Err(e) => {
-                tracing::warn!(error = %e, "cannot release the rollout lock; trying again");
-                self.lock_retry_at = Some(Instant::now() + crate::rollout::RECHECK);
-            }
-        }
+        self.give_slot_back().await;
     }
 
     /// Writes the halt of a revision whose gate failed, until it is written.

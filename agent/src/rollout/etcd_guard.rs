@@ -1,15 +1,17 @@
 //! The etcd guard of a control-plane node with a stacked member: the look admission asks for
-//! before the node takes a slot (the verdict of `etcd::View::blockers`), and the hand-over of
-//! the leadership, made by the slot's holder right before the disruption (the activation, the
-//! reboot command) so that a node waiting for the slot never moves it for nothing. The node's
-//! own member catching up after the disruption is the `etcd` health probe's (the gate
-//! requires it).
+//! before the node takes a slot (the verdict of `etcd::View::blockers`), and the last look,
+//! made by the slot's holder right before the disruption (the activation, the reboot command):
+//! the same verdict again, for a member may have failed while the node drained, and, in the
+//! look that found the cluster fit, the hand-over of the leadership. Moved there, not before
+//! the slot, so that a node waiting for the slot never moves it for nothing. The node's own
+//! member catching up after the disruption is the `etcd` health probe's (the gate requires
+//! it).
 //!
 //! A member that cannot be asked is the guard's failure, never a pass: a control-plane node
 //! whose etcd does not answer waits, whatever `rollout.on_api_unavailable` says.
 
 use crate::config::EtcdConfig;
-use crate::etcd::{Client, HandOver, hand_over, observe};
+use crate::etcd::{Client, HandOver, Unfit, hand_over, observe};
 use crate::types::{Notices, Reason, Revision};
 
 /// What the guard remembers between looks: whether it held the node at the last look, so
@@ -40,9 +42,10 @@ impl EtcdGuard {
         self.tell(look, notices, revision)
     }
 
-    /// Right before a disruption, with the slot held: moves the leadership away if this
-    /// node's member leads. `Err(reason)` when it could not, and the node must not go down.
-    pub async fn hand_over(
+    /// Right before a disruption, with the slot held: the cluster must be able to lose this
+    /// node's member now, and then the leadership moves away if that member leads.
+    /// `Err(reason)` when either fails: the node must not go down.
+    pub async fn last_look(
         &mut self,
         cfg: &EtcdConfig,
         notices: &Notices,
@@ -120,16 +123,19 @@ pub async fn look(cfg: &EtcdConfig) -> Look {
     }
 }
 
-/// The hand-over's look: when this node's member leads, the leadership moved to the fittest
-/// other member and seen there.
+/// The last look: every member fit and the quorum kept without this node, as before the slot;
+/// then, when this node's member leads (and `etcd.hand_over` is on), the leadership moved to
+/// the fittest other member and seen there.
 async fn moved(cfg: &EtcdConfig) -> Look {
     let (client, v) = match view(cfg).await {
         Ok(x) => x,
         Err(why) => return Look::Hold(why),
     };
-    match hand_over(&client, v, u64::from(cfg.max_lag), cfg.hand_over_attempts).await {
+    let max_lag = u64::from(cfg.max_lag);
+    match hand_over(&client, v, max_lag, cfg.hand_over_attempts, cfg.hand_over).await {
         Ok(done) => Look::Pass(done),
-        Err(why) => Look::Hold(format!(
+        Err(Unfit::Cluster(why)) => Look::Hold(why),
+        Err(Unfit::Leading(why)) => Look::Hold(format!(
             "{why}; this node's member leads, and it is not taken down while it does \
              (etcd.hand_over)"
         )),

@@ -192,6 +192,11 @@ pub struct Rebooting {
     /// When the drain began; it is given up `reboot.drain_timeout` later.
     #[serde(default)]
     pub drain_started_at: Option<Timestamp>,
+    /// When the node was drained: what is left is the last look and the reboot command, and
+    /// the node is not drained again while the last look holds it (given up
+    /// `reboot.guard_timeout` later).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub drained_at: Option<Timestamp>,
     /// The boot being left, recorded before the reboot command runs.
     #[serde(default)]
     pub boot_id: Option<String>,

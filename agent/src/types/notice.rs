@@ -49,10 +49,14 @@ pub enum Reason {
     EtcdUnhealthy,
     /// An operator's hold (`ginxctl hold`) keeps this node out of the rollout.
     Held,
+    /// The last look (the guards asked again right before a reboot or an activation) held
+    /// the drained node past `reboot.guard_timeout`: the attempt was given up, the node
+    /// uncordoned and its slot released, and it is tried again later.
+    PutOff,
 }
 
 impl Reason {
-    pub const ALL: [Reason; 20] = [
+    pub const ALL: [Reason; 21] = [
         Reason::Applying,
         Reason::Applied,
         Reason::ApplyFailed,
@@ -73,6 +77,7 @@ impl Reason {
         Reason::EtcdLeaderMoved,
         Reason::EtcdUnhealthy,
         Reason::Held,
+        Reason::PutOff,
     ];
 
     pub fn as_str(self) -> &'static str {
@@ -97,6 +102,7 @@ impl Reason {
             Reason::EtcdLeaderMoved => "EtcdLeaderMoved",
             Reason::EtcdUnhealthy => "EtcdUnhealthy",
             Reason::Held => "Held",
+            Reason::PutOff => "PutOff",
         }
     }
 
@@ -111,6 +117,7 @@ impl Reason {
                 | Reason::SlotLost
                 | Reason::HolderVanished
                 | Reason::DrainBlocked
+                | Reason::PutOff
                 | Reason::DriftDetected
                 | Reason::EtcdUnhealthy
         )
@@ -125,7 +132,7 @@ impl Reason {
             Reason::RevisionHalted | Reason::SlotLost | Reason::HolderVanished | Reason::Held => {
                 "Rollout"
             }
-            Reason::Draining | Reason::DrainBlocked => "Drain",
+            Reason::Draining | Reason::DrainBlocked | Reason::PutOff => "Drain",
             Reason::Rebooting | Reason::Rebooted => "Reboot",
             Reason::DriftDetected => "DriftCheck",
             Reason::BootstrapStage => "Bootstrap",

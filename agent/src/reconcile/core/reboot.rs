@@ -34,6 +34,7 @@ impl Core {
             reasons,
             cordoned: false,
             drain_started_at: None,
+            drained_at: None,
             boot_id: None,
             reboot_at: None,
             rollback: false,
@@ -71,8 +72,16 @@ impl Core {
         Ok(())
     }
 
-    /// Drained: the reboot command is about to run in the boot `boot_id`, with the checks as
-    /// they were before it (`baseline`) for the gate after it.
+    /// Drained: what is left is the last look and the reboot command. Recorded once: a node
+    /// the last look holds is not drained again.
+    pub fn reboot_drained(&mut self, now: Timestamp) -> Result<(), TransitionError> {
+        let r = self.rebooting_in(&[RebootPhase::Draining], "draining")?;
+        r.drained_at.get_or_insert(now);
+        Ok(())
+    }
+
+    /// The last look let the node go: the reboot command is about to run in the boot
+    /// `boot_id`, with the checks as they were before it (`baseline`) for the gate after it.
     pub fn reboot_commanded(
         &mut self,
         boot_id: Option<String>,
@@ -84,8 +93,10 @@ impl Core {
         r.boot_id = boot_id;
         r.reboot_at = Some(now);
         r.baseline = baseline;
+        // The drain is over when the node was drained, not when the last look let it go.
         if let Some(drain) = r.drain_started_at {
-            self.state.took.record(Measured::Drain, drain, now);
+            let drained = r.drained_at.unwrap_or(now);
+            self.state.took.record(Measured::Drain, drain, drained);
         }
         Ok(())
     }
@@ -148,6 +159,7 @@ impl Core {
             .ok_or(TransitionError::NotRebooting)?;
         r.phase = RebootPhase::Draining;
         r.rollback = true;
+        r.drained_at = None;
         Ok(())
     }
 
@@ -257,6 +269,22 @@ mod tests {
     }
 
     #[test]
+    fn drained_once_while_the_last_look_holds_and_the_drain_measured_to_it() {
+        let mut c = core();
+        assert_eq!(c.reboot_drained(t(1)), Err(TransitionError::NotRebooting));
+        c.begin_reboot(None, Vec::new(), t(10)).unwrap();
+        c.reboot_cordoned(true, t(11)).unwrap();
+        c.reboot_drained(t(15)).unwrap();
+        c.reboot_drained(t(25)).unwrap();
+        let r = c.state.rebooting.as_ref().unwrap();
+        assert_eq!(r.drained_at, Some(t(15)), "the first time it was drained");
+        // The last look held it until 40: the drain took 4 s, not 29.
+        c.reboot_commanded(None, BTreeMap::new(), t(40)).unwrap();
+        assert_eq!(c.state.took.drains, [4]);
+        assert!(c.reboot_drained(t(41)).is_err(), "not draining any more");
+    }
+
+    #[test]
     fn draining_to_rebooting_records_the_boot_left() {
         let c = commanded();
         let r = c.state.rebooting.as_ref().unwrap();
@@ -350,9 +378,16 @@ mod tests {
             .unwrap();
         c.reboot_gate_closed(false).unwrap();
         rollback(&mut c, 21, Outcome::Succeeded);
+        if let Some(r) = c.state.rebooting.as_mut() {
+            r.drained_at = Some(t(12));
+        }
         c.reboot_into_rollback().unwrap();
         let r = c.state.rebooting.as_ref().unwrap();
         assert_eq!((r.phase, r.rollback), (RebootPhase::Draining, true));
+        assert_eq!(
+            r.drained_at, None,
+            "drained again for the rollback's reboot"
+        );
         assert_eq!(
             core().reboot_into_rollback(),
             Err(TransitionError::NotRebooting)

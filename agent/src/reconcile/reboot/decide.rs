@@ -91,8 +91,9 @@ pub(super) fn drain_started(r: &Rebooting) -> Timestamp {
     r.drain_started_at.unwrap_or(r.started_at)
 }
 
-/// A drain's deadline on this process's monotonic clock, for the drain that began at
-/// `started` (its persisted start, which tells one drain from the next).
+/// A deadline on this process's monotonic clock for a span that began at `started` (its
+/// persisted start, which tells one span from the next): a drain, or the wait of a drained
+/// node that the last look before the disruption holds back.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(in crate::reconcile) struct DrainClock {
     started: Timestamp,
@@ -128,6 +129,11 @@ impl DrainClock {
     /// Whether the drain has run past its timeout at `now`.
     pub fn overdue(&self, now: Instant) -> bool {
         now >= self.deadline
+    }
+
+    /// The persisted start this deadline runs from.
+    pub fn started(&self) -> Timestamp {
+        self.started
     }
 }
 
@@ -253,6 +259,15 @@ pub(super) fn given_up(
     )
 }
 
+/// Why an attempt is given up when the last look held the drained node past `timeout`
+/// (`reboot.guard_timeout`): the guard's own reason, and what was done.
+pub(in crate::reconcile) fn guards_gave_up(timeout: &str, why: &str) -> String {
+    format!(
+        "the guards did not let the drained node go down within {timeout} \
+         (reboot.guard_timeout): {why}; the node is uncordoned and the slot released"
+    )
+}
+
 /// The rollback policy for the open gate: a gate after a reboot that followed no activation
 /// (only the sentinel asked for it) has nothing to roll back to; it is held for a person.
 pub(super) fn gate_policy(
@@ -296,6 +311,7 @@ mod tests {
             reasons: reasons.iter().map(|r| (*r).to_owned()).collect(),
             cordoned: false,
             drain_started_at: None,
+            drained_at: None,
             boot_id: None,
             reboot_at: None,
             rollback: false,

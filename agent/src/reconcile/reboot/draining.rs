@@ -7,7 +7,7 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use super::drain::{self, Eviction};
-use super::{DRAIN_POLL, EVICT_AGAIN, RebootView, Step, decide};
+use super::{DRAIN_POLL, EVICT_AGAIN, Step, decide};
 use crate::config::Config;
 use crate::reconcile::Reconciler;
 use crate::state::Rebooting;
@@ -16,10 +16,11 @@ use crate::types::Reason;
 use crate::util;
 
 impl Reconciler {
-    /// Steps 4–7: blocking pods, cordon, drain; then the reboot.
+    /// Steps 4–7: blocking pods, cordon, drain; then the last look and the reboot. A node
+    /// drained already (the last look held it) is not drained again.
     pub(super) async fn drain_step(&mut self, r: Rebooting) -> Step {
         let cfg = Arc::clone(&self.config.borrow());
-        if self.gatekeeper.can_halt() {
+        if self.gatekeeper.can_halt() && r.drained_at.is_none() {
             if let Some(step) = self.before_drain(&cfg, &r).await {
                 return step;
             }
@@ -27,8 +28,11 @@ impl Reconciler {
             if let Some(step) = self.evict_all(&cfg, &r).await {
                 return step;
             }
+            if self.transition(|c| c.reboot_drained(util::now())).is_err() {
+                return Step::After(EVICT_AGAIN);
+            }
+            self.set_reboot_waiting(None);
         }
-        self.set_reboot_waiting(None);
         self.reboot_now(&cfg).await
     }
 
@@ -252,42 +256,26 @@ impl Reconciler {
                 let what = decide::drain_waiting(&v.evicting, &v.refused);
                 v.waiting = Some((WaitingFor::Pods, what));
             }
+            // The pods going and the budgets refusing, as this pass found them.
+            self.publish();
             return Step::After(DRAIN_POLL);
         }
         // Given up: give the node back as it was, release the slot, try in the next window.
-        let node = cfg.node_name();
-        if r.cordoned {
-            let Ok(client) = self.node_client() else {
-                return Step::After(EVICT_AGAIN);
-            };
-            if let Err(e) = drain::uncordon(&client, node).await {
-                tracing::warn!(error = %e, "drain given up, but cannot uncordon yet; trying again");
-                return Step::After(EVICT_AGAIN);
-            }
-        }
         let reason = decide::given_up(
             &cfg.reboot.drain_timeout.to_string(),
             &self.reboot_view.evicting,
             &self.reboot_view.refused,
         );
-        let until = decide::next_try(
-            cfg.reboot.windows(&cfg.rollout),
-            cfg.reboot.drain_timeout.get(),
-            now,
-        );
-        let started = r.drain_started_at.unwrap_or(r.started_at);
-        self.metrics
-            .drained(now.duration_since(started).as_secs_f64().max(0.0));
-        tracing::error!(node = %node, reason = %reason, next_try = %until, "reboot put off");
-        // Without the time it is tried again: a drain given up again counts in the series.
-        self.notices.emit(
-            Reason::DrainBlocked,
-            None,
-            format!("reboot put off: {reason}"),
-        );
-        let _ = self.transition(|c| c.drain_given_up(until, reason.clone()));
-        self.reboot_view = RebootView::default();
-        self.set_reboot_waiting(Some((WaitingFor::Pods, reason)));
-        Step::Again
+        let wait = (WaitingFor::Pods, reason);
+        let timeout = cfg.reboot.drain_timeout.get();
+        let step = self
+            .put_reboot_off(cfg, r, wait, timeout, Reason::DrainBlocked)
+            .await;
+        if self.core.state().rebooting.is_none() {
+            let started = r.drain_started_at.unwrap_or(r.started_at);
+            self.metrics
+                .drained(now.duration_since(started).as_secs_f64().max(0.0));
+        }
+        step
     }
 }

@@ -7,8 +7,10 @@
 //!
 //! Every step is persisted (`state.apply_drain`) before it is acted on: a ginx killed mid-drain
 //! goes on with it, and uncordons what it cordoned. A drain that takes longer than
-//! `reboot.drain_timeout` is given up: the node is uncordoned, the slot released, and the
-//! activation put off to the next reboot window (or the timeout once more).
+//! `reboot.drain_timeout` is given up, and so is an activation the last look (the guards asked
+//! again right before it) holds longer than `reboot.guard_timeout`: the node is uncordoned and
+//! the slot released at once, and the activation put off to the next reboot window (or the
+//! timeout once more).
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -23,26 +25,44 @@ use crate::util;
 /// What the drain before an activation keeps in memory.
 #[derive(Debug, Default)]
 pub(in crate::reconcile) struct LiveDrain {
-    /// A drain given up: that revision's activation waits until then (monotonic), shown as the
-    /// wall-clock time.
-    put_off: Option<(Revision, Instant, jiff::Timestamp, String)>,
+    /// An attempt given up: that revision's activation waits until then.
+    put_off: Option<PutOff>,
     /// Look again after this, even if nothing else changes.
     pub again: Option<Duration>,
     /// "No cluster to drain in" was logged for this revision.
     told_no_cluster: Option<Revision>,
     /// The drain's deadline, on the monotonic clock.
     clock: Option<super::decide::DrainClock>,
+    /// While the last look holds the node: when it gives up (`reboot.guard_timeout`).
+    last_look: Option<super::decide::DrainClock>,
+}
+
+/// An activation put off: until when (monotonic, and shown as the wall-clock time), what it
+/// waited for and why.
+#[derive(Debug)]
+struct PutOff {
+    revision: Revision,
+    until: Instant,
+    shown: jiff::Timestamp,
+    waiting_for: WaitingFor,
+    why: String,
 }
 
 impl LiveDrain {
-    /// The drain of `revision` was given up and its activation waits: why, until when.
-    pub(in crate::reconcile) fn put_off(&self, revision: &Revision) -> Option<String> {
+    /// The activation of `revision` was given up and waits: for what, why, until when.
+    pub(in crate::reconcile) fn put_off(&self, revision: &Revision) -> Option<Wait> {
         match &self.put_off {
-            Some((r, until, shown, why)) if r == revision && Instant::now() < *until => {
-                Some(format!("{why}; tried again at {shown}"))
-            }
+            Some(p) if p.revision == *revision && Instant::now() < p.until => Some((
+                p.waiting_for,
+                format!("{}; tried again at {}", p.why, p.shown),
+            )),
             _ => None,
         }
+    }
+
+    /// The last look let the node go.
+    pub(in crate::reconcile) fn looked(&mut self) {
+        self.last_look = None;
     }
 }
 
@@ -178,27 +198,91 @@ impl Reconciler {
             &self.reboot_view.evicting,
             &self.reboot_view.refused,
         );
-        if let Err(e) = self.end_live_drain(d).await {
+        let wait = (WaitingFor::Pods, reason);
+        self.put_activation_off(&d.revision, wait, timeout, Reason::DrainBlocked)
+            .await
+    }
+
+    /// The last look held the node before the activation: it waits, keeping its slot and its
+    /// cordon, and looks again; held past `reboot.guard_timeout` (from when it was drained, or
+    /// else first held) it gives the attempt up as a drain that timed out does.
+    pub(in crate::reconcile) async fn held_before_activation(
+        &mut self,
+        revision: &Revision,
+        (waiting_for, why): Wait,
+    ) -> Wait {
+        let cfg = Arc::clone(&self.config.borrow());
+        let timeout = cfg.reboot.guard_timeout.get();
+        let now = util::now();
+        let drained = self
+            .core
+            .state()
+            .apply_drain
+            .as_ref()
+            .filter(|d| d.revision == *revision)
+            .and_then(|d| d.drained_at);
+        let since = drained
+            .or(self.live_drain.last_look.map(|c| c.started()))
+            .unwrap_or(now);
+        let clock = decide::DrainClock::of(
+            self.live_drain.last_look,
+            since,
+            timeout,
+            now,
+            Instant::now(),
+        );
+        self.live_drain.last_look = Some(clock);
+        if !clock.overdue(Instant::now()) {
+            return (waiting_for, why);
+        }
+        let reason = decide::guards_gave_up(&cfg.reboot.guard_timeout.to_string(), &why);
+        self.put_activation_off(revision, (waiting_for, reason), timeout, Reason::PutOff)
+            .await
+    }
+
+    /// Gives the attempt up: the node back (uncordoned if ginx drained it for `revision`) and
+    /// the slot released at once, and the activation put off to the next reboot window (with
+    /// none, by `retry`), told as `told`.
+    async fn put_activation_off(
+        &mut self,
+        revision: &Revision,
+        (waiting_for, reason): Wait,
+        retry: Duration,
+        told: Reason,
+    ) -> Wait {
+        if let Some(d) = self.core.state().apply_drain.clone()
+            && d.revision == *revision
+            && let Err(e) = self.end_live_drain(&d).await
+        {
             return e;
         }
-        let until = decide::next_try(cfg.reboot.windows(&cfg.rollout), timeout, now);
+        self.give_slot_back().await;
+        let cfg = Arc::clone(&self.config.borrow());
+        let now = util::now();
+        let until = decide::next_try(cfg.reboot.windows(&cfg.rollout), retry, now);
         let wait_for = until.duration_since(now).unsigned_abs();
-        tracing::error!(revision = %d.revision.short(), reason = %reason, next_try = %until,
-            "activation put off: the drain before it did not finish");
-        self.notices.emit(
-            Reason::DrainBlocked,
-            Some(d.revision.as_str()),
-            format!("activation put off: {reason}"),
-        );
+        tracing::error!(revision = %revision.short(), reason = %reason, next_try = %until,
+            "activation put off: the node is given back and its slot released");
         let why = format!("activation put off: {reason}");
-        self.live_drain.put_off = Some((
-            d.revision.clone(),
-            Instant::now() + wait_for,
-            until,
-            why.clone(),
-        ));
-        self.live_drain.again = Some(wait_for.max(DRAIN_POLL));
-        (WaitingFor::Pods, why)
+        self.notices
+            .emit(told, Some(revision.as_str()), why.clone());
+        self.live_drain.put_off = Some(PutOff {
+            revision: revision.clone(),
+            until: Instant::now() + wait_for,
+            shown: until,
+            waiting_for,
+            why: why.clone(),
+        });
+        self.live_drain.last_look = None;
+        self.live_drain.clock = None;
+        // A release that failed is tried again soon, not at the end of the put-off.
+        let again = if self.lock_retry_at.is_some() {
+            crate::rollout::RECHECK
+        } else {
+            wait_for.max(DRAIN_POLL)
+        };
+        self.live_drain.again = Some(again);
+        (waiting_for, why)
     }
 
     /// Gives the node back: uncordoned if ginx cordoned it, the record ended.

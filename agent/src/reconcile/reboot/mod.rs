@@ -7,9 +7,13 @@
 //! 4. wait while a pod matching `reboot.blocking_pod_selector` runs on the node;
 //! 5. cordon, writing `ginx.io/cordoned-by-ginx` only when ginx made the node unschedulable;
 //! 6. drain through the Eviction API (a 429 is tried again every [`EVICT_AGAIN`]; given up
-//!    after `reboot.drain_timeout`: uncordoned, released, put off to the next window);
-//! 7. hand etcd's leadership over if this node's member leads (control-plane nodes), and
-//!    raise the slot Lease's duration to `reboot.lock_ttl`;
+//!    after `reboot.drain_timeout`: uncordoned, released, put off to the next window), and
+//!    record the node drained;
+//! 7. the last look: the quorum guard, the alert gate and the etcd guard asked again, for the
+//!    cluster may have changed during the drain, and etcd's leadership handed over in the look
+//!    that found it fit (held: the node waits drained, keeping its slot and cordon, and looks
+//!    again every [`EVICT_AGAIN`]; given up after `reboot.guard_timeout` as a drain is);
+//!    then raise the slot Lease's duration to `reboot.lock_ttl`;
 //! 8. record `rebooting` with the boot id, then run `reboot.reboot_command`.
 //!
 //! In the new boot: the health gate; then uncordon (only what ginx cordoned), release the
@@ -87,6 +91,8 @@ pub(super) struct RebootView {
     commanded_at: Option<Instant>,
     /// The drain's deadline, on the monotonic clock.
     drain_clock: Option<decide::DrainClock>,
+    /// While the last look holds the drained node: when it gives up (`reboot.guard_timeout`).
+    last_look: Option<decide::DrainClock>,
 }
 
 impl Reconciler {
@@ -170,13 +176,17 @@ impl Reconciler {
         }
     }
 
-    fn set_reboot_waiting(&mut self, w: Option<(WaitingFor, String)>) {
+    /// What the reboot waits for (or `None`), published at once when it changed.
+    pub(super) fn set_reboot_waiting(&mut self, w: Option<(WaitingFor, String)>) {
         if let Some((what, why)) = &w
             && self.reboot_view.waiting.as_ref().map(|(k, _)| k) != Some(what)
         {
             tracing::info!(waiting_for = what.as_str(), reason = %why, "reboot required; waiting");
         }
-        self.reboot_view.waiting = w;
+        if self.reboot_view.waiting != w {
+            self.reboot_view.waiting = w;
+            self.publish();
+        }
     }
 
     /// One step of the reboot.
@@ -240,15 +250,11 @@ impl Reconciler {
             Some(r) if !r.baseline.is_empty() => r.baseline.clone(),
             _ => gate::baseline(&self.gatekeeper.baseline_checks(None).await),
         };
-        // Drained, about to go down: a leading etcd member hands its leadership over now.
-        if let Err(why) = self
-            .gatekeeper
-            .hand_over_etcd(&self.reboot_revision())
-            .await
-        {
-            self.set_reboot_waiting(Some((WaitingFor::Etcd, why)));
-            return Step::After(EVICT_AGAIN);
+        // Drained, about to go down: the guards asked again, etcd's leadership handed over.
+        if let Err(held) = self.gatekeeper.last_look(&self.reboot_revision()).await {
+            return self.held_before_reboot(cfg, held).await;
         }
+        self.reboot_view.last_look = None;
         if self.core.state().rollout_held.is_some()
             && let Err(e) = self.gatekeeper.raise_ttl(cfg.reboot.lock_ttl.get()).await
         {
@@ -265,6 +271,70 @@ impl Reconciler {
             return Step::After(EVICT_AGAIN);
         }
         self.run_reboot_command(cfg).await
+    }
+
+    /// The last look held the drained node: it waits, keeping its slot and its cordon, and
+    /// looks again; held past `reboot.guard_timeout` since it was drained, the reboot is given
+    /// up as a drain that timed out is.
+    pub(super) async fn held_before_reboot(
+        &mut self,
+        cfg: &Config,
+        (what, why): (WaitingFor, String),
+    ) -> Step {
+        let Some(r) = self.core.state().rebooting.clone() else {
+            return Step::Again;
+        };
+        let timeout = cfg.reboot.guard_timeout.get();
+        let now = util::now();
+        let since = r.drained_at.unwrap_or(now);
+        let clock = decide::DrainClock::of(
+            self.reboot_view.last_look,
+            since,
+            timeout,
+            now,
+            Instant::now(),
+        );
+        self.reboot_view.last_look = Some(clock);
+        if !clock.overdue(Instant::now()) {
+            self.set_reboot_waiting(Some((what, why)));
+            return Step::After(EVICT_AGAIN);
+        }
+        let reason = decide::guards_gave_up(&cfg.reboot.guard_timeout.to_string(), &why);
+        self.put_reboot_off(cfg, &r, (what, reason), timeout, Reason::PutOff)
+            .await
+    }
+
+    /// Gives the reboot up: the node back as it was (uncordoned if ginx cordoned it) and the
+    /// slot released at once, and the reboot put off to the next window (with none, by
+    /// `retry`), told as `told`. Status says what it waited for and why.
+    pub(super) async fn put_reboot_off(
+        &mut self,
+        cfg: &Config,
+        r: &Rebooting,
+        (what, reason): (WaitingFor, String),
+        retry: Duration,
+        told: Reason,
+    ) -> Step {
+        if r.cordoned {
+            let Ok(client) = self.node_client() else {
+                return Step::After(EVICT_AGAIN);
+            };
+            if let Err(e) = drain::uncordon(&client, cfg.node_name()).await {
+                tracing::warn!(error = %e, "the reboot is given up, but the node cannot be uncordoned yet; trying again");
+                return Step::After(EVICT_AGAIN);
+            }
+        }
+        let now = util::now();
+        let until = decide::next_try(cfg.reboot.windows(&cfg.rollout), retry, now);
+        tracing::error!(node = %cfg.node_name(), reason = %reason, next_try = %until, "reboot put off");
+        // Without the time it is tried again: a reboot put off again counts in the series.
+        self.notices
+            .emit(told, None, format!("reboot put off: {reason}"));
+        let _ = self.transition(|c| c.drain_given_up(until, reason.clone()));
+        self.reboot_view = RebootView::default();
+        self.give_slot_back().await;
+        self.set_reboot_waiting(Some((what, reason)));
+        Step::Again
     }
 
     async fn run_reboot_command(&mut self, cfg: &Config) -> Step {

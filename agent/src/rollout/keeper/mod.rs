@@ -248,19 +248,6 @@ impl Gatekeeper {
         self.locker.lost()
     }
 
-    /// Right before a disruption (an activation, the reboot command), with the slot held: a
-    /// control-plane node whose etcd member leads moves the leadership away (`etcd.hand_over`).
-    /// `Err(reason)` when it could not: the node waits, keeping its slot.
-    pub async fn hand_over_etcd(&mut self, revision: &Revision) -> Result<(), String> {
-        let cfg = self.cfg();
-        if !cfg.etcd.applies(cfg.node.role) || !cfg.etcd.hand_over {
-            return Ok(());
-        }
-        self.etcd
-            .hand_over(&cfg.etcd, &self.w.notices, revision)
-            .await
-    }
-
     pub async fn permit(&mut self, revision: &Revision, held: Option<&Held>) -> Permit {
         self.permit_for(revision, held, Purpose::Apply).await
     }
@@ -438,6 +425,7 @@ async fn sleep_for(d: Option<Duration>) {
 
 mod ask;
 mod halts;
+mod last_look;
 
 #[cfg(test)]
 mod tests {
