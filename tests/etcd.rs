@@ -19,14 +19,14 @@ use crate::support::{Env, wait_for};
 
 /// What `max_lag` the tests give ginx: small, so that a member restarted a moment ago counts
 /// as behind until it replayed what it missed.
-const MAX_LAG: u64 = 20;
+pub(crate) const MAX_LAG: u64 = 20;
 
 fn status(n: &Node) -> Option<Value> {
     n.status()
 }
 
 /// Points node `n`'s ginx at member `url` of `etcd`, with `extra` lines in `[etcd]`.
-fn guard(n: &Node, etcd: &EtcdCluster, url: &str, extra: &str) {
+pub(crate) fn guard(n: &Node, etcd: &EtcdCluster, url: &str, extra: &str) {
     n.env.dropin(
         "85-etcd.toml",
         &format!(
@@ -41,14 +41,14 @@ fn guard(n: &Node, etcd: &EtcdCluster, url: &str, extra: &str) {
 
 /// One poll of every member: (leader id, applied index, term), or `None` for a member that
 /// did not answer.
-type Sample = Vec<Option<(String, u64, u64)>>;
+pub(crate) type Sample = Vec<Option<(String, u64, u64)>>;
 
-fn number(v: &Value) -> u64 {
+pub(crate) fn number(v: &Value) -> u64 {
     v.as_str().and_then(|s| s.parse().ok()).unwrap_or(0)
 }
 
 /// Polls every member's status every 100 ms until the returned flag is set.
-fn poll(etcd: Arc<EtcdCluster>) -> (Arc<AtomicBool>, Arc<Mutex<Vec<Sample>>>) {
+pub(crate) fn poll(etcd: Arc<EtcdCluster>) -> (Arc<AtomicBool>, Arc<Mutex<Vec<Sample>>>) {
     let stop = Arc::new(AtomicBool::new(false));
     let samples: Arc<Mutex<Vec<Sample>>> = Arc::default();
     let (s, out) = (Arc::clone(&stop), Arc::clone(&samples));

@@ -21,6 +21,7 @@ mod freezes;
 mod holds;
 mod kubeadm;
 mod kubernetes;
+mod last_look;
 mod monitoring;
 mod notify;
 mod packaging;

@@ -21,7 +21,7 @@ fn status(n: &Node) -> Option<Value> {
     n.status()
 }
 
-fn unschedulable(cp: &ControlPlane, node: &str) -> bool {
+pub(crate) fn unschedulable(cp: &ControlPlane, node: &str) -> bool {
     cp.node(node).unwrap()["spec"]["unschedulable"] == true
 }
 
@@ -30,7 +30,7 @@ fn cordoned_by_ginx(cp: &ControlPlane, node: &str) -> bool {
 }
 
 /// Binds `pod` to `node`, as the scheduler would (there is none).
-fn bind(cp: &ControlPlane, ns: &str, pod: &str, node: &str) {
+pub(crate) fn bind(cp: &ControlPlane, ns: &str, pod: &str, node: &str) {
     let (code, body) = cp.request(
         "POST",
         &format!("/api/v1/namespaces/{ns}/pods/{pod}/binding"),
@@ -43,7 +43,7 @@ fn bind(cp: &ControlPlane, ns: &str, pod: &str, node: &str) {
 }
 
 /// The pods of `ns` with label app=`app`: (name, uid, node, ready).
-fn pods(cp: &ControlPlane, ns: &str, app: &str) -> Vec<(String, String, String, bool)> {
+pub(crate) fn pods(cp: &ControlPlane, ns: &str, app: &str) -> Vec<(String, String, String, bool)> {
     let list = cp
         .get_path(&format!(
             "/api/v1/namespaces/{ns}/pods?labelSelector=app%3D{app}"

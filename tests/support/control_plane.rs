@@ -158,13 +158,15 @@ impl ControlPlane {
         let audit_policy = dir.join("audit-policy.yaml");
         // Every request at Metadata level; writes by the identities the tests give ginx also with
         // their bodies (level Request), for the secrets sweep: not the admin's, not the control
-        // plane's own, and never a Secret's (ginx writes the Flux pull secret on purpose).
+        // plane's own, and never a Secret's (ginx writes the Flux pull secret on purpose). A
+        // node's patches of Nodes with their bodies too: ginx cordons as the node.
         std::fs::write(
             &audit_policy,
             "apiVersion: audit.k8s.io/v1\nkind: Policy\nomitStages: [RequestReceived]\n\
              rules:\n\
              - level: Metadata\n  resources: [{group: \"\", resources: [secrets]}]\n\
              - level: Metadata\n  users: [admin, system:kube-controller-manager, system:apiserver]\n\
+             - level: Request\n  userGroups: [system:nodes]\n  verbs: [patch]\n  resources: [{group: \"\", resources: [nodes]}]\n\
              - level: Metadata\n  userGroups: [system:nodes, \"system:serviceaccounts:kube-system\"]\n\
              - level: Request\n  verbs: [create, update, patch]\n\
              - level: Metadata\n",
@@ -794,7 +796,8 @@ pub struct AuditEvent {
     pub user_agent: String,
     /// `responseStatus.message`: why a request was refused.
     pub message: String,
-    /// The request's body (`requestObject`), for Leases only (null otherwise).
+    /// The request's body (`requestObject`), for Leases and Nodes only (null otherwise); a
+    /// node's own patches of its Node are recorded with theirs (the cordons).
     pub request: Value,
 }
 
@@ -822,7 +825,7 @@ impl AuditEvent {
             received: s(&e["requestReceivedTimestamp"]),
             user_agent: s(&e["userAgent"]),
             message: s(&e["responseStatus"]["message"]),
-            request: if o["resource"] == "leases" {
+            request: if o["resource"] == "leases" || o["resource"] == "nodes" {
                 e["requestObject"].clone()
             } else {
                 Value::Null

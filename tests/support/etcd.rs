@@ -282,6 +282,24 @@ impl EtcdCluster {
         assert!(answer.is_some(), "the alarm request was not answered");
     }
 
+    /// Hands the leadership to member `to` (etcd's MoveLeader, asked of the leader), and
+    /// waits until every running member follows it.
+    pub fn move_leader(&self, to: usize) {
+        let body = format!(r#"{{"targetID":"{}"}}"#, self.id(to));
+        super::wait_for(&format!("{} to lead", self.members[to].name), || {
+            let leader = self.leader()?;
+            if leader == to {
+                return Some(());
+            }
+            post(
+                self.members[leader].probe_port,
+                "/v3/maintenance/transfer-leadership",
+                &body,
+            );
+            None
+        });
+    }
+
     /// Waits until every running member follows one leader; returns its index. Fails with
     /// the members' logs after a minute.
     pub fn wait_leader(&self) -> usize {
