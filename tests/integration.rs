@@ -15,6 +15,7 @@ mod docs;
 mod etcd;
 mod events;
 mod faults;
+mod faults_etcd;
 mod fleet;
 mod fleetlock;
 mod freezes;
