@@ -16,6 +16,7 @@ use crate::reboot::{bind, pods, replicaset, unschedulable};
 use crate::support::control_plane::{self, ControlPlane, RbacGuard};
 use crate::support::etcd::EtcdCluster;
 use crate::support::kubelet::Kubelet;
+use crate::support::prometheus::{Exporter, Prometheus};
 use crate::support::reboot::{Node, namespace, node, tend_until};
 use crate::support::{Env, wait_for};
 
@@ -34,6 +35,18 @@ struct Rig {
 /// `extra` goes into `[reboot]`; `live` has each revision built first and its plan restart
 /// nginx (live) until the test says otherwise.
 fn rig(cp: &'static ControlPlane, prefix: &str, extra: &str, live: bool) -> Rig {
+    rig_with(cp, prefix, extra, live, "", "quorum_guard = false")
+}
+
+/// [`rig`] with `toml` added to the node's configuration and `rollout` to its `[rollout]`.
+fn rig_with(
+    cp: &'static ControlPlane,
+    prefix: &str,
+    extra: &str,
+    live: bool,
+    toml: &str,
+    rollout: &str,
+) -> Rig {
     let names: Vec<String> = ["lucy", "makise", "quinn"]
         .map(|n| format!("{prefix}-{n}"))
         .to_vec();
@@ -50,9 +63,12 @@ fn rig(cp: &'static ControlPlane, prefix: &str, extra: &str, live: bool) -> Rig 
         &names[0],
         "control-plane",
         prefix,
-        ["quorum_guard = false", extra],
+        [rollout, extra],
     );
     guard(&n, &etcd, &etcd.members[0].client_url, "");
+    if !toml.is_empty() {
+        n.env.dropin("88-extra.toml", toml);
+    }
     if live {
         n.env
             .dropin("90-prebuild.toml", "[apply]\nprebuild = true\n");
@@ -543,5 +559,109 @@ fn a_live_drain_held_at_the_last_look_gives_its_slot_back_and_status_keeps_up() 
         figures.len(),
         worst.as_millis()
     );
+    cp.kubectl(&["delete", "namespace", &r.ns, "--wait=false"]);
+}
+
+/// Makes `name` a control-plane peer of group `group` that ginx reports healthy (an admin
+/// writes what its ginx would: the group annotation and `GinxHealthy=True`), so that only its
+/// Ready condition, which its stand-in kubelet posts, decides the quorum guard.
+fn healthy_peer(cp: &ControlPlane, name: &str, group: &str) {
+    cp.kubectl(&[
+        "annotate",
+        "node",
+        name,
+        &format!("ginx.io/rollout-group={group}"),
+        "--overwrite",
+    ]);
+    let now = jiff::Timestamp::now().to_string();
+    let (code, body) = cp.request(
+        "PATCH",
+        &format!("/api/v1/nodes/{name}/status"),
+        "application/strategic-merge-patch+json",
+        &json!({"status": {"conditions": [{"type": "GinxHealthy", "status": "True",
+            "reason": "Healthy", "message": "test", "lastHeartbeatTime": now,
+            "lastTransitionTime": now}]}}),
+    );
+    assert!(code < 300, "{code} {body}");
+}
+
+/// The other guards at the last look: a control-plane peer that goes NotReady during a
+/// reboot's drain holds the drained node (`waiting_for: quorum`, naming it), and so does a
+/// critical alert that starts firing (`waiting_for: alerts`); each time the node keeps its
+/// slot and cordon, does not reboot, and reboots once the guard lets it.
+#[test]
+fn a_peer_not_ready_or_an_alert_firing_during_a_drain_holds_the_reboot() {
+    let Some(cp) = control_plane::shared() else {
+        return;
+    };
+    let tmp = tempfile::tempdir().unwrap();
+    if !crate::support::require("prometheus") {
+        return;
+    }
+    let exporter = Exporter::start(&tmp.path().join("flags"));
+    let prom = Prometheus::start(&tmp.path().join("prometheus"), &exporter.addr);
+    let prom_toml = format!(
+        "[rollout.gate.prometheus]\nurl = \"{}\"\ntimeout = \"2s\"\n",
+        prom.url
+    );
+    let mut r = rig_with(cp, "lq", "", false, &prom_toml, "");
+    let peer = Kubelet::start(cp, &r.names[1], "control-plane");
+    healthy_peer(cp, &r.names[1], "lq");
+    let refused = |n: &Node| {
+        reboot(n)["refused"]
+            .as_object()
+            .is_some_and(|m| !m.is_empty())
+    };
+    let held = |r: &Rig, what: &str| {
+        let s = wait_for(
+            &format!("the reboot held at the last look ({what})"),
+            || {
+                let s = r.node.status()?;
+                (s["rollout"]["reboot"]["waiting_for"] == what).then_some(s)
+            },
+        );
+        assert!(!s["rollout"]["slot"].is_null(), "the slot is kept: {s:#}");
+        assert!(unschedulable(r.cp, &r.names[0]), "the cordon is kept");
+        s["rollout"]["reboot"]["reason"]
+            .as_str()
+            .unwrap_or("")
+            .to_owned()
+    };
+
+    r.block();
+    r.node.require_reboot();
+    wait_for("the drain held by the budget", || {
+        refused(&r.node).then_some(())
+    });
+    peer.set_ready(false);
+    r.unblock();
+    let why = held(&r, "quorum");
+    assert!(
+        why.contains(&format!("{} is not Ready", r.names[1])),
+        "{why}"
+    );
+    assert!(r.node.reboots().is_empty(), "rebooted with a peer NotReady");
+    peer.set_ready(true);
+    r.tend_until("the reboot after the peer is Ready", |n| {
+        n.boots == 1 && n.status().is_some_and(|s| s["rollout"]["slot"].is_null())
+    });
+    r.rebind();
+
+    r.block();
+    r.node.require_reboot();
+    wait_for("the drain held by the budget", || {
+        refused(&r.node).then_some(())
+    });
+    std::fs::write(exporter.flag("during"), "").unwrap();
+    prom.wait_firing(&["TestBroken{during}"]);
+    r.unblock();
+    let why = held(&r, "alerts");
+    assert!(why.contains("TestBroken"), "{why}");
+    assert_eq!(r.node.reboots().len(), 1, "rebooted with an alert firing");
+    std::fs::remove_file(exporter.flag("during")).unwrap();
+    prom.wait_firing(&[]);
+    r.tend_until("the reboot after the alert resolved", |n| {
+        n.boots == 2 && n.status().is_some_and(|s| s["rollout"]["slot"].is_null())
+    });
     cp.kubectl(&["delete", "namespace", &r.ns, "--wait=false"]);
 }
