@@ -548,11 +548,12 @@ fn missing_certificates_a_wrong_ca_and_a_silent_endpoint_each_hold_with_a_reason
         n.start();
     }
     for ((name, _, _, want), n) in cases.iter().zip(&nodes) {
-        let reason = wait_for(&format!("{name}'s reboot held by the etcd guard"), || {
-            let s = status(n)?;
-            let r = &s["rollout"]["reboot"];
-            (r["waiting_for"] == "etcd").then(|| r["reason"].as_str().unwrap_or("").to_owned())
-        });
+        let s = n
+            .d()
+            .wait_status(&format!("{name}'s reboot held by the etcd guard"), |s| {
+                s["rollout"]["reboot"]["waiting_for"] == "etcd"
+            });
+        let reason = s["rollout"]["reboot"]["reason"].as_str().unwrap_or("");
         assert!(reason.contains(want), "{name}: {reason}");
     }
     // A reboot held by etcd is the node's wait in the metric and in the cluster view too.

@@ -115,11 +115,13 @@ impl View {
         if m.learner {
             return Some(format!("{name} is a learner, still joining"));
         }
-        if !status.errors.is_empty() {
-            return Some(format!("{name} reports: {}", status.errors.join("; ")));
-        }
+        // A member without a leader also lists etcd's "no leader" among its errors: said
+        // once, in words that do not depend on etcd's.
         if status.leader == 0 {
             return Some(format!("{name} knows no leader"));
+        }
+        if !status.errors.is_empty() {
+            return Some(format!("{name} reports: {}", status.errors.join("; ")));
         }
         let leader = self.leader()?;
         let Some(top) = self.applied_of(leader) else {
@@ -371,6 +373,16 @@ mod tests {
         let mut v = three();
         v.members[1].status.as_mut().unwrap().errors = vec!["NOSPACE".into()];
         assert!(v.blockers(100).unwrap().contains("makise reports: NOSPACE"));
+
+        // A member cut off from its peers says "no leader" twice, in its leader field and in
+        // its errors: told once, in ginx's words.
+        let mut v = three();
+        let s = v.members[2].status.as_mut().unwrap();
+        s.leader = 0;
+        s.errors = vec!["etcdserver: no leader".into()];
+        let why = v.blockers(100).unwrap();
+        assert!(why.contains("quinn knows no leader"), "{why}");
+        assert!(!why.contains("reports"), "{why}");
     }
 
     #[test]

@@ -62,7 +62,11 @@ impl Reconciler {
     /// the gate's baseline, and fencing, last. `Err` with what the activation waits for.
     async fn before_activation(&mut self, desired: &Desired) -> Result<(), (WaitingFor, String)> {
         self.drain_before_activation(&desired.revision).await?;
-        if let Err(held) = self.gatekeeper.last_look(&desired.revision).await {
+        if let Err(held) = self
+            .gatekeeper
+            .last_look(&desired.revision, crate::rollout::Toward::Forward)
+            .await
+        {
             return Err(self.held_before_activation(&desired.revision, held).await);
         }
         self.live_drain.looked();

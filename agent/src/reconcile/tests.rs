@@ -289,3 +289,41 @@ async fn a_reboot_held_too_long_at_the_last_look_is_put_off_with_its_slot_given_
         "{reason}"
     );
 }
+
+/// A reboot back from a failed revision is never given up at the last look: the node waits
+/// with its slot (and its cordon), however long the guards hold it.
+#[tokio::test]
+async fn a_rollback_reboot_held_at_the_last_look_keeps_its_slot_however_long() {
+    let dir = tempfile::tempdir().unwrap();
+    let now = util::now();
+    let mut core = Core::new(State {
+        rollout_held: Some(held(1)),
+        ..State::default()
+    });
+    core.begin_reboot(
+        None,
+        vec!["kernel".into()],
+        now - jiff::SignedDuration::from_hours(3),
+    )
+    .unwrap();
+    core.reboot_into_rollback().unwrap();
+    core.reboot_drained(now - jiff::SignedDuration::from_hours(2))
+        .unwrap();
+    let (mut r, mut rx) = reconciler(dir.path(), core.state());
+    rx.mark_unchanged();
+    let cfg = Arc::clone(&r.config.borrow());
+    let held_back = (WaitingFor::Etcd, "etcd: makise does not answer".to_owned());
+    let _ = r.held_before_reboot(&cfg, held_back).await;
+    let p = fresh(&mut rx, "the rollback's wait");
+    assert_eq!(p.rollout.slot, Some(1), "the slot is kept");
+    assert_eq!(p.rollout.reboot.phase.as_deref(), Some("draining"));
+    assert_eq!(p.rollout.reboot.deferred_until, None);
+    assert_eq!(p.rollout.reboot.waiting_for.as_deref(), Some("etcd"));
+    assert!(
+        r.core
+            .state()
+            .rebooting
+            .as_ref()
+            .is_some_and(|r| r.rollback)
+    );
+}

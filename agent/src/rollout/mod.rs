@@ -37,5 +37,5 @@ pub use fleet_state::{FailureRecord, FleetEvent, FleetState, Halt, Pause};
 pub use holds::Hold;
 pub use keeper::{
     CONTROL_PLANE_REQUIRED, Effective, GateStep, Gatekeeper, Later, Look, Permit, Purpose,
-    QUEUED_RECHECK, RECHECK, Reach, Wiring, effective,
+    QUEUED_RECHECK, RECHECK, Reach, Toward, Wiring, effective,
 };

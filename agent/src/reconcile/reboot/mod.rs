@@ -45,7 +45,7 @@ use crate::apply::system;
 use crate::config::{Config, RollbackPolicy};
 use crate::rollout::gate;
 use crate::rollout::window;
-use crate::rollout::{Permit, Purpose};
+use crate::rollout::{Permit, Purpose, Toward};
 use crate::state::{RebootPhase, Rebooting, Verifying};
 use crate::status::WaitingFor;
 use crate::types::{Reason, Revision};
@@ -251,7 +251,15 @@ impl Reconciler {
             _ => gate::baseline(&self.gatekeeper.baseline_checks(None).await),
         };
         // Drained, about to go down: the guards asked again, etcd's leadership handed over.
-        if let Err(held) = self.gatekeeper.last_look(&self.reboot_revision()).await {
+        let toward = match self.core.state().rebooting.as_ref() {
+            Some(r) if r.rollback => Toward::Back,
+            _ => Toward::Forward,
+        };
+        if let Err(held) = self
+            .gatekeeper
+            .last_look(&self.reboot_revision(), toward)
+            .await
+        {
             return self.held_before_reboot(cfg, held).await;
         }
         self.reboot_view.last_look = None;
@@ -284,6 +292,12 @@ impl Reconciler {
         let Some(r) = self.core.state().rebooting.clone() else {
             return Step::Again;
         };
+        // A node going back from a failed revision is not given back to the cluster on it:
+        // it waits, cordoned with its slot, however long the guards hold.
+        if r.rollback {
+            self.set_reboot_waiting(Some((what, why)));
+            return Step::After(EVICT_AGAIN);
+        }
         let timeout = cfg.reboot.guard_timeout.get();
         let now = util::now();
         let since = r.drained_at.unwrap_or(now);

@@ -9,10 +9,24 @@
 
 use super::*;
 
+/// Where a disruption takes the node: to a new revision, or back from one whose gate failed.
+/// A way back is not held by the alert gate: the revision it undoes may be what fires the
+/// alerts. It is held by the quorum and etcd guards all the same, since a node going down
+/// while the cluster cannot lose it costs the cluster whatever the reason.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Toward {
+    Forward,
+    Back,
+}
+
 impl Gatekeeper {
     /// Asks the guards again right before a disruption. `Err` with what to wait for and why:
     /// the node stays as it is (its slot, its cordon) and asks again later.
-    pub async fn last_look(&mut self, revision: &Revision) -> Result<(), (WaitingFor, String)> {
+    pub async fn last_look(
+        &mut self,
+        revision: &Revision,
+        toward: Toward,
+    ) -> Result<(), (WaitingFor, String)> {
         let cfg = self.cfg();
         let backend = effective(&cfg);
         if cfg.node.role == Role::ControlPlane
@@ -38,6 +52,7 @@ impl Gatekeeper {
         }
         if let Some(p) = &cfg.rollout.gate.prometheus
             && backend != Effective::Bootstrap
+            && toward == Toward::Forward
             && let Some(why) = self.alerts.check(p, revision).await
         {
             return Err((WaitingFor::Alerts, why));

@@ -426,6 +426,7 @@ async fn sleep_for(d: Option<Duration>) {
 mod ask;
 mod halts;
 mod last_look;
+pub use last_look::Toward;
 
 #[cfg(test)]
 mod tests {
