@@ -1171,12 +1171,13 @@ fn run_nemesis(rounds: usize, seed: u64, group: &str, steer: Steering) -> Vec<St
             });
             false
         };
-        // The round ends when every node applied the revision; a node whose activation was
+        // The round ends when every node applied the revision and gave its slot back (a
+        // passed gate is published before the slot is released); a node whose activation was
         // killed has it recorded as failed (retried much later).
         for (k, d) in daemons.iter().enumerate() {
             d.wait_status("the round's end on this node", |s| {
                 let this = s["apply"]["revision"] == r.as_str();
-                (this && s["apply"]["state"] == "succeeded")
+                (this && s["apply"]["state"] == "succeeded" && s["rollout"]["slot"].is_null())
                     || (killed == Some(k) && this && s["apply"]["state"] == "failed")
             });
             seen_halts.extend(halts(&cp));

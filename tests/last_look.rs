@@ -542,11 +542,29 @@ fn a_live_drain_held_at_the_last_look_gives_its_slot_back_and_status_keeps_up() 
         assert!(lag < Duration::from_secs(1), "{what} shown {lag:?} late");
         figures.push((what.to_owned(), lag));
     };
-    check("slot taken", &lease_writes[taken].time, &|s| s.slot);
-    check("cordoned", &cordon.time, &|s| s.cordoned);
-    check("uncordoned", &uncordon.time, &|s| !s.drain);
-    let released = lease_writes[release].time.clone();
-    check("slot released", &released, &|s| !s.slot && !s.drain);
+    // Every take and release of the slot, every cordon and uncordon, through the give-up,
+    // the retry, the activation and its gate.
+    let mut held_before = false;
+    for e in &lease_writes {
+        let held_now = holder(e).as_deref() == Some(lucy.as_str());
+        match (held_before, held_now) {
+            (false, true) => check("slot taken", &e.time, &|s| s.slot),
+            (true, false) => check("slot released", &e.time, &|s| !s.slot),
+            _ => {}
+        }
+        held_before = held_now;
+    }
+    for e in &node_writes {
+        if cordoned_by(e).is_some_and(|v| v.is_string()) {
+            check("cordoned", &e.time, &|s| s.cordoned);
+        } else {
+            check("uncordoned", &e.time, &|s| !s.drain);
+        }
+    }
+    assert!(
+        figures.len() >= 8,
+        "two attempts, each taken, cordoned, uncordoned, released"
+    );
     for (what, lag) in &figures {
         println!(
             "FIGURE status shows '{what}' {} ms after the audit log",

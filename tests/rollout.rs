@@ -764,6 +764,8 @@ fn a_killed_holder_s_slot_expires_and_it_never_takes_a_second() {
     let da = a.env.start();
     std::fs::write(&gate, "").unwrap();
     da.wait_applied(&origin.repo.head());
+    // Its gate over and its slot given back: stopped before, it would keep it for a resume.
+    da.wait_status("a's slot given back", |s| s["rollout"]["slot"].is_null());
     // It resumed its slot: the other one was never held by it.
     assert!(
         cp.lease("ginx-system", &format!("ginx-rollout-rok-{}", 1 - first))

@@ -25,6 +25,17 @@ struct Concluded {
 
 impl Reconciler {
     pub(super) async fn finish(&mut self, id: u64, ended: Finished) {
+        // An attempt's end and what follows from it (its gate opened, the reboot moved on)
+        // are one change for status: published once, all of it made. Published alone, the end
+        // would say "succeeded" for the moment before the gate opens.
+        self.publish_held = true;
+        self.end_attempt(id, ended).await;
+        self.publish_held = false;
+        self.publish();
+    }
+
+    /// Records the attempt's end and acts on it.
+    async fn end_attempt(&mut self, id: u64, ended: Finished) {
         // However it ends: the apply and its output are freed by then, so give the memory back.
         struct Trim;
         impl Drop for Trim {

@@ -97,6 +97,9 @@ pub struct Reconciler {
     notices: crate::types::Notices,
     /// Whether the loss of the slot held was told (once per loss).
     told_lost: bool,
+    /// Inside a step whose transitions make one change (an attempt's end and its gate's
+    /// opening): published once, at the step's end, not after each.
+    publish_held: bool,
     /// ginx's binary and unit as they were when it started.
     self_image: SelfImage,
     /// The latest attempt, for `started_at`/`finished_at` in status.
@@ -228,6 +231,7 @@ impl Reconciler {
             metrics: w.metrics,
             notices: w.notices,
             told_lost: false,
+            publish_held: false,
             last,
             drift: None,
             blocked: None,
@@ -336,7 +340,9 @@ impl Reconciler {
         if saved.is_err() {
             self.core = before;
         }
-        self.publish();
+        if !self.publish_held {
+            self.publish();
+        }
         saved.map(|()| out)
     }
 
@@ -344,7 +350,7 @@ impl Reconciler {
     /// whether it did.
     fn set_wait(&mut self, w: Option<(WaitingFor, String)>) -> bool {
         let changed = self.core.set_waiting(w, util::now());
-        if changed {
+        if changed && !self.publish_held {
             self.publish();
         }
         changed

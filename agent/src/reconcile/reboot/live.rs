@@ -250,6 +250,10 @@ impl Reconciler {
         retry: Duration,
         told: Reason,
     ) -> Wait {
+        let why = format!("activation put off: {reason}");
+        // Status shows the give-up with its reason from the first publish that shows it.
+        self.core
+            .set_waiting(Some((waiting_for, why.clone())), util::now());
         if let Some(d) = self.core.state().apply_drain.clone()
             && d.revision == *revision
             && let Err(e) = self.end_live_drain(&d).await
@@ -263,7 +267,6 @@ impl Reconciler {
         let wait_for = until.duration_since(now).unsigned_abs();
         tracing::error!(revision = %revision.short(), reason = %reason, next_try = %until,
             "activation put off: the node is given back and its slot released");
-        let why = format!("activation put off: {reason}");
         self.notices
             .emit(told, Some(revision.as_str()), why.clone());
         self.live_drain.put_off = Some(PutOff {
@@ -282,6 +285,7 @@ impl Reconciler {
             wait_for.max(DRAIN_POLL)
         };
         self.live_drain.again = Some(again);
+        self.publish();
         (waiting_for, why)
     }
 

@@ -344,10 +344,13 @@ impl Reconciler {
         // Without the time it is tried again: a reboot put off again counts in the series.
         self.notices
             .emit(told, None, format!("reboot put off: {reason}"));
-        let _ = self.transition(|c| c.drain_given_up(until, reason.clone()));
-        self.reboot_view = RebootView::default();
+        // Status shows the give-up with its reason from the first publish that shows it.
+        self.reboot_view = RebootView {
+            waiting: Some((what, reason.clone())),
+            ..RebootView::default()
+        };
+        let _ = self.transition(|c| c.drain_given_up(until, reason));
         self.give_slot_back().await;
-        self.set_reboot_waiting(Some((what, reason)));
         Step::Again
     }
 
