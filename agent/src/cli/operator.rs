@@ -219,7 +219,7 @@ async fn lift_with(
         Checked::Hold { asked, force } => super::hold::hold(&client, cfg, &asked, &by, force).await,
         Checked::Release(nodes) => super::hold::release(&client, cfg, &nodes, &by).await,
         Checked::Pause => {
-            let updated = fleet.resume(&by).await.map_err(|e| (1, e))?;
+            let updated = fleet.resume(&by).await.map_err(|e| (1, e.to_string()))?;
             Ok(render::resumed(&FleetReport {
                 changed: updated.changed,
                 fleet: FleetStatus::from(&updated.state),

@@ -278,7 +278,7 @@ impl Backend {
         let updated = fleet
             .pause(&by)
             .await
-            .map_err(|e| (ErrorKind::Unavailable, e))?;
+            .map_err(|e| (ErrorKind::Unavailable, e.to_string()))?;
         if updated.changed {
             tracing::info!(by = %by, command = command.name(), configmap = %fleet.object(), "rollout paused fleet-wide");
         }

@@ -32,6 +32,7 @@ use kube::Api;
 
 use super::fleet_state::{FailureRecord, FleetEvent, FleetState, Halt, Pause};
 use super::holds;
+use super::lease::LockError;
 use crate::k8s::{ApiError, Edit, EditError, MAX_CONFLICT_RETRIES, replace_with_retry};
 use crate::types::{HaltCause, Revision};
 
@@ -524,18 +525,19 @@ impl Fleet {
     pub async fn update(
         &self,
         mut f: impl FnMut(&mut FleetState) -> bool,
-    ) -> Result<FleetState, String> {
+    ) -> Result<FleetState, LockError> {
         let resource = format!("ConfigMap {}", self.object());
         let written = replace_with_retry(&self.api, &self.name, &resource, None, |existing| {
             let mut state = match &existing {
+                // Not overwritten, and not waited out: a person fixes it.
                 Some(cm) => decode(&cm.data.clone().unwrap_or_default()).map_err(|e| {
-                    format!(
+                    LockError::Refused(format!(
                         "ConfigMap {}: {e}; fix or remove that key (kubectl -n {} edit configmap {}) \
                          and try again",
                         self.object(),
                         self.namespace,
                         self.name
-                    )
+                    ))
                 })?,
                 None => FleetState::default(),
             };
@@ -576,17 +578,28 @@ impl Fleet {
         }
     }
 
-    /// A failed request about the ConfigMap, with what to do about it.
-    fn api_error(&self, e: &ApiError) -> String {
-        let (verb, status, detail) = match e {
-            ApiError::Conflict { .. } => {
-                return format!(
-                    "ConfigMap {} changed under ginx on each of {MAX_CONFLICT_RETRIES} tries \
-                     (others writing at once?); try again",
-                    self.object()
-                );
+    /// A failed request about the ConfigMap, with what to do about it: unavailable when
+    /// waiting mends it, refused when only a person does.
+    fn api_error(&self, e: &ApiError) -> LockError {
+        match e {
+            ApiError::Conflict { .. } => LockError::Unavailable(format!(
+                "ConfigMap {} changed under ginx on each of {MAX_CONFLICT_RETRIES} tries \
+                 (others writing at once?); try again",
+                self.object()
+            )),
+            ApiError::Unavailable { what, detail } => {
+                LockError::Unavailable(format!("{what}: {detail}"))
             }
-            ApiError::Unavailable { what, detail } => return format!("{what}: {detail}"),
+            ApiError::Refused { .. } | ApiError::Policy { .. } => {
+                LockError::Refused(self.refusal(e))
+            }
+        }
+    }
+
+    /// A refused request about the ConfigMap, with what to do about it.
+    fn refusal(&self, e: &ApiError) -> String {
+        let (verb, status, detail) = match e {
+            ApiError::Conflict { .. } | ApiError::Unavailable { .. } => return e.to_string(),
             ApiError::Refused {
                 verb,
                 status,
@@ -621,25 +634,25 @@ impl Fleet {
     }
 
     /// Pauses the fleet; `changed` is `false` when it was paused already.
-    pub async fn pause(&self, by: &str) -> Result<Updated, String> {
+    pub async fn pause(&self, by: &str) -> Result<Updated, LockError> {
         let at = crate::util::now();
         self.changed(|s| apply_pause(s, by, at)).await
     }
 
     /// Lifts the fleet pause; `changed` is `false` when there was none.
-    pub async fn resume(&self, by: &str) -> Result<Updated, String> {
+    pub async fn resume(&self, by: &str) -> Result<Updated, LockError> {
         let at = crate::util::now();
         self.changed(|s| apply_resume(s, by, at)).await
     }
 
     /// Halts a revision fleet-wide; `changed` is `false` when it was halted already.
-    pub async fn halt(&self, halt: Halt) -> Result<Updated, String> {
+    pub async fn halt(&self, halt: Halt) -> Result<Updated, LockError> {
         self.changed(|s| apply_halt(s, halt.clone())).await
     }
 
     /// Counts a failure against its revision's budget, halting it at `budget` (see
     /// [`apply_failure`]).
-    pub async fn fail(&self, halt: Halt, budget: u32) -> Result<(FleetState, Counted), String> {
+    pub async fn fail(&self, halt: Halt, budget: u32) -> Result<(FleetState, Counted), LockError> {
         let mut counted = None;
         let state = self
             .update(|s| {
@@ -657,7 +670,11 @@ impl Fleet {
     }
 
     /// Lifts a `holder-vanished` halt of `revision` naming `node` (see [`apply_lift_vanished`]).
-    pub async fn lift_vanished(&self, revision: &Revision, node: &str) -> Result<Updated, String> {
+    pub async fn lift_vanished(
+        &self,
+        revision: &Revision,
+        node: &str,
+    ) -> Result<Updated, LockError> {
         let at = crate::util::now();
         self.changed(|s| apply_lift_vanished(s, revision, node, at))
             .await
@@ -679,7 +696,7 @@ impl Fleet {
             }
         })
         .await
-        .map_err(ClearError::Api)?;
+        .map_err(|e| ClearError::Api(e.to_string()))?;
         match outcome {
             Some(Ok(h)) => Ok(h),
             Some(Err(e)) => Err(ClearError::Revision(e)),
@@ -690,7 +707,10 @@ impl Fleet {
         }
     }
 
-    async fn changed(&self, mut f: impl FnMut(&mut FleetState) -> bool) -> Result<Updated, String> {
+    async fn changed(
+        &self,
+        mut f: impl FnMut(&mut FleetState) -> bool,
+    ) -> Result<Updated, LockError> {
         let mut changed = false;
         let state = self
             .update(|s| {
@@ -705,6 +725,69 @@ impl Fleet {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::rollout::admission::Verdict;
+    use crate::status::WaitingFor;
+
+    /// A failed write of the fleet state is unavailable only when waiting mends it: a 403, a
+    /// policy's refusal or a 404 is refused, and stays refused (never a reason to go on
+    /// without the lock under `on_api_unavailable = "proceed"`).
+    #[tokio::test]
+    async fn a_refused_write_of_the_fleet_state_stays_a_refusal() {
+        let config = kube::Config::new("http://127.0.0.1:9".parse().unwrap());
+        let fleet = Fleet::new(
+            kube::Client::try_from(config).unwrap(),
+            "ginx-system",
+            "ginx-rollout",
+        );
+        let refused = |status| ApiError::Refused {
+            verb: "update".into(),
+            resource: "configmaps".into(),
+            status: Some(status),
+            detail: "forbidden".into(),
+            message: "forbidden".into(),
+        };
+        for e in [
+            refused(403),
+            refused(404),
+            refused(422),
+            ApiError::Policy {
+                verb: "update".into(),
+                resource: "configmaps".into(),
+                detail: "ginx-node-halts".into(),
+                message: "denied".into(),
+            },
+        ] {
+            let got = fleet.api_error(&e);
+            assert!(matches!(got, LockError::Refused(_)), "{e:?}: {got:?}");
+            let verdict = crate::rollout::admission::lock_error(
+                crate::config::OnApiUnavailable::Proceed,
+                got,
+            );
+            assert!(
+                matches!(&verdict, Verdict::Wait(w) if w.waiting_for == WaitingFor::Refused),
+                "{e:?}: {verdict:?}"
+            );
+        }
+        for e in [
+            ApiError::Unavailable {
+                what: "update ConfigMap".into(),
+                detail: "connection refused".into(),
+            },
+            ApiError::Conflict {
+                resource: "configmaps".into(),
+                tries: 5,
+            },
+        ] {
+            assert!(
+                matches!(fleet.api_error(&e), LockError::Unavailable(_)),
+                "{e:?}"
+            );
+        }
+        assert_eq!(
+            LockError::Refused("403".into()).context("cannot halt"),
+            LockError::Refused("cannot halt: 403".into())
+        );
+    }
 
     const A: &str = "0123456789abcdef0123456789abcdef01234567";
     const B: &str = "0123456789abffff0123456789abcdef01234567";

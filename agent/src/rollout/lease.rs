@@ -155,7 +155,8 @@ pub enum Acquired {
     Soaking { left: Duration, after: String },
 }
 
-/// A request about the slots that failed.
+/// A request about the rollout's shared objects (its slots, its fleet state) that failed:
+/// unavailable or refused, which decide differently (`admission::lock_error`).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum LockError {
     /// The API is away (transport, timeout, 5xx): waiting mends it.
@@ -168,6 +169,14 @@ impl LockError {
     pub fn message(&self) -> &str {
         match self {
             LockError::Unavailable(m) | LockError::Refused(m) => m,
+        }
+    }
+
+    /// The same failure, its message led by `what` was being done.
+    pub fn context(self, what: &str) -> Self {
+        match self {
+            LockError::Unavailable(m) => LockError::Unavailable(format!("{what}: {m}")),
+            LockError::Refused(m) => LockError::Refused(format!("{what}: {m}")),
         }
     }
 }

@@ -114,7 +114,7 @@ impl Gatekeeper {
                 learned.owed_halt = self
                     .pay_owed_halt(revision)
                     .await
-                    .map_err(|e| admission::unavailable(policy, e))?;
+                    .map_err(|e| admission::lock_error(policy, e))?;
             }
             (Next::CheckAfter, Some(c)) => {
                 let later = self.w.later.clone();

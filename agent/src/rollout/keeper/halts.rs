@@ -6,7 +6,7 @@ use super::*;
 use crate::rollout::admission::Owed;
 use crate::rollout::fleet::Counted;
 use crate::rollout::fleet_cache::fleet_of;
-use crate::rollout::lease::Vanished;
+use crate::rollout::lease::{LockError, Vanished};
 use crate::rollout::takeover::{Taker, takeover};
 
 impl Gatekeeper {
@@ -66,19 +66,20 @@ impl Gatekeeper {
                 ),
                 until: None,
             }),
-            Err(e) => admission::unavailable(
+            // A refusal stays a refusal: never a reason to go on without the lock.
+            Err(e) => admission::lock_error(
                 cfg.rollout.on_api_unavailable,
-                format!(
-                    "cannot halt revision {} of the vanished holder {}: {e}",
+                e.context(&format!(
+                    "cannot halt revision {} of the vanished holder {}",
                     theirs.short(),
                     v.node
-                ),
+                )),
             ),
         })
     }
 
     /// Writes the halt this node owes, and says whether the fleet now halts `revision`.
-    pub(super) async fn pay_owed_halt(&mut self, revision: &Revision) -> Result<Owed, String> {
+    pub(super) async fn pay_owed_halt(&mut self, revision: &Revision) -> Result<Owed, LockError> {
         let Some(halt) = self.owed_halt.clone() else {
             return Ok(Owed::None);
         };
@@ -89,7 +90,7 @@ impl Gatekeeper {
 
     /// Writes a `holder-vanished` halt (owed until it is written); once written, the slot
     /// taken over is released: the group waits for the vanished holder.
-    async fn write_owed_halt(&mut self, halt: Halt) -> Result<(), String> {
+    async fn write_owed_halt(&mut self, halt: Halt) -> Result<(), LockError> {
         let revision = halt.revision.clone();
         let node = halt.node.clone();
         self.owed_halt = Some(halt.clone());
@@ -151,10 +152,12 @@ impl Gatekeeper {
     }
 
     /// Halts `halt.revision` cluster-wide.
-    pub async fn halt(&mut self, halt: Halt) -> Result<(), String> {
+    pub async fn halt(&mut self, halt: Halt) -> Result<(), LockError> {
         let cfg = self.cfg();
         let Some(clients) = self.clients() else {
-            return Err("no connection to the Kubernetes API".into());
+            return Err(LockError::Unavailable(
+                "no connection to the Kubernetes API".into(),
+            ));
         };
         let u = fleet_of(&cfg, &clients).halt(halt).await?;
         self.fleet.state = Some(u.state);
@@ -167,10 +170,12 @@ impl Gatekeeper {
     /// Counts this node's failure of `halt.revision` against its budget
     /// (`rollout.halt_after`): the revision is halted when the count reaches it, else this node
     /// is quarantined and the rollout goes on.
-    pub async fn fail(&mut self, halt: Halt) -> Result<Counted, String> {
+    pub async fn fail(&mut self, halt: Halt) -> Result<Counted, LockError> {
         let cfg = self.cfg();
         let Some(clients) = self.clients() else {
-            return Err("no connection to the Kubernetes API".into());
+            return Err(LockError::Unavailable(
+                "no connection to the Kubernetes API".into(),
+            ));
         };
         let (state, counted) = fleet_of(&cfg, &clients)
             .fail(halt, cfg.rollout.halt_after)
