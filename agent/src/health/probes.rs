@@ -140,32 +140,33 @@ pub fn unreachable_verdict(is_node: bool, marker: &std::path::Path, why: String)
     }
 }
 
-/// Applies [`unreachable_verdict`] to a verdict whose failure is that nothing answered.
-fn not_yet(cfg: &Config, v: Verdict) -> Verdict {
+/// Nothing answered a probe's request (what was asked, and the error): before the cluster
+/// exists, that is expected.
+#[derive(Clone, Debug, PartialEq, Eq)]
+struct Unreachable(String);
+
+/// A probe's verdict, [`unreachable_verdict`] when nothing answered.
+fn not_yet(cfg: &Config, v: Result<Verdict, Unreachable>) -> Verdict {
     let marker = &cfg.health.node_marker;
     match v {
-        (HealthStatus::Failed, why) if why.contains("unreachable") => {
-            unreachable_verdict(marker.exists(), marker, why)
-        }
-        other => other,
+        Ok(v) => v,
+        Err(Unreachable(why)) => unreachable_verdict(marker.exists(), marker, why),
     }
 }
 
-async fn kubelet(url: &EndpointUrl, timeout: Duration) -> Verdict {
+/// The kubelet's healthz; `Err` when nothing answers.
+async fn kubelet(url: &EndpointUrl, timeout: Duration) -> Result<Verdict, Unreachable> {
     let (target, path) = match parse_http_url(url) {
         Ok(x) => x,
-        Err(e) => return (HealthStatus::Failed, e),
+        Err(e) => return Ok((HealthStatus::Failed, e)),
     };
     match get(&target, &path, timeout).await {
-        Ok((200, _)) => (HealthStatus::Ok, "healthz ok".into()),
-        Ok((code, body)) => (
+        Ok((200, _)) => Ok((HealthStatus::Ok, "healthz ok".into())),
+        Ok((code, body)) => Ok((
             HealthStatus::Failed,
             format!("healthz answered {code}: {}", snippet(&body)),
-        ),
-        Err(e) => (
-            HealthStatus::Failed,
-            format!("kubelet at {url}: unreachable: {e}"),
-        ),
+        )),
+        Err(e) => Err(Unreachable(format!("kubelet at {url}: unreachable: {e}"))),
     }
 }
 
@@ -257,66 +258,70 @@ async fn kube_vip(cfg: &Config, ctx: &Context) -> Verdict {
     }
 }
 
-async fn cilium(cfg: &Config, timeout: Duration) -> Verdict {
+/// What the cilium agent's `/v1/healthz` answer of 200 says.
+fn cilium_healthz(body: &[u8]) -> Verdict {
+    let v: serde_json::Value = match serde_json::from_slice(body) {
+        Ok(v) => v,
+        Err(e) => {
+            return (
+                HealthStatus::Unknown,
+                format!("cilium API answered something else: {e}"),
+            );
+        }
+    };
+    let state = v
+        .pointer("/cilium/state")
+        .and_then(|s| s.as_str())
+        .unwrap_or("?");
+    let msg = v
+        .pointer("/cilium/msg")
+        .and_then(|s| s.as_str())
+        .unwrap_or("");
+    let kpr = v
+        .pointer("/kube-proxy-replacement/mode")
+        .and_then(|s| s.as_str())
+        .unwrap_or("unknown");
+    let status = match state {
+        "Ok" => HealthStatus::Ok,
+        "Warning" => HealthStatus::Degraded,
+        "Failure" => HealthStatus::Failed,
+        _ => HealthStatus::Unknown,
+    };
+    let mut message = format!("cilium {state}, kube-proxy replacement {kpr}");
+    if !msg.is_empty() {
+        message.push_str(&format!(": {msg}"));
+    }
+    (status, message)
+}
+
+/// The cilium agent, through its API socket, else its health port; `Err` when neither
+/// answers.
+async fn cilium(cfg: &Config, timeout: Duration) -> Result<Verdict, Unreachable> {
     let probe = &cfg.health.cilium;
     let api = get(&Target::Unix(probe.socket.clone()), "/v1/healthz", timeout).await;
     match api {
-        Ok((200, body)) => {
-            let v: serde_json::Value = match serde_json::from_slice(&body) {
-                Ok(v) => v,
-                Err(e) => {
-                    return (
-                        HealthStatus::Unknown,
-                        format!("cilium API answered something else: {e}"),
-                    );
-                }
-            };
-            let state = v
-                .pointer("/cilium/state")
-                .and_then(|s| s.as_str())
-                .unwrap_or("?");
-            let msg = v
-                .pointer("/cilium/msg")
-                .and_then(|s| s.as_str())
-                .unwrap_or("");
-            let kpr = v
-                .pointer("/kube-proxy-replacement/mode")
-                .and_then(|s| s.as_str())
-                .unwrap_or("unknown");
-            let status = match state {
-                "Ok" => HealthStatus::Ok,
-                "Warning" => HealthStatus::Degraded,
-                "Failure" => HealthStatus::Failed,
-                _ => HealthStatus::Unknown,
-            };
-            let mut message = format!("cilium {state}, kube-proxy replacement {kpr}");
-            if !msg.is_empty() {
-                message.push_str(&format!(": {msg}"));
-            }
-            (status, message)
-        }
-        Ok((code, body)) => (
+        Ok((200, body)) => Ok(cilium_healthz(&body)),
+        Ok((code, body)) => Ok((
             HealthStatus::Failed,
             format!("cilium API answered {code}: {}", snippet(&body)),
-        ),
+        )),
         Err(api_err) => {
             let (target, path) = match parse_http_url(&probe.fallback_url) {
                 Ok(x) => x,
-                Err(e) => return (HealthStatus::Failed, e),
+                Err(e) => return Ok((HealthStatus::Failed, e)),
             };
             match get(&target, &path, timeout).await {
-                Ok((200, _)) => (
+                Ok((200, _)) => Ok((
                     HealthStatus::Ok,
                     format!("agent healthy on its health port (API socket: {api_err})"),
-                ),
-                Ok((code, body)) => (
+                )),
+                Ok((code, body)) => Ok((
                     HealthStatus::Failed,
                     format!("health port answered {code}: {}", snippet(&body)),
-                ),
-                Err(e) => (
-                    HealthStatus::Failed,
-                    format!("cilium agent unreachable: API socket: {api_err}; health port: {e}"),
-                ),
+                )),
+                Err(e) => Err(Unreachable(format!(
+                    "cilium agent unreachable: API socket: {api_err}; health port: {e}"
+                ))),
             }
         }
     }
@@ -450,11 +455,12 @@ mod tests {
         let mut cfg = Config::default();
         cfg.health.node_marker = "/nonexistent/ginx-marker".into();
         let broken = (HealthStatus::Failed, "healthz answered 500: no".to_owned());
-        assert_eq!(not_yet(&cfg, broken.clone()), broken);
-        let away = (
-            HealthStatus::Failed,
-            "kubelet at u: unreachable: refused".to_owned(),
-        );
-        assert_eq!(not_yet(&cfg, away).0, HealthStatus::Unknown);
+        assert_eq!(not_yet(&cfg, Ok(broken.clone())), broken);
+        // Told by what happened, not by the words: an answer that says "unreachable" is an
+        // answer.
+        let says = (HealthStatus::Failed, "upstream unreachable".to_owned());
+        assert_eq!(not_yet(&cfg, Ok(says.clone())), says);
+        let away = Unreachable("kubelet at u: unreachable: refused".to_owned());
+        assert_eq!(not_yet(&cfg, Err(away)).0, HealthStatus::Unknown);
     }
 }
