@@ -439,9 +439,15 @@ fn a_live_drain_held_at_the_last_look_gives_its_slot_back_and_status_keeps_up() 
     r.etcd.start(1);
     r.node.d().ctl_ok(&["sync"]);
     r.node.d().wait_applied(&second);
-    r.node
-        .d()
-        .wait_status("the node given back", |s| s["rollout"]["slot"].is_null());
+    r.node.d().wait_status("the node given back", |s| {
+        s["rollout"]["slot"].is_null() && s["apply"]["drain"].is_null()
+    });
+    // The sampler sees it too before it stops: its last sample is one taken after this.
+    let back_at = SystemTime::now();
+    wait_for("the sampler's look at the node given back", || {
+        let seen = seen.lock().unwrap();
+        seen.last().filter(|s| s.at > back_at).map(|_| ())
+    });
     stop_status.store(true, Ordering::Relaxed);
     stop_etcd.store(true, Ordering::Relaxed);
     std::thread::sleep(Duration::from_millis(200));
