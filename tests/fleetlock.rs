@@ -1,4 +1,4 @@
-//! The FleetLock client (`ginx::rollout::fleetlock`) against stand-ins that answer as coreos/airlock
+//! The FleetLock client (`ginx::rollout::lock::fleetlock`) against stand-ins that answer as coreos/airlock
 //! and poseidon/fleetlock do: who holds a slot, what a refusal looks like, what goes over the
 //! wire.
 
@@ -6,7 +6,7 @@ use std::path::Path;
 use std::time::Duration;
 
 use ginx::config::FleetLockConfig;
-use ginx::rollout::fleetlock::{FleetLock, FleetLockError};
+use ginx::rollout::lock::fleetlock::{FleetLock, FleetLockError};
 
 use crate::support::fleetlock::{Answer, Dialect, FleetLockServer};
 use crate::support::{Env, wait_for};

@@ -275,7 +275,7 @@ fn five_workers_never_more_than_two_at_once() {
     drop(daemons);
 }
 
-/// A group of more than 4 slots is a queue (agent/src/rollout/lease.rs): a node that finds
+/// A group of more than 4 slots is a queue (agent/src/rollout/lock/lease.rs): a node that finds
 /// every slot held says on its heartbeat which slot it queues on, and a release hands the slot
 /// to queued nodes by name. Seven workers, five slots, activations long enough that two
 /// nodes queue: from the audit log, every node a release named (one or two) had queued on its

@@ -44,6 +44,21 @@ const LAYERS: &[(&str, u8)] = &[
     ("limits", 9),
 ];
 
+/// Modules cut into sub-modules with an order of their own, lowest first: within such a module, a
+/// file imports only from its own sub-module or one below it. The module's `mod.rs` is its face:
+/// it names them all and none imports it.
+const SUB_LAYERS: &[(&str, &[(&str, u8)])] = &[(
+    "rollout",
+    &[
+        ("lock", 1),
+        ("fleet", 2),
+        ("decide", 3),
+        ("cluster", 3),
+        ("guards", 4),
+        ("keeper", 5),
+    ],
+)];
+
 /// Items of `lib.rs` itself (not modules) that any layer may use.
 const ROOT_ITEMS: &[&str] = &["VERSION", "version"];
 
@@ -275,6 +290,196 @@ fn offence(importer: &str, target: &str) -> Option<String> {
     ))
 }
 
+/// The module path of a file under `src` (`rollout/keeper/ask.rs` → rollout, keeper, ask; a
+/// `mod.rs` is its folder).
+fn module_path(rel: &Path) -> Vec<String> {
+    let mut parts: Vec<String> = rel
+        .iter()
+        .map(|c| c.to_string_lossy().into_owned())
+        .collect();
+    if let Some(last) = parts.pop() {
+        let stem = last.strip_suffix(".rs").unwrap_or(&last).to_owned();
+        if stem != "mod" && stem != "lib" {
+            parts.push(stem);
+        }
+    }
+    parts
+}
+
+/// Every path in `code` that starts with `crate::`, `super::` or `self::`, resolved against
+/// the file's module path `here` into the modules it names (the first three segments suffice);
+/// a group (`{a, b::c}`) gives one path per item.
+fn resolved_paths(code: &str, here: &[String]) -> Vec<(usize, Vec<String>)> {
+    let line_of = |at: usize| code[..at].matches('\n').count() + 1;
+    let inline = inline_modules(code);
+    let mut out = Vec::new();
+    let mut from = 0;
+    while let Some(pos) = code[from..].find(['c', 's']) {
+        let at = from + pos;
+        from = at + 1;
+        let rest = &code[at..];
+        let start = ["crate::", "super::", "self::"]
+            .into_iter()
+            .find(|p| rest.starts_with(p));
+        if start.is_none()
+            || ident_char(code[..at].chars().last().as_ref())
+            || code[..at].ends_with("::")
+        {
+            continue;
+        }
+        let mut here = here.to_vec();
+        here.extend(
+            inline
+                .iter()
+                .filter(|(s, e, _)| (*s..*e).contains(&at))
+                .map(|(_, _, n)| n.clone()),
+        );
+        for segments in expand(rest, 0) {
+            let mut base: Vec<String> = Vec::new();
+            let mut segs = segments.into_iter().peekable();
+            match segs.peek().map(String::as_str) {
+                Some("crate") => {
+                    segs.next();
+                }
+                Some("self") => {
+                    segs.next();
+                    base = here.to_vec();
+                }
+                _ => {
+                    base = here.to_vec();
+                    while segs.peek().map(String::as_str) == Some("super") {
+                        segs.next();
+                        base.pop();
+                    }
+                }
+            }
+            base.extend(segs.filter(|s| s != "self"));
+            out.push((line_of(at), base));
+        }
+        from = at + start.map_or(1, str::len);
+    }
+    out
+}
+
+/// The modules written inline in `code` (`mod tests { … }`): where each begins and ends, and its
+/// name, outermost first.
+fn inline_modules(code: &str) -> Vec<(usize, usize, String)> {
+    let mut found = Vec::new();
+    let mut from = 0;
+    while let Some(pos) = code[from..].find("mod ") {
+        let at = from + pos;
+        from = at + 4;
+        if ident_char(code[..at].chars().last().as_ref()) {
+            continue;
+        }
+        let rest = &code[from..];
+        let name: String = rest
+            .chars()
+            .take_while(|c| c.is_alphanumeric() || *c == '_')
+            .collect();
+        let Some(open) = rest[name.len()..].trim_start().strip_prefix('{') else {
+            continue;
+        };
+        let body = code.len() - open.len();
+        let mut depth = 1;
+        let end = open
+            .char_indices()
+            .find(|&(_, c)| {
+                depth += match c {
+                    '{' => 1,
+                    '}' => -1,
+                    _ => 0,
+                };
+                depth == 0
+            })
+            .map_or(code.len(), |(k, _)| body + k);
+        found.push((body, end, name));
+    }
+    found
+}
+
+/// The paths of the use tree at the start of `s`, each as its segments, at most `depth + 4`
+/// deep (enough to tell a sub-module).
+fn expand(s: &str, depth: usize) -> Vec<Vec<String>> {
+    let s = s.trim_start();
+    if let Some(group) = s.strip_prefix('{') {
+        let mut items = Vec::new();
+        let mut level = 0;
+        let mut item_start = 0;
+        for (k, ch) in group.char_indices() {
+            match ch {
+                '{' => level += 1,
+                '}' if level == 0 => {
+                    items.push(&group[item_start..k]);
+                    break;
+                }
+                '}' => level -= 1,
+                ',' if level == 0 => {
+                    items.push(&group[item_start..k]);
+                    item_start = k + 1;
+                }
+                _ => {}
+            }
+        }
+        return items
+            .into_iter()
+            .filter(|i| !i.trim().is_empty())
+            .flat_map(|i| expand(i, depth + 1))
+            .collect();
+    }
+    let name: String = s
+        .chars()
+        .take_while(|c| c.is_alphanumeric() || *c == '_')
+        .collect();
+    if name.is_empty() {
+        return vec![Vec::new()];
+    }
+    let after = &s[name.len()..];
+    let mut paths = match after.trim_start().strip_prefix("::") {
+        Some(rest) if depth < 4 => expand(rest, depth + 1),
+        _ => vec![Vec::new()],
+    };
+    for p in &mut paths {
+        p.insert(0, name.clone());
+    }
+    paths
+}
+
+/// Why a file at module path `here` may not name `target` (both resolved), by the sub-layer
+/// table, or `None` when it may.
+fn sub_offence(here: &[String], target: &[String]) -> Option<String> {
+    let (top, subs) = SUB_LAYERS
+        .iter()
+        .find(|(m, _)| here.first() == Some(&m.to_string()))?;
+    let from = here.get(1)?;
+    if target.first().map(String::as_str) != Some(*top) {
+        return None;
+    }
+    let Some(to) = target.get(1) else {
+        return Some(format!(
+            "`{top}::{from}` names `{top}`'s face; name the sub-module"
+        ));
+    };
+    if to == from {
+        return None;
+    }
+    let layer_of = |m: &str| subs.iter().find(|(s, _)| *s == m).map(|(_, l)| *l);
+    let Some(from_layer) = layer_of(from) else {
+        return Some(format!("`{top}::{from}` is not in the sub-layer table"));
+    };
+    let Some(to_layer) = layer_of(to) else {
+        return Some(format!(
+            "`{top}::{to}` is not a sub-module in the sub-layer table (items of `{top}`'s face \
+             are not imported from inside it)"
+        ));
+    };
+    (to_layer >= from_layer).then(|| {
+        format!(
+            "`{top}::{from}` (sub-layer {from_layer}) imports `{top}::{to}` (sub-layer {to_layer})"
+        )
+    })
+}
+
 #[test]
 fn no_module_imports_up_or_sideways() {
     let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
@@ -294,7 +499,18 @@ fn no_module_imports_up_or_sideways() {
             continue;
         }
         let text = std::fs::read_to_string(path).expect("readable source");
-        for import in imports(&code_only(&text)) {
+        let code = code_only(&text);
+        let here = module_path(rel);
+        for (line, target) in resolved_paths(&code, &here) {
+            if let Some(why) = sub_offence(&here, &target) {
+                violations.push(format!(
+                    "src/{}:{line}: {} — {why}",
+                    rel.display(),
+                    target.join("::")
+                ));
+            }
+        }
+        for import in imports(&code) {
             if let Some(why) = offence(&module, &import.target) {
                 violations.push(format!(
                     "src/{}:{}: crate::{} — {why}",
@@ -335,9 +551,113 @@ fn the_scanner_finds_plain_grouped_and_qualified_paths_but_not_comments_or_strin
 }
 
 #[test]
+fn within_rollout_a_sub_module_imports_only_those_below_it() {
+    let at = |p: &str| module_path(Path::new(p));
+    let found = |p: &str, code: &str| -> Vec<Vec<String>> {
+        resolved_paths(&code_only(code), &at(p))
+            .into_iter()
+            .map(|(_, t)| t)
+            .collect()
+    };
+    let ask = "rollout/keeper/ask.rs";
+    assert_eq!(
+        found(
+            ask,
+            "use super::*;\nuse crate::rollout::{decide::admission, lock::{lease, slots}};"
+        ),
+        vec![
+            vec!["rollout", "keeper"],
+            vec!["rollout", "decide", "admission"],
+            vec!["rollout", "lock", "lease"],
+            vec!["rollout", "lock", "slots"],
+        ]
+    );
+    assert_eq!(
+        found(
+            "rollout/decide/gate.rs",
+            "let x = super::super::guards::alerts::MAX;"
+        ),
+        vec![vec!["rollout", "guards", "alerts", "MAX"]]
+    );
+    let offence = |p: &str, code: &str| {
+        found(p, code)
+            .iter()
+            .filter_map(|t| sub_offence(&at(p), t))
+            .collect::<Vec<_>>()
+    };
+    assert!(offence(ask, "use crate::rollout::lock::lease::LockError;").is_empty());
+    assert!(offence(ask, "use super::locker::Locker;").is_empty());
+    let tests = "mod tests {\n    use super::*;\n    use crate::rollout::lock::slots::Slot;\n}";
+    assert!(offence("rollout/cluster.rs", tests).is_empty());
+    assert_eq!(
+        offence(
+            "rollout/lock/lease.rs",
+            &tests.replace("lock::slots", "fleet")
+        )
+        .len(),
+        1
+    );
+    assert_eq!(
+        offence("rollout/lock/lease.rs", "use crate::rollout::fleet::Halt;").len(),
+        1
+    );
+    assert_eq!(
+        offence(
+            "rollout/decide/gate.rs",
+            "use super::super::guards::alerts::X;"
+        )
+        .len(),
+        1
+    );
+    assert_eq!(
+        offence("rollout/guards/canary.rs", "use crate::rollout::Halt;").len(),
+        1
+    );
+    assert!(offence("reconcile/mod.rs", "use crate::rollout::keeper::X;").is_empty());
+}
+
+#[test]
 fn workers_may_not_import_each_other() {
     assert!(offence("health", "kube").is_some());
     assert!(offence("config", "source").is_some());
     assert!(offence("reconcile", "apply").is_none());
     assert!(offence("status", "types").is_none());
+}
+
+/// The manual's code map (`docs/src/development.md`) names every folder under `src` and every
+/// file at its top, so a module cannot be added, moved or renamed without the map following.
+#[test]
+fn the_code_map_names_every_module() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let src = root.join("src");
+    let map = std::fs::read_to_string(root.join("../docs/src/development.md"))
+        .expect("docs/src/development.md");
+    let mut missing = Vec::new();
+    let mut dirs = vec![src.clone()];
+    while let Some(dir) = dirs.pop() {
+        for entry in std::fs::read_dir(&dir).expect("readable src") {
+            let path = entry.expect("directory entry").path();
+            let rel = path.strip_prefix(&src).expect("under src");
+            let rel = rel.to_string_lossy();
+            let top = !rel.contains('/');
+            let name = match (path.is_dir(), top) {
+                (true, true) => format!("src/{rel}/"),
+                (true, false) => format!("{rel}/"),
+                (false, true) if rel.ends_with(".rs") => format!("src/{rel}"),
+                (false, _) => continue,
+            };
+            if path.is_dir() {
+                dirs.push(path.clone());
+            }
+            if !map.contains(&name) {
+                missing.push(name);
+            }
+        }
+    }
+    missing.sort();
+    assert!(
+        missing.is_empty(),
+        "docs/src/development.md does not name: {} (add each to the code map and the tree)",
+        missing.join(", ")
+    );
 }

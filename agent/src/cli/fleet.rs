@@ -18,7 +18,7 @@ use super::render;
 use crate::config::{self, Config};
 use crate::control::client::Client;
 use crate::control::protocol::Command;
-use crate::rollout::slots::Observed;
+use crate::rollout::lock::slots::Observed;
 use crate::status::ClusterView;
 
 /// How `ginxctl cluster` runs.

@@ -13,7 +13,7 @@ use kube::Api;
 
 use super::render::terminal_safe;
 use crate::config::Config;
-use crate::rollout::holds::{self, Changed, Hold, MAX_NODES};
+use crate::rollout::fleet::holds::{self, Changed, Hold, MAX_NODES};
 
 /// What `ginxctl hold` was asked, checked.
 #[derive(Debug, PartialEq)]

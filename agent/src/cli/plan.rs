@@ -16,7 +16,7 @@ use serde::Serialize;
 use super::operator::{ADMIN_CONF, credentials, operator_name};
 use super::render::terminal_safe;
 use crate::config::{self, Config};
-use crate::rollout::plan_requests::{answers_of, ask};
+use crate::rollout::fleet::plan_requests::{answers_of, ask};
 use crate::types::{PlanRequest, PreviewAnswer, PreviewOutcome, signed_size};
 
 /// How often `ginxctl plan` looks at the heartbeats while it waits.

@@ -1,6 +1,6 @@
 //! `[[rollout.freezes]]`: change freezes. Each is a dated range in a time zone, with a reason;
 //! nothing new starts inside one (no apply, no reboot). Where one ends and the next begins, and
-//! whether `now` is inside one, is `rollout::window`'s arithmetic; this file owns the format and
+//! whether `now` is inside one, is `rollout::decide::window`'s arithmetic; this file owns the format and
 //! what is refused at load.
 
 use jiff::civil::{Date, DateTime};

@@ -1,6 +1,6 @@
 //! `[rollout.gate.prometheus]`: the alert gate. A PromQL query against a Prometheus server;
 //! a non-empty result holds a node before it takes its slot, and a series that appears after
-//! the activation fails its gate. What the answer means is `rollout::alerts`' business; this
+//! the activation fails its gate. What the answer means is `rollout::guards::alerts`' business; this
 //! file owns the keys and what is refused at load.
 
 use std::path::PathBuf;

@@ -1,7 +1,7 @@
 //! `[[rollout.windows]]`: maintenance windows. Each is a time of day in a time zone and a
 //! length, on days of the week (every week, or the first … fourth or last of the month), or on
 //! dates; a window gates the *start* of an apply, never cuts one off. The arithmetic (when a
-//! window is open, when the next opens) is `rollout::window`, a pure function.
+//! window is open, when the next opens) is `rollout::decide::window`, a pure function.
 //!
 //! Time zones come from the system's tz database (`TZDIR`, `/usr/share/zoneinfo`,
 //! `/etc/zoneinfo` — the last is where NixOS has it) and, failing that, from the copy bundled

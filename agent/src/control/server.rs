@@ -57,7 +57,7 @@ pub struct Backend {
     pub bootstrap_file: PathBuf,
     /// When this daemon saw each Lease change (shared with the rollout lock): the ages
     /// `cluster` shows.
-    pub observed: Arc<std::sync::Mutex<crate::rollout::slots::Observed>>,
+    pub observed: Arc<std::sync::Mutex<crate::rollout::lock::slots::Observed>>,
     /// Where a bootstrap's stages are told (`BootstrapStage` Events).
     pub notices: crate::types::Notices,
 }

@@ -191,7 +191,7 @@ struct Shared {
     statuses: Arc<ReportMap>,
     health: Arc<watch::Sender<status::HealthMap>>,
     kube: watch::Receiver<Option<KubeClients>>,
-    observed: Arc<Mutex<crate::rollout::slots::Observed>>,
+    observed: Arc<Mutex<crate::rollout::lock::slots::Observed>>,
     /// The sources' clones.
     workspace: Arc<Workspace>,
     pollers: PollerChannels,
@@ -278,7 +278,7 @@ async fn start(cfg: &Arc<Config>, config: watch::Receiver<Arc<Config>>) -> anyho
         statuses: Arc::new(watch::channel(BTreeMap::new()).0),
         health: Arc::new(watch::channel(status::HealthMap::new()).0),
         kube: kube_clients_rx,
-        observed: Arc::new(Mutex::new(crate::rollout::slots::Observed::default())),
+        observed: Arc::new(Mutex::new(crate::rollout::lock::slots::Observed::default())),
         workspace,
         pollers: Arc::new(Mutex::new(BTreeMap::new())),
     };

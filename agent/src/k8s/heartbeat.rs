@@ -212,6 +212,15 @@ pub async fn queue_mark(
     })
 }
 
+/// The node whose heartbeat Lease `name` is, by `pattern` (`kubernetes.lease_name`, with
+/// `{node}`): the name fits the pattern and the holder is that node, as ginx writes it.
+pub fn heartbeat_node<'a>(pattern: &str, name: &'a str, lease: &Lease) -> Option<&'a str> {
+    let (before, after) = pattern.split_once("{node}")?;
+    let node = name.strip_prefix(before)?.strip_suffix(after)?;
+    let holder = lease.spec.as_ref()?.holder_identity.as_deref()?;
+    (!node.is_empty() && holder == node).then_some(node)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

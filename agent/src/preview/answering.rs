@@ -17,7 +17,7 @@ use tokio::sync::watch;
 use super::store::{self, Answered};
 use crate::config::Config;
 use crate::k8s::{KubeClients, watch_objects};
-use crate::rollout::plan_requests;
+use crate::rollout::fleet::plan_requests;
 use crate::status::{KubeState, KubeStatus};
 use crate::types::{PlanRequest, PreviewAnswer, PreviewOutcome};
 

@@ -247,7 +247,7 @@ impl Reconciler {
     ) {
         if outcome == Outcome::Succeeded && self.open_gate(done.kind, done.goal) {
             self.gatekeeper
-                .set_phase(crate::rollout::lease::SlotPhase::Verifying)
+                .set_phase(crate::rollout::lock::lease::SlotPhase::Verifying)
                 .await;
         }
         match next.reboot {

@@ -124,7 +124,7 @@ pub struct Reconciler {
     /// The open gate's own times on the monotonic clock, for the gate that started at the
     /// wall-clock time given (the persisted `verifying.started_at`); and whether a step of the
     /// wall clock during it was logged.
-    gate_times: Option<(Timestamp, crate::rollout::gate::Times, bool)>,
+    gate_times: Option<(Timestamp, crate::rollout::decide::gate::Times, bool)>,
     /// Steps of the wall clock outside a gate (the gate logs its own).
     wall_steps: util::WallSteps,
     /// A lock release or a halt that failed is tried again after this.

@@ -2,7 +2,7 @@
 
 use super::Reconciler;
 use crate::apply::system;
-use crate::rollout::window::WindowState;
+use crate::rollout::decide::window::WindowState;
 use crate::state::{AfterGate, AttemptKind, Held, RebootPhase, State};
 use crate::status::{
     ApplyState, ApplyStatus, FreezeStatus, GateProgress, HaltStatus, HoldStatus, PauseStatus,
@@ -12,7 +12,7 @@ use crate::types::{HaltCause, Revision};
 use crate::util;
 
 fn window_status(windows: &[crate::config::Window]) -> Option<WindowStatus> {
-    match crate::rollout::window::state(windows, util::now()) {
+    match crate::rollout::decide::window::state(windows, util::now()) {
         WindowState::Always => None,
         WindowState::Open { closes_at } => Some(WindowStatus {
             open: true,
@@ -30,7 +30,7 @@ fn window_status(windows: &[crate::config::Window]) -> Option<WindowStatus> {
 /// The change freeze holding now, else the next one.
 fn freeze_status(freezes: &[crate::config::Freeze]) -> Option<FreezeStatus> {
     let now = util::now();
-    crate::rollout::freeze::current_or_next(freezes, now).map(|f| FreezeStatus {
+    crate::rollout::decide::freeze::current_or_next(freezes, now).map(|f| FreezeStatus {
         active: f.starts_at <= now,
         reason: f.reason,
         starts_at: f.starts_at,
@@ -46,12 +46,12 @@ pub(super) fn until_window_edge(
     freezes: &[crate::config::Freeze],
 ) -> Option<std::time::Duration> {
     let now = util::now();
-    let window_edge = match crate::rollout::window::state(windows, now) {
+    let window_edge = match crate::rollout::decide::window::state(windows, now) {
         WindowState::Always => None,
         WindowState::Open { closes_at } => Some(closes_at),
         WindowState::Closed { opens_at } => opens_at,
     };
-    let freeze_edge = crate::rollout::freeze::current_or_next(freezes, now).map(|f| {
+    let freeze_edge = crate::rollout::decide::freeze::current_or_next(freezes, now).map(|f| {
         if f.starts_at <= now {
             f.ends_at
         } else {

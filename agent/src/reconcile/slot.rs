@@ -1,15 +1,15 @@
 //! The rollout slot around an attempt: asking the [`Gatekeeper`](crate::rollout::Gatekeeper)
 //! before an apply, keeping the slot exactly as long as something needs it, and writing the
 //! cluster-wide halt of a revision whose health gate failed here. Not here: the health gate
-//! itself (see `verify`) and the verdict on its checks (see `crate::rollout::gate`).
+//! itself (see `verify`) and the verdict on its checks (see `crate::rollout::decide::gate`).
 
 use std::time::Instant;
 
 use super::Reconciler;
 use super::core::{Core, Decision, Desired};
 use super::verify::gated;
-use crate::rollout::gate;
-use crate::rollout::lease::SlotPhase;
+use crate::rollout::decide::gate;
+use crate::rollout::lock::lease::SlotPhase;
 use crate::rollout::{Halt, Permit};
 use crate::state::{AfterGate, AttemptKind};
 use crate::status::WaitingFor;

@@ -1,14 +1,14 @@
 //! The health gate after an activation (and after a rollback) as the loop runs it: opening it,
 //! one look at it per turn, what a pass or a failure leads to, and the automatic rollback. The
-//! verdict on the checks is `crate::rollout::gate`'s; the slot held meanwhile is `slot`'s.
+//! verdict on the checks is `crate::rollout::decide::gate`'s; the slot held meanwhile is `slot`'s.
 
 use std::time::Instant;
 
 use super::core::Core;
 use super::{Attempting, Reconciler};
 use crate::config::RollbackPolicy;
-use crate::rollout::gate::{self, Rules, Verdict};
-use crate::rollout::lease::SlotPhase;
+use crate::rollout::decide::gate::{self, Rules, Verdict};
+use crate::rollout::lock::lease::SlotPhase;
 use crate::rollout::{CONTROL_PLANE_REQUIRED, GateStep, Look};
 use crate::state::{AfterGate, AttemptKind, Verifying};
 use crate::types::{Goal, Reason, Role};

@@ -20,13 +20,13 @@ use k8s_openapi::api::core::v1::Node;
 use kube::Api;
 use kube::api::ListParams;
 
-use super::fleet::Fleet;
-use super::fleet_state::FleetState;
-use super::lease::GROUP_LABEL;
-use super::slots::Observed;
 use crate::config::{Config, KubernetesConfig};
-use crate::k8s::heartbeat::PLAN_ANNOTATION;
+use crate::k8s::heartbeat::{PLAN_ANNOTATION, heartbeat_node};
 use crate::k8s::{code, describe};
+use crate::rollout::fleet::Fleet;
+use crate::rollout::fleet::state::FleetState;
+use crate::rollout::lock::lease::GROUP_LABEL;
+use crate::rollout::lock::slots::Observed;
 use crate::status::{ClusterNode, ClusterView, FleetStatus, RevisionCounts};
 use crate::types::{PlanMark, Role, plan_counts};
 
@@ -310,11 +310,11 @@ fn slot_of<'a>(name: &'a str, lease: &'a Lease) -> Option<(&'a str, u32)> {
 }
 
 /// The holder of a slot `lease` unless the slot is free, by the lock's own rule
-/// ([`super::slots::Slot::live_holder`]); a Lease of unknown age counts as live, as it does for
+/// ([`crate::rollout::lock::slots::Slot::live_holder`]); a Lease of unknown age counts as live, as it does for
 /// the lock.
 fn live_holder(lease: &Lease, age: Option<Duration>) -> Option<String> {
     let spec = lease.spec.as_ref()?;
-    super::slots::Slot {
+    crate::rollout::lock::slots::Slot {
         index: 0,
         holder: spec.holder_identity.clone(),
         unchanged_for: age.unwrap_or_default(),
@@ -332,15 +332,6 @@ fn live_holder(lease: &Lease, age: Option<Duration>) -> Option<String> {
 /// Whole seconds of a Lease's age, when known.
 fn age_secs(age: Option<Duration>) -> Option<i64> {
     age.map(|d| i64::try_from(d.as_secs()).unwrap_or(i64::MAX))
-}
-
-/// The node whose heartbeat Lease `name` is, by `pattern` (`kubernetes.lease_name`, with
-/// `{node}`): the name fits the pattern and the holder is that node, as ginx writes it.
-pub fn heartbeat_node<'a>(pattern: &str, name: &'a str, lease: &Lease) -> Option<&'a str> {
-    let (before, after) = pattern.split_once("{node}")?;
-    let node = name.strip_prefix(before)?.strip_suffix(after)?;
-    let holder = lease.spec.as_ref()?.holder_identity.as_deref()?;
-    (!node.is_empty() && holder == node).then_some(node)
 }
 
 #[cfg(test)]

@@ -6,35 +6,27 @@
 //! A worker (layer 5): imports `types`, `config`, `status`, `metrics`, `util`, never another
 //! worker. The API clients and the probes' reports come from the daemon. `reconcile` asks it
 //! for permission through [`Gatekeeper`].
+//!
+//! Cut by mechanism, each sub-module importing only those below it (the `layers` test keeps
+//! it so):
+//! - [`lock`]: the slot Leases, the FleetLock client, the choice of a slot, a held slot's renewal;
+//! - [`fleet`]: the `ginx-rollout` ConfigMap — its stored format, its keys (halts, pause, holds,
+//!   plan requests), its one event log, its writers;
+//! - [`decide`]: the pure decisions — admission, windows, freezes, the gate's verdict, a takeover;
+//! - [`guards`]: what the guards must ask the cluster or a peer (the `after` groups, canaries,
+//!   order, the quorum, etcd, Prometheus, the gate's evidence);
+//! - [`keeper`]: the controller `reconcile` talks to, and this node's side of the lock;
+//! - [`cluster`]: the fleet as `ginxctl cluster` shows it, read with an operator's credentials.
 
-pub mod admission;
-mod after;
-pub mod alerts;
-mod canary;
 pub mod cluster;
-mod etcd_guard;
-mod evidence;
+pub mod decide;
 pub mod fleet;
-mod fleet_cache;
-mod fleet_state;
-pub mod fleetlock;
-pub mod freeze;
-pub mod gate;
-mod holding;
-pub mod holds;
+pub mod guards;
 mod keeper;
-pub mod lease;
 pub mod lock;
-mod locker;
-mod order;
-pub mod plan_requests;
-pub mod quorum;
-pub mod slots;
-mod takeover;
-pub mod window;
 
-pub use fleet_state::{FailureRecord, FleetEvent, FleetState, Halt, Pause};
-pub use holds::Hold;
+pub use fleet::state::{FailureRecord, FleetState, Halt, Pause};
+pub use fleet::{FleetEvent, Hold};
 pub use keeper::{
     CONTROL_PLANE_REQUIRED, Effective, GateStep, Gatekeeper, Later, Look, Permit, Purpose,
     QUEUED_RECHECK, RECHECK, Reach, Toward, Wiring, effective,

@@ -3,7 +3,7 @@
 //! reads), and the one sentence that says where it stands: how long the node has been
 //! healthy, when the gate passes if nothing regresses, and when it gives up.
 //!
-//! Pure: the clock comes in as an argument. The gate's decisions are `rollout::gate`'s.
+//! Pure: the clock comes in as an argument. The gate's decisions are `rollout::decide::gate`'s.
 
 use std::collections::BTreeMap;
 

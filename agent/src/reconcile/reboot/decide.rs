@@ -12,7 +12,7 @@ use jiff::Timestamp;
 use super::super::core::Decision;
 use super::{COMMAND_AGAIN, EVICT_AGAIN, REBOOT_AGAIN};
 use crate::config::{RebootMode, RollbackPolicy, Window};
-use crate::rollout::window::{self, WindowState};
+use crate::rollout::decide::window::{self, WindowState};
 use crate::state::{AfterGate, RebootPhase, Rebooting, State, Verifying};
 use crate::types::{Disruption, Plan, Revision};
 use crate::util;

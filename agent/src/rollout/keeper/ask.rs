@@ -1,14 +1,14 @@
-//! The admission loop: [`Gatekeeper::decide`] asks `admission.rs` what to do, does the I/O it
+//! The admission loop: [`Gatekeeper::decide`] asks `decide/admission.rs` what to do, does the I/O it
 //! asks for (the fleet state, the quorum and etcd guards, an owed halt, the `rollout.after` groups),
 //! records the answers and asks again, until admission answers or says to take the lock.
 
 use super::*;
-use crate::rollout::admission::{Ask, Facts, Next, Owed};
+use crate::rollout::decide::admission::{Ask, Facts, Next, Owed};
 
 impl Gatekeeper {
     /// Admission's loop: ask, do what it asks, record what came of it, ask again; then take
     /// the lock when it says so.
-    pub(super) async fn decide(
+    pub(crate) async fn decide(
         &mut self,
         revision: &Revision,
         held_in_state: bool,
@@ -94,7 +94,7 @@ impl Gatekeeper {
                 learned.fleet = self.fleet.state.clone();
             }
             (Next::CheckQuorum, Some(c)) => {
-                let answer = super::super::quorum::check(c, cfg)
+                let answer = crate::rollout::guards::quorum::check(c, cfg)
                     .await
                     .map_err(|e| admission::lock_error(policy, e))?;
                 learned.quorum = Some(answer);
@@ -139,7 +139,8 @@ impl Gatekeeper {
                 let later = self.w.later.clone();
                 let fleet = learned.fleet.as_ref();
                 let why =
-                    super::super::order::check(cfg, c, fleet, revision, later.as_ref()).await?;
+                    crate::rollout::guards::order::check(cfg, c, fleet, revision, later.as_ref())
+                        .await?;
                 learned.order = Some(why);
             }
             // Admission asks for a read only when connected, and answers or takes itself.
@@ -161,7 +162,7 @@ impl Gatekeeper {
 
     /// A verdict as the reconciler takes it, with what it means for the wake-ups and the
     /// journal.
-    pub(super) fn answer(
+    pub(crate) fn answer(
         &mut self,
         verdict: Verdict,
         backend: Effective,

@@ -3,17 +3,17 @@
 //! fleet, and the lifting of such a halt once the holder is back and its gate passed.
 
 use super::*;
-use crate::rollout::admission::Owed;
+use crate::rollout::decide::admission::Owed;
+use crate::rollout::decide::takeover::{Taker, takeover};
 use crate::rollout::fleet::Counted;
-use crate::rollout::fleet_cache::fleet_of;
-use crate::rollout::lease::{LockError, Vanished};
-use crate::rollout::takeover::{Taker, takeover};
+use crate::rollout::keeper::fleet_cache::fleet_of;
+use crate::rollout::lock::lease::{LockError, Vanished};
 
 impl Gatekeeper {
     /// This node took over a slot from `v`, which stopped renewing it (see `takeover.rs`).
     /// `Some(wait)` when this node must not go on now; a halt that cannot be written yet is
     /// owed (written first at the next ask), the slot kept meanwhile.
-    pub(super) async fn took_over(
+    pub(crate) async fn took_over(
         &mut self,
         cfg: &Config,
         v: Vanished,
@@ -79,7 +79,7 @@ impl Gatekeeper {
     }
 
     /// Writes the halt this node owes, and says whether the fleet now halts `revision`.
-    pub(super) async fn pay_owed_halt(&mut self, revision: &Revision) -> Result<Owed, LockError> {
+    pub(crate) async fn pay_owed_halt(&mut self, revision: &Revision) -> Result<Owed, LockError> {
         let Some(halt) = self.owed_halt.clone() else {
             return Ok(Owed::None);
         };

@@ -2,13 +2,13 @@
 //! release the lock, halt a revision, what does the gate see. It orchestrates; the decisions
 //! are elsewhere and pure:
 //!
-//! - `admission.rs` decides, from what is known so far, whether to wait, go, or learn what
-//!   next; the keeper does the I/O it asks for ([`Gatekeeper::permit_for`] is the loop);
-//! - `lock.rs` is the lock, Lease or FleetLock, behind one trait; `holding.rs` keeps the one
-//!   held renewed and fenced;
-//! - `fleet_cache.rs` reads and watches the fleet state, `after.rs` the groups this one comes
-//!   after, `evidence.rs` gathers what the gate looks at, `takeover.rs` says what a slot taken
-//!   over from a vanished holder halts.
+//! - `decide/admission.rs` decides, from what is known so far, whether to wait, go, or learn
+//!   what next; the keeper does the I/O it asks for ([`Gatekeeper::permit_for`] is the loop);
+//! - `lock/` is the lock, Lease or FleetLock, behind one trait; `lock/holding.rs` keeps the one
+//!   held renewed and fenced, and `locker.rs` here is this node's side of it;
+//! - `fleet_cache.rs` reads and watches the fleet state, `guards/after.rs` the groups this one
+//!   comes after, `guards/evidence.rs` gathers what the gate looks at, `decide/takeover.rs`
+//!   says what a slot taken over from a vanished holder halts.
 //!
 //! It owns the watch that wakes a waiting node the moment a slot or the fleet state changes,
 //! the queue mark of a large group, and the halt a take-over owes the fleet. It hands out no
@@ -20,25 +20,25 @@ use std::time::Duration;
 
 use tokio::sync::watch;
 
-use super::admission::{self, Verdict};
-pub use super::admission::{Effective, Purpose};
-use super::after::AfterGroups;
-pub use super::after::Later;
-use super::evidence::Evidence;
-pub use super::evidence::{GateStep, Look, Reach};
-use super::fleet_cache::FleetCache;
-use super::fleet_state::{FleetState, Halt};
-use super::gate::Check;
-use super::lease::SlotPhase;
-use super::locker::Locker;
-use super::slots::Observed;
 use crate::config::{Config, LockBackend, OnHolderLost};
 use crate::k8s::KubeClients;
 use crate::metrics::Metrics;
+use crate::rollout::decide::admission::{self, Verdict};
+pub use crate::rollout::decide::admission::{Effective, Purpose};
+use crate::rollout::decide::gate::Check;
+use crate::rollout::fleet::state::{FleetState, Halt};
+use crate::rollout::guards::after::AfterGroups;
+pub use crate::rollout::guards::after::Later;
+use crate::rollout::guards::evidence::Evidence;
+pub use crate::rollout::guards::evidence::{GateStep, Look, Reach};
+use crate::rollout::lock::lease::SlotPhase;
+use crate::rollout::lock::slots::Observed;
 use crate::state::Held;
 use crate::status::{HealthMap, WaitingFor};
 use crate::types::{HaltCause, Reason, Revision, Role};
 use crate::util;
+use fleet_cache::FleetCache;
+use locker::Locker;
 
 /// While waiting, the verdict is looked at again this often even if no watch fired (another
 /// node's health is not watched).
@@ -119,13 +119,13 @@ pub struct Gatekeeper {
     /// slot kept until it is.
     owed_halt: Option<Halt>,
     /// The etcd guard's memory between looks (when a hold started).
-    etcd: super::etcd_guard::EtcdGuard,
+    etcd: crate::rollout::guards::etcd::EtcdGuard,
     /// The last answer was an operator's hold: its notice is given once per spell.
     held_told: bool,
     /// The alert gate's memory between looks (what it last logged).
-    alerts: super::alerts::AlertGuard,
+    alerts: crate::rollout::guards::alerts::AlertGuard,
     /// The canaries of this node's group (`rollout.first`).
-    canaries: super::canary::CanaryGroup,
+    canaries: crate::rollout::guards::canary::CanaryGroup,
 }
 
 impl Gatekeeper {
@@ -424,8 +424,10 @@ async fn sleep_for(d: Option<Duration>) {
 }
 
 mod ask;
+pub(crate) mod fleet_cache;
 mod halts;
 mod last_look;
+pub(crate) mod locker;
 pub use last_look::Toward;
 
 #[cfg(test)]

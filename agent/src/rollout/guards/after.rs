@@ -15,12 +15,12 @@ use std::sync::Arc;
 use k8s_openapi::api::coordination::v1::Lease;
 use tokio::sync::watch;
 
-use super::admission::{self, Verdict};
-use super::lease;
 use crate::config::Config;
 use crate::k8s::{
     HEARTBEAT_GROUP_LABEL, HEARTBEAT_PASSED_ANNOTATION, KubeClients, describe, refusal, unavailable,
 };
+use crate::rollout::decide::admission::{self, Verdict};
+use crate::rollout::lock::lease;
 use crate::types::Revision;
 
 /// `later(theirs, ours)`: whether `theirs` descends from `ours`.
@@ -29,7 +29,7 @@ pub type Later =
 
 /// One node of a group this node's group comes after, as its heartbeat says.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub(super) struct Peer {
+pub(crate) struct Peer {
     pub group: String,
     pub node: String,
     pub passed: Option<Revision>,
@@ -39,7 +39,7 @@ pub(super) struct Peer {
 
 /// Who is behind: the peers not done, and the groups with no node at all (a misspelt group in
 /// `rollout.after` would otherwise wait for ever without saying why).
-pub(super) fn behind(peers: &[Peer], groups: &[String]) -> Vec<String> {
+pub(crate) fn behind(peers: &[Peer], groups: &[String]) -> Vec<String> {
     let mut out: Vec<String> = peers
         .iter()
         .filter(|p| !p.done)
@@ -63,7 +63,7 @@ pub(super) fn behind(peers: &[Peer], groups: &[String]) -> Vec<String> {
 }
 
 #[derive(Default)]
-pub(super) struct AfterGroups {
+pub(crate) struct AfterGroups {
     /// The revision every group was seen to have passed.
     passed: Option<Revision>,
     /// The watch of the groups' heartbeats (groups, clients generation), while waiting.
@@ -156,7 +156,7 @@ impl AfterGroups {
 
 /// Watches the heartbeat Leases `selector` names, bumping `changes` when one's group or
 /// passed revision changes (not its renewals), until the returned sender is dropped.
-pub(super) fn watch_heartbeats(
+pub(crate) fn watch_heartbeats(
     clients: &KubeClients,
     ns: &str,
     selector: &str,
@@ -200,7 +200,7 @@ async fn peer(l: &Lease, revision: &Revision, later: Option<&Later>) -> Peer {
 
 /// What a heartbeat Lease says its node passed, and whether that is `revision` or a later one
 /// (as `later` answers).
-pub(super) async fn passed(
+pub(crate) async fn passed(
     l: &Lease,
     revision: &Revision,
     later: Option<&Later>,
@@ -215,7 +215,7 @@ pub(super) async fn passed(
 
 /// A passed revision as written (an annotation's value), and whether it is `revision` or a
 /// later one.
-pub(super) async fn passed_value(
+pub(crate) async fn passed_value(
     value: Option<&str>,
     revision: &Revision,
     later: Option<&Later>,

@@ -12,12 +12,12 @@ use std::time::{Duration, Instant};
 use k8s_openapi::api::core::v1::ConfigMap;
 use tokio::sync::watch;
 
-use super::admission::{self, Purpose, Verdict};
-use super::fleet::Fleet;
-use super::fleet_state::FleetState;
-use super::lease;
 use crate::config::Config;
 use crate::k8s::{KubeClients, describe, refusal, unavailable};
+use crate::rollout::decide::admission::{self, Purpose, Verdict};
+use crate::rollout::fleet::Fleet;
+use crate::rollout::fleet::state::FleetState;
+use crate::rollout::lock::lease;
 use crate::status::WaitingFor;
 use crate::types::Revision;
 
@@ -34,7 +34,7 @@ struct Key {
 }
 
 #[derive(Default)]
-pub(super) struct FleetCache {
+pub(crate) struct FleetCache {
     /// The fleet state as last read.
     pub state: Option<FleetState>,
     watching: Option<(Key, watch::Sender<bool>)>,
@@ -53,7 +53,7 @@ fn current(read: Option<(u64, Instant)>, seen: u64, have: bool, now: Instant) ->
 }
 
 /// The fleet state's ConfigMap, as ginx's own identity reads and writes it.
-pub(super) fn fleet_of(cfg: &Config, clients: &KubeClients) -> Fleet {
+pub(crate) fn fleet_of(cfg: &Config, clients: &KubeClients) -> Fleet {
     Fleet::new(
         clients.main.clone(),
         &cfg.kubernetes.namespace,

@@ -20,7 +20,7 @@
 //! Other keys are left as they are. Writes are read-modify-write with optimistic concurrency
 //! on `resourceVersion`: a 409 means someone else wrote in between, so the object is read again
 //! and the change applied to what is there now, a bounded number of times (as the heartbeat
-//! does). Owns the encoding and these writes; the types themselves are in `fleet_state.rs`;
+//! does). Owns the encoding and these writes; the types themselves are in `state.rs`;
 //! what a halt or a pause means for applying is the gate's business.
 
 use std::collections::BTreeMap;
@@ -30,22 +30,19 @@ use k8s_openapi::api::core::v1::ConfigMap;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kube::Api;
 
-use super::fleet_state::{FailureRecord, FleetEvent, FleetState, Halt, Pause};
+use super::events::{self, EVENTS_KEY, FleetEvent, MAX_EVENTS};
 use super::holds;
-use super::lease::LockError;
+use super::state::{FailureRecord, FleetState, Halt, Pause};
 use crate::k8s::{ApiError, Edit, EditError, MAX_CONFLICT_RETRIES, replace_with_retry};
+use crate::rollout::lock::lease::LockError;
 use crate::types::{HaltCause, Revision};
 
 /// The key of the fleet pause.
 pub const PAUSED_KEY: &str = "paused";
 /// The prefix of a halt's key; the full revision follows.
 pub const HALTED_PREFIX: &str = "halted.";
-/// The key of the change log.
-pub const EVENTS_KEY: &str = "events";
 /// The prefix of a failure's key; `<full revision>.<node>` follows.
 pub const FAILED_PREFIX: &str = "failed.";
-/// Events kept in the ConfigMap; older ones are dropped.
-pub const MAX_EVENTS: usize = 50;
 /// The shortest revision prefix `ginxctl rollout clear` accepts (as `git` abbreviates).
 pub const MIN_PREFIX: usize = 7;
 
@@ -441,13 +438,7 @@ pub fn apply_lift_vanished(
 }
 
 fn record(state: &mut FleetState, by: &str, at: Timestamp, action: String) {
-    state.events.push(FleetEvent {
-        by: by.to_owned(),
-        at,
-        action,
-    });
-    let extra = state.events.len().saturating_sub(MAX_EVENTS);
-    state.events.drain(..extra);
+    events::append(&mut state.events, by, at, vec![action]);
 }
 
 /// The result of a change that may have found nothing to do.
@@ -725,12 +716,10 @@ impl Fleet {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::rollout::admission::Verdict;
-    use crate::status::WaitingFor;
 
     /// A failed write of the fleet state is unavailable only when waiting mends it: a 403, a
-    /// policy's refusal or a 404 is refused, and stays refused (never a reason to go on
-    /// without the lock under `on_api_unavailable = "proceed"`).
+    /// policy's refusal or a 404 is refused, and stays refused (admission's `lock_error` never
+    /// lets a refusal go on without the lock under `on_api_unavailable = "proceed"`).
     #[tokio::test]
     async fn a_refused_write_of_the_fleet_state_stays_a_refusal() {
         let config = kube::Config::new("http://127.0.0.1:9".parse().unwrap());
@@ -759,14 +748,6 @@ mod tests {
         ] {
             let got = fleet.api_error(&e);
             assert!(matches!(got, LockError::Refused(_)), "{e:?}: {got:?}");
-            let verdict = crate::rollout::admission::lock_error(
-                crate::config::OnApiUnavailable::Proceed,
-                got,
-            );
-            assert!(
-                matches!(&verdict, Verdict::Wait(w) if w.waiting_for == WaitingFor::Refused),
-                "{e:?}: {verdict:?}"
-            );
         }
         for e in [
             ApiError::Unavailable {

@@ -15,11 +15,11 @@ use std::cmp::Ordering;
 
 use k8s_openapi::api::core::v1::Node;
 
-use super::admission::{self, Verdict};
 use super::after::Later;
-use super::fleet_state::FleetState;
 use crate::config::Config;
 use crate::k8s::{KubeClients, describe, refusal, unavailable};
+use crate::rollout::decide::admission::{self, Verdict};
+use crate::rollout::fleet::state::FleetState;
 use crate::types::Revision;
 
 /// `rollout.order = "name"`: by node name alone.
@@ -27,7 +27,7 @@ pub const BY_NAME: &str = "name";
 
 /// One node of the group, as its Node says.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub(super) struct Walker {
+pub(crate) struct Walker {
     pub name: String,
     /// The order label's value; `None` sorts last.
     pub key: Option<String>,
@@ -49,7 +49,7 @@ fn rank(a: &Walker, b: &Walker) -> Ordering {
 
 /// The nodes before `me` in the walk that have not passed the revision and are waited for;
 /// `me` may go while there are fewer than `max`.
-pub(super) fn ahead<'a>(me: &Walker, group: &'a [Walker]) -> Vec<&'a Walker> {
+pub(crate) fn ahead<'a>(me: &Walker, group: &'a [Walker]) -> Vec<&'a Walker> {
     group
         .iter()
         .filter(|w| w.name != me.name && rank(w, me) == Ordering::Less)
@@ -58,7 +58,7 @@ pub(super) fn ahead<'a>(me: &Walker, group: &'a [Walker]) -> Vec<&'a Walker> {
 }
 
 /// The reason to wait, or `None` to go.
-pub(super) fn verdict(
+pub(crate) fn verdict(
     me: &Walker,
     group: &[Walker],
     max: u32,
@@ -85,7 +85,7 @@ pub(super) fn verdict(
 }
 
 /// Reads the group's Nodes and answers: `Ok(None)` to go, else why not.
-pub(super) async fn check(
+pub(crate) async fn check(
     cfg: &Config,
     clients: &KubeClients,
     fleet: Option<&FleetState>,

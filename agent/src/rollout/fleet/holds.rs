@@ -25,8 +25,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kube::Api;
 use serde::{Deserialize, Serialize};
 
-use super::fleet::{EVENTS_KEY, MAX_EVENTS};
-use super::fleet_state::FleetEvent;
+use super::events;
 use crate::k8s::{ApiError, Edit, EditError, replace_with_retry};
 use crate::status::HoldStatus;
 
@@ -222,7 +221,7 @@ pub fn apply_hold(
             }
         })
         .collect();
-    record(data, &hold.by, now, log);
+    events::append_to_data(data, &hold.by, now, log);
     changed
 }
 
@@ -249,7 +248,7 @@ pub fn apply_release(
             }
         })
         .collect();
-    record(data, by, now, log);
+    events::append_to_data(data, by, now, log);
     changed
 }
 
@@ -276,32 +275,6 @@ fn expire(data: &mut BTreeMap<String, String>, now: Timestamp, by: &str, log: &m
             h.until.unwrap_or(now)
         ));
     }
-}
-
-/// Appends `actions` to the change log in `data`, keeping the newest [`MAX_EVENTS`]. A log
-/// that cannot be read is left as it is (the fleet state's reader says so).
-fn record(data: &mut BTreeMap<String, String>, by: &str, at: Timestamp, actions: Vec<String>) {
-    if actions.is_empty() {
-        return;
-    }
-    let mut events: Vec<FleetEvent> = match data.get(EVENTS_KEY) {
-        None => Vec::new(),
-        Some(v) => match serde_json::from_str(v) {
-            Ok(e) => e,
-            Err(_) => return,
-        },
-    };
-    events.extend(actions.into_iter().map(|action| FleetEvent {
-        by: by.to_owned(),
-        at,
-        action,
-    }));
-    let skip = events.len().saturating_sub(MAX_EVENTS);
-    let kept = &events[skip..];
-    data.insert(
-        EVENTS_KEY.to_owned(),
-        serde_json::to_string(kept).unwrap_or_default(),
-    );
 }
 
 /// Makes `edit` on the data of the ConfigMap `namespace/name` (created when missing) with an
@@ -356,6 +329,7 @@ fn api_error(resource: &str, e: &ApiError) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::rollout::fleet::events::{EVENTS_KEY, FleetEvent, MAX_EVENTS};
 
     fn t(s: &str) -> Timestamp {
         s.parse().unwrap()

@@ -12,14 +12,12 @@ use std::collections::BTreeMap;
 
 use serde::Deserialize;
 
-use super::gate::Check;
 use crate::config::{OnPrometheusUnavailable, PrometheusConfig};
+use crate::rollout::decide::gate::{ALERT_CHECK_PREFIX, Check};
 use crate::status::HealthStatus;
 
 /// Alerts kept from one answer; a query that matches more names too little to act on.
 pub const MAX_ALERTS: usize = 100;
-/// The name a check for an alert begins with, in the gate.
-pub const ALERT_CHECK_PREFIX: &str = "alert:";
 
 /// One series of the answer: an alert that fires (or whatever the query matched).
 #[derive(Clone, Debug, PartialEq, Eq)]

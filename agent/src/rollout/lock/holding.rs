@@ -12,10 +12,10 @@ use std::time::{Duration, Instant};
 
 use tokio::sync::watch;
 
-use super::lock::{LockError, RolloutLock};
+use crate::rollout::lock::{LockError, RolloutLock};
 use crate::state::Held;
 
-pub(super) struct Holding {
+pub(crate) struct Holding {
     pub held: Held,
     /// The slot's renewal, for a lock that has a duration (a slot Lease).
     renew: Option<tokio::task::JoinHandle<()>>,

@@ -21,6 +21,10 @@ use crate::config::GateRequire;
 use crate::state::Verifying;
 use crate::status::HealthStatus;
 
+/// The name a check for an alert of the alert gate begins with. The gate gives such a check a
+/// rule of its own: it is a regression whenever it was not firing before the activation.
+pub const ALERT_CHECK_PREFIX: &str = "alert:";
+
 /// One check's result as the gate sees it.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Check {
@@ -113,7 +117,7 @@ pub fn blocking(
                             v.baseline.get(name),
                             Some(HealthStatus::Ok | HealthStatus::Degraded)
                         )
-                        || (name.starts_with(super::alerts::ALERT_CHECK_PREFIX)
+                        || (name.starts_with(ALERT_CHECK_PREFIX)
                             && v.baseline.get(name) != Some(&HealthStatus::Failed)))
             }
         };

@@ -13,9 +13,9 @@ use std::time::{Duration, Instant};
 
 use tokio::sync::watch;
 
-use super::gate::Check;
 use crate::config::Config;
 use crate::k8s::{KubeClients, readyz};
+use crate::rollout::decide::gate::Check;
 use crate::status::{HealthMap, HealthStatus, STATE_HEALTH};
 use crate::types::Revision;
 use crate::util;
@@ -58,7 +58,7 @@ pub struct Look<'a> {
     pub revision: Option<&'a Revision>,
 }
 
-pub(super) struct Evidence {
+pub(crate) struct Evidence {
     pub health: watch::Receiver<HealthMap>,
     /// Set while a gate is open: the probes run at this interval.
     pub fast_probes: watch::Sender<Option<Duration>>,

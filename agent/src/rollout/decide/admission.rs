@@ -19,10 +19,10 @@ use std::time::Duration;
 
 use jiff::Timestamp;
 
-use super::fleet_state::FleetState;
-use super::lease::LockError;
 use super::window::{self, WindowState};
 use crate::config::{Freeze, OnApiUnavailable, Window};
+use crate::rollout::fleet::state::FleetState;
+use crate::rollout::lock::lease::LockError;
 use crate::state::Held;
 use crate::status::WaitingFor;
 use crate::types::{HaltCause, Revision};

@@ -3,8 +3,8 @@
 
 use super::*;
 use crate::config::{ClockTime, Day};
-use crate::rollout::fleet_state::{Halt, Pause};
-use crate::rollout::holds::Hold;
+use crate::rollout::fleet::holds::Hold;
+use crate::rollout::fleet::state::{Halt, Pause};
 
 fn rev(c: char) -> Revision {
     std::iter::repeat_n(c, 40)
@@ -816,4 +816,22 @@ fn an_apply_under_way_is_not_asked_of_etcd_again_but_a_reboot_is() {
         ..resumed
     };
     assert_eq!(next(&reboot, &read(&fleet), t(NOON)), Next::CheckEtcd);
+}
+
+/// A refusal of the lock's or the fleet state's writes waits, whatever `on_api_unavailable`
+/// says: only an API that does not answer may be gone past.
+#[test]
+fn a_refused_lock_write_waits_even_where_an_unavailable_api_is_gone_past() {
+    for policy in [OnApiUnavailable::Wait, OnApiUnavailable::Proceed] {
+        let v = lock_error(policy, LockError::Refused("403 forbidden".into()));
+        assert!(
+            matches!(&v, Verdict::Wait(w) if w.waiting_for == WaitingFor::Refused),
+            "{policy:?}: {v:?}"
+        );
+    }
+    let v = lock_error(
+        OnApiUnavailable::Proceed,
+        LockError::Unavailable("connection refused".into()),
+    );
+    assert!(!matches!(v, Verdict::Wait(_)), "{v:?}");
 }

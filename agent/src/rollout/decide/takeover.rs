@@ -10,14 +10,14 @@ use std::collections::BTreeMap;
 
 use jiff::Timestamp;
 
-use super::fleet_state::Halt;
-use super::lease::Vanished;
 use crate::config::OnHolderLost;
+use crate::rollout::fleet::state::Halt;
+use crate::rollout::lock::lease::Vanished;
 use crate::types::{HaltCause, Revision};
 
 /// What a take-over comes to.
 #[derive(Debug, PartialEq, Eq)]
-pub(super) struct Takeover {
+pub(crate) struct Takeover {
     /// The vanished holder's revision, when it said which.
     pub theirs: Option<Revision>,
     /// The notice for Events and webhooks.
@@ -29,14 +29,14 @@ pub(super) struct Takeover {
 }
 
 /// Who took over what: this node, its group, and the slot Lease's name.
-pub(super) struct Taker<'a> {
+pub(crate) struct Taker<'a> {
     pub me: &'a str,
     pub group: &'a str,
     pub lease: &'a str,
     pub policy: OnHolderLost,
 }
 
-pub(super) fn takeover(v: &Vanished, by: &Taker<'_>, now: Timestamp) -> Takeover {
+pub(crate) fn takeover(v: &Vanished, by: &Taker<'_>, now: Timestamp) -> Takeover {
     let doing = v.doing.clone().unwrap_or_default();
     let theirs: Option<Revision> = doing.revision.as_deref().and_then(|r| r.parse().ok());
     let notice = format!(
@@ -84,7 +84,7 @@ pub(super) fn takeover(v: &Vanished, by: &Taker<'_>, now: Timestamp) -> Takeover
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::rollout::lease::{Doing, SlotPhase};
+    use crate::rollout::lock::lease::{Doing, SlotPhase};
 
     fn rev() -> Revision {
         "a".repeat(40).parse().unwrap()

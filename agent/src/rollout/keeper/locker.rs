@@ -12,22 +12,22 @@ use std::time::{Duration, Instant};
 
 use tokio::sync::watch;
 
-use super::admission::{self, Holding as Seen, Purpose, Verdict};
-use super::fleetlock::FleetLock;
-use super::holding::Holding;
-use super::lease::{LeaseLock, SlotPhase, Vanished};
-use super::lock::{LockError, Released, RolloutLock, Taken};
-use super::slots::Observed;
 use crate::config::{Config, FleetLockConfig};
 use crate::k8s::KubeClients;
 use crate::metrics::Metrics;
+use crate::rollout::decide::admission::{self, Holding as Seen, Purpose, Verdict};
+use crate::rollout::lock::fleetlock::FleetLock;
+use crate::rollout::lock::holding::Holding;
+use crate::rollout::lock::lease::{LeaseLock, SlotPhase, Vanished};
+use crate::rollout::lock::slots::Observed;
+use crate::rollout::lock::{LockError, Released, RolloutLock, Taken};
 use crate::state::Held;
 use crate::types::Revision;
 use crate::util;
 
 type FleetLockKey = (FleetLockConfig, String, Duration);
 
-pub(super) struct Locker {
+pub(crate) struct Locker {
     /// Bumped when the lock is lost, or a watched slot changes: wakes a waiting node.
     changes: watch::Sender<u64>,
     /// When this process saw each slot Lease change: how it tells a dead holder from a live

@@ -16,16 +16,16 @@ use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::Node;
 use tokio::sync::watch;
 
-use super::admission::{self, Verdict};
 use super::after::{Later, watch_heartbeats};
-use super::fleet_state::FleetState;
 use crate::config::Config;
 use crate::k8s::{HEARTBEAT_GROUP_LABEL, KubeClients, describe, refusal, unavailable};
+use crate::rollout::decide::admission::{self, Verdict};
+use crate::rollout::fleet::state::FleetState;
 use crate::types::Revision;
 
 /// One canary of this node's group, as its heartbeat (and the fleet state) say.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub(super) struct Canary {
+pub(crate) struct Canary {
     pub node: String,
     /// Its heartbeat Lease exists.
     pub found: bool,
@@ -41,7 +41,7 @@ pub(super) struct Canary {
 
 /// What the canaries say.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub(super) enum CanaryVerdict {
+pub(crate) enum CanaryVerdict {
     Go,
     /// Wait, and why.
     Wait(String),
@@ -51,7 +51,7 @@ pub(super) enum CanaryVerdict {
 
 /// Whether a node of the group may start `revision`, given its canaries, when this node first
 /// saw them all pass (`all_passed_since`, monotonic) and `now`.
-pub(super) fn verdict(
+pub(crate) fn verdict(
     canaries: &[Canary],
     revision: &Revision,
     soak: Duration,
@@ -104,7 +104,7 @@ pub(super) fn verdict(
 }
 
 #[derive(Default)]
-pub(super) struct CanaryGroup {
+pub(crate) struct CanaryGroup {
     /// The revision the group may start (canaries passed, soak over).
     passed: Option<Revision>,
     /// When this node first saw every canary pass a revision.
@@ -249,12 +249,12 @@ async fn canaries_of(
     for name in names {
         let lease = leases.iter().find(|l| {
             l.metadata.name.as_deref().is_some_and(|n| {
-                super::cluster::heartbeat_node(pattern, n, l) == Some(name.as_str())
+                crate::k8s::heartbeat::heartbeat_node(pattern, n, l) == Some(name.as_str())
             })
         });
         let held = fleet
             .and_then(|f| f.hold_of(name, now))
-            .map(super::holds::Hold::describe);
+            .map(crate::rollout::fleet::holds::Hold::describe);
         let Some(l) = lease else {
             out.push(Canary {
                 node: name.clone(),

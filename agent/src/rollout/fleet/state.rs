@@ -1,17 +1,18 @@
 //! The `ginx-rollout` ConfigMap's stored format: the fleet pause, the halted revisions, the
 //! change log and the failures counted against each revision's budget, as [`FleetState`]. It is
-//! versioned by its keys, as [`fleet`](super::fleet) describes the layout: fields are added,
+//! versioned by its keys, as [`fleet`](crate::rollout::fleet) describes the layout: fields are added,
 //! never renamed, because nodes of different versions read and write the same object.
 //!
 //! Owns: these types, the questions the rollout asks of them, and their conversion into the
 //! views of status ([`FleetStatus`], [`HaltStatus`], [`PauseStatus`]). Not the encoding into
-//! keys or the writes (`fleet.rs`), nor what a halt means for applying (`admission.rs`).
+//! keys or the writes (`configmap.rs`), nor what a halt means for applying (`admission.rs`).
 
 use std::collections::BTreeMap;
 
 use jiff::Timestamp;
 use serde::{Deserialize, Serialize};
 
+use super::events::FleetEvent;
 use super::holds::Hold;
 use crate::status::{
     FailureStatus, FleetEventStatus, FleetStatus, HaltStatus, HoldStatus, PauseStatus,
@@ -44,15 +45,6 @@ pub struct Pause {
     /// `user@node` of who paused.
     pub by: String,
     pub at: Timestamp,
-}
-
-/// A change of the fleet state made by a person: who, when, what.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-pub struct FleetEvent {
-    pub by: String,
-    pub at: Timestamp,
-    /// `pause`, `resume`, `clear <revision>`, `halt <revision>`.
-    pub action: String,
 }
 
 /// The `ginx-rollout` ConfigMap's contents.
@@ -129,16 +121,6 @@ impl From<&Pause> for PauseStatus {
         PauseStatus {
             by: p.by.clone(),
             at: p.at,
-        }
-    }
-}
-
-impl From<&FleetEvent> for FleetEventStatus {
-    fn from(e: &FleetEvent) -> Self {
-        FleetEventStatus {
-            by: e.by.clone(),
-            at: e.at,
-            action: e.action.clone(),
         }
     }
 }

@@ -184,7 +184,8 @@ pub fn answers_of(
     leases
         .iter()
         .filter_map(|l| {
-            let node = super::cluster::heartbeat_node(pattern, l.metadata.name.as_deref()?, l)?;
+            let node =
+                crate::k8s::heartbeat::heartbeat_node(pattern, l.metadata.name.as_deref()?, l)?;
             let alive = match (renewed(l), freshest) {
                 (Some(t), Some(f)) => f.duration_since(t).as_secs() <= stale_secs,
                 _ => false,

@@ -88,18 +88,18 @@ pub fn blockers(nodes: &[NodeFacts], me: &str, group: &str, condition: &str) -> 
 pub async fn check(
     clients: &KubeClients,
     cfg: &Config,
-) -> Result<Option<String>, super::lease::LockError> {
+) -> Result<Option<String>, crate::rollout::lock::lease::LockError> {
     let nodes = Api::<Node>::all(clients.main.clone())
         .list(&ListParams::default())
         .await
         .map_err(|e| {
             if crate::k8s::unavailable(&e) {
-                super::lease::LockError::Unavailable(format!(
+                crate::rollout::lock::lease::LockError::Unavailable(format!(
                     "quorum guard: cannot list the nodes: {}",
                     describe(&e)
                 ))
             } else {
-                super::lease::LockError::Refused(format!(
+                crate::rollout::lock::lease::LockError::Refused(format!(
                     "quorum guard: {}",
                     crate::k8s::refusal("list", "nodes", &e)
                 ))
