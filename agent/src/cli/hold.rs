@@ -14,6 +14,7 @@ use kube::Api;
 use super::render::terminal_safe;
 use crate::config::Config;
 use crate::rollout::fleet::holds::{self, Changed, Hold, MAX_NODES};
+use crate::rollout::fleet::operator::{self, Change};
 
 /// What `ginxctl hold` was asked, checked.
 #[derive(Debug, PartialEq)]
@@ -144,9 +145,16 @@ async fn write(
 ) -> Result<Vec<Changed>, (u8, String)> {
     let ns = &cfg.kubernetes.namespace;
     let api = Api::<ConfigMap>::namespaced(client.clone(), ns);
-    holds::write(&api, ns, &cfg.rollout.configmap, edit)
-        .await
-        .map_err(|e| (1, e))
+    let mut edit = edit;
+    operator::edit_data(
+        &api,
+        ns,
+        &cfg.rollout.configmap,
+        "placing or lifting a hold",
+        |data| Ok(Change::Write(edit(data))),
+    )
+    .await
+    .map_err(|e| (1, e.to_string()))
 }
 
 /// `held lucy until T (disk failing): …`, one line per node, saying what a re-hold replaced.

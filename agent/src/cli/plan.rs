@@ -188,9 +188,9 @@ async fn ask_and_wait(
         at: jiff::Timestamp::now(),
         groups,
     };
-    let (id, reused) = ask(&cms, &cfg.rollout.configmap, &request)
+    let (id, reused) = ask(&cms, &k.namespace, &cfg.rollout.configmap, &request)
         .await
-        .map_err(|e| (1, e))?;
+        .map_err(|e| (1, e.to_string()))?;
     let leases = kube::Api::<Lease>::namespaced(client, &k.namespace);
     let stale = i64::from(
         k.lease_duration

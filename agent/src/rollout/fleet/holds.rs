@@ -13,20 +13,16 @@
 //! (by the reading node's clock: a hold lapses a little early or late with the clocks' skew,
 //! never holds a node for good); the next `ginxctl hold` or `release` removes it.
 //!
-//! Owns the format, the pure edits `ginxctl` makes, and the one write that makes them. Not
-//! what a hold means for admission (`admission.rs`).
+//! Owns the format and the pure edits `ginxctl` makes (written through [`operator`](super::operator)).
+//! Not what a hold means for admission (`decide/admission.rs`).
 
 use std::collections::BTreeMap;
 
 use jiff::tz::TimeZone;
 use jiff::{SignedDuration, Timestamp};
-use k8s_openapi::api::core::v1::ConfigMap;
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
-use kube::Api;
 use serde::{Deserialize, Serialize};
 
 use super::events;
-use crate::k8s::{ApiError, Edit, EditError, replace_with_retry};
 use crate::status::HoldStatus;
 
 /// The prefix of a hold's key; the node's name follows.
@@ -274,55 +270,6 @@ fn expire(data: &mut BTreeMap<String, String>, now: Timestamp, by: &str, log: &m
             "hold {node} lapsed at {} (removed by {by})",
             h.until.unwrap_or(now)
         ));
-    }
-}
-
-/// Makes `edit` on the data of the ConfigMap `namespace/name` (created when missing) with an
-/// operator's credentials, compare-and-swap, again from a fresh read on a conflict.
-pub async fn write<T>(
-    api: &Api<ConfigMap>,
-    namespace: &str,
-    name: &str,
-    mut edit: impl FnMut(&mut BTreeMap<String, String>) -> T,
-) -> Result<T, String> {
-    let resource = format!("ConfigMap {namespace}/{name}");
-    let written = replace_with_retry(api, name, &resource, None, |existing| {
-        let mut cm = existing.unwrap_or_else(|| ConfigMap {
-            metadata: ObjectMeta {
-                name: Some(name.to_owned()),
-                ..ObjectMeta::default()
-            },
-            ..ConfigMap::default()
-        });
-        let mut data = cm.data.take().unwrap_or_default();
-        let value = edit(&mut data);
-        cm.data = Some(data);
-        Ok::<_, String>(Edit::Write(cm, value))
-    })
-    .await
-    .map_err(|e| match e {
-        EditError::Edit(why) => why,
-        EditError::Api(e) => api_error(&resource, &e),
-    })?;
-    Ok(written.value)
-}
-
-/// A failed request about the ConfigMap, with what to do.
-fn api_error(resource: &str, e: &ApiError) -> String {
-    match e {
-        ApiError::Policy { detail, .. } => format!(
-            "{resource}: refused by an admission policy: {detail}; holds are placed and lifted \
-             with an operator's credentials, never a node's"
-        ),
-        ApiError::Refused {
-            status: Some(401 | 403),
-            detail,
-            ..
-        } => format!(
-            "{resource}: forbidden: {detail}; placing or lifting a hold needs get and update on \
-             it (an operator's kubeconfig: Role ginx-fleet-operator, or cluster-admin)"
-        ),
-        other => format!("{resource}: {other}"),
     }
 }
 

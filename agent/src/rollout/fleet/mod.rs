@@ -2,11 +2,12 @@
 //! revisions, the fleet pause, the failures counted against a revision's budget, operators'
 //! holds and plan requests, and one log of changes. [`state`] is its stored format,
 //! [`configmap`] its keys, codec, edits and writer, [`events`] its change log, [`holds`] and [`plan_requests`] the keys
-//! operators write.
+//! operators write, through [`operator`].
 
 pub mod configmap;
 pub mod events;
 pub mod holds;
+pub mod operator;
 pub mod plan_requests;
 pub mod state;
 

@@ -12,13 +12,12 @@ use std::collections::BTreeMap;
 
 use jiff::Timestamp;
 use k8s_openapi::api::core::v1::ConfigMap;
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kube::Api;
 
 use k8s_openapi::api::coordination::v1::Lease;
 
+use super::operator::{Change, OperatorError, edit_data};
 use crate::k8s::heartbeat::{GROUP_LABEL, PREVIEWS_ANNOTATION};
-use crate::k8s::{ApiError, Edit, EditError, replace_with_retry};
 use crate::types::preview::{
     MAX_REQUESTS, REQUEST_LIFETIME_SECS, check_groups, check_reference, decode_answers,
     valid_request_id,
@@ -96,26 +95,25 @@ pub fn new_id() -> String {
     format!("{:012x}", fastrand::u64(..) & 0xffff_ffff_ffff)
 }
 
-/// Writes `request` in the ConfigMap `name` (created when missing), unless the same stands;
-/// returns the request's id and whether it was already standing.
+/// Writes `request` in the ConfigMap `namespace/name` (created when missing), unless the same
+/// stands; returns the request's id and whether it was already standing.
 pub async fn ask(
     api: &Api<ConfigMap>,
+    namespace: &str,
     name: &str,
     request: &PlanRequest,
-) -> Result<(String, bool), String> {
+) -> Result<(String, bool), OperatorError> {
     let now = request.at;
-    let resource = format!("ConfigMap {name}");
     let id = new_id();
-    let written = replace_with_retry(api, name, &resource, None, |existing| {
-        let data = existing
-            .as_ref()
-            .and_then(|c| c.data.clone())
-            .unwrap_or_default();
-        match admit(&decode(&data), request, now, &id) {
-            Admission::Reuse(id) => Ok(Edit::Keep((id, true))),
+    edit_data(
+        api,
+        namespace,
+        name,
+        "writing a plan request",
+        |data| match admit(&decode(data), request, now, &id) {
+            Admission::Reuse(id) => Ok(Change::Keep((id, true))),
             Admission::Full(why) => Err(why),
             Admission::Add { id, expired } => {
-                let mut data = data;
                 for old in expired {
                     data.remove(&format!("{PLAN_PREFIX}{old}"));
                 }
@@ -123,43 +121,11 @@ pub async fn ask(
                     format!("{PLAN_PREFIX}{id}"),
                     serde_json::to_string(request).unwrap_or_default(),
                 );
-                let mut cm = existing.unwrap_or_else(|| ConfigMap {
-                    metadata: ObjectMeta {
-                        name: Some(name.to_owned()),
-                        ..ObjectMeta::default()
-                    },
-                    ..ConfigMap::default()
-                });
-                cm.data = Some(data);
-                Ok(Edit::Write(cm, (id, false)))
+                Ok(Change::Write((id, false)))
             }
-        }
-    })
+        },
+    )
     .await
-    .map_err(|e| match e {
-        EditError::Edit(why) => why,
-        EditError::Api(e) => api_error(&resource, &e),
-    })?;
-    Ok(written.value)
-}
-
-/// A failed request about the ConfigMap, with what to do.
-fn api_error(resource: &str, e: &ApiError) -> String {
-    match e {
-        ApiError::Policy { detail, .. } => format!(
-            "{resource}: refused by an admission policy: {detail}; plan requests are written with \
-             an operator's credentials, not a node's"
-        ),
-        ApiError::Refused {
-            status: Some(403),
-            detail,
-            ..
-        } => format!(
-            "{resource}: forbidden: {detail}; writing a plan request needs update on ConfigMaps \
-             in ginx's namespace (an operator's kubeconfig)"
-        ),
-        other => format!("{resource}: {other}"),
-    }
 }
 
 /// The nodes whose heartbeat Leases are among `leases` (named by `pattern`,
@@ -209,6 +175,7 @@ pub fn answers_of(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 
     fn at(s: i64) -> Timestamp {
         Timestamp::from_second(1_800_000_000 + s).unwrap()
