@@ -195,8 +195,8 @@ pub enum RolloutCommand {
 /// `ginxctl hold|release`: what to do, with which kubeconfig.
 fn hold_or_release(
     command: &CtlCommand,
-) -> Option<(super::operator::Lift, Option<&std::path::Path>)> {
-    use super::operator::Lift;
+) -> Option<(super::operator::Act, Option<&std::path::Path>)> {
+    use super::operator::Act;
     match command {
         CtlCommand::Hold {
             nodes,
@@ -205,7 +205,7 @@ fn hold_or_release(
             force,
             kubeconfig,
         } => Some((
-            Lift::Hold {
+            Act::Hold {
                 nodes: nodes.clone(),
                 reason: reason.clone(),
                 until: until.clone(),
@@ -214,7 +214,7 @@ fn hold_or_release(
             kubeconfig.as_deref(),
         )),
         CtlCommand::Release { nodes, kubeconfig } => {
-            Some((Lift::Release(nodes.clone()), kubeconfig.as_deref()))
+            Some((Act::Release(nodes.clone()), kubeconfig.as_deref()))
         }
         _ => None,
     }
@@ -235,9 +235,9 @@ pub fn main(args: CtlArgs) -> ExitCode {
     {
         let lift = match &args.command {
             CtlCommand::Rollout(RolloutCommand::Clear { revision, .. }) => {
-                super::operator::Lift::Halt(revision.clone())
+                super::operator::Act::Clear(revision.clone())
             }
-            _ => super::operator::Lift::Pause,
+            _ => super::operator::Act::Resume,
         };
         return super::operator::main(
             &args.config,
@@ -456,7 +456,7 @@ mod tests {
         ])
         .unwrap();
         let Some((
-            super::super::operator::Lift::Hold {
+            super::super::operator::Act::Hold {
                 nodes,
                 reason,
                 until,
@@ -480,7 +480,7 @@ mod tests {
             CtlArgs::try_parse_from(["ginxctl", "release", "w2", "--kubeconfig", "/k"]).unwrap();
         assert!(matches!(
             hold_or_release(&a.command),
-            Some((super::super::operator::Lift::Release(n), Some(k))) if n == ["w2"] && k == std::path::Path::new("/k")
+            Some((super::super::operator::Act::Release(n), Some(k))) if n == ["w2"] && k == std::path::Path::new("/k")
         ));
         assert!(CtlArgs::try_parse_from(["ginxctl", "hold"]).is_err());
         assert!(CtlArgs::try_parse_from(["ginxctl", "release"]).is_err());

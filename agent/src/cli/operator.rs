@@ -23,11 +23,12 @@ use crate::status::{FleetStatus, HaltStatus};
 /// Where kubeadm writes the cluster admin's kubeconfig on control-plane nodes.
 pub const ADMIN_CONF: &str = "/etc/kubernetes/admin.conf";
 
-/// What an operator does: lift the pause or a halt, hold or release nodes.
+/// What an operator does: resume the paused fleet, clear a halted revision, hold or release
+/// nodes.
 #[derive(Debug)]
-pub enum Lift {
-    Pause,
-    Halt(String),
+pub enum Act {
+    Resume,
+    Clear(String),
     Hold {
         nodes: Vec<String>,
         reason: String,
@@ -95,12 +96,12 @@ pub fn credentials(
     Ok(found)
 }
 
-/// Runs `lift` with the operator's credentials; prints what it did, or why not.
+/// Runs `act` with the operator's credentials; prints what it did, or why not.
 pub fn main(
     config_path: &Path,
     kubeconfig: Option<&Path>,
     timeout: std::time::Duration,
-    lift: Lift,
+    act: Act,
 ) -> ExitCode {
     let cfg = match config::load(config_path) {
         Ok(l) => l.config,
@@ -116,7 +117,7 @@ pub fn main(
             return ExitCode::from(2);
         }
     };
-    let lift = match checked(lift) {
+    let act = match checked(act) {
         Ok(l) => l,
         Err(e) => {
             eprintln!("ginxctl: {}", render::terminal_safe(&e));
@@ -136,7 +137,7 @@ pub fn main(
         Err(code) => return code,
     };
     let result = rt.block_on(async {
-        tokio::time::timeout(timeout, lift_with(&cfg, &creds, lift))
+        tokio::time::timeout(timeout, act_with(&cfg, &creds, act))
             .await
             .unwrap_or_else(|_| {
                 Err((
@@ -160,8 +161,8 @@ pub fn main(
 /// What was asked, checked before any credentials are looked for: a bad name or `--until` is
 /// the command line's error (exit 2), not the API's.
 enum Checked {
-    Pause,
-    Halt(String),
+    Resume,
+    Clear(String),
     Hold {
         asked: super::hold::Asked,
         force: bool,
@@ -169,11 +170,11 @@ enum Checked {
     Release(Vec<String>),
 }
 
-fn checked(lift: Lift) -> Result<Checked, String> {
-    Ok(match lift {
-        Lift::Pause => Checked::Pause,
-        Lift::Halt(r) => Checked::Halt(r),
-        Lift::Hold {
+fn checked(act: Act) -> Result<Checked, String> {
+    Ok(match act {
+        Act::Resume => Checked::Resume,
+        Act::Clear(r) => Checked::Clear(r),
+        Act::Hold {
             nodes,
             reason,
             until,
@@ -184,7 +185,7 @@ fn checked(lift: Lift) -> Result<Checked, String> {
             let asked = super::hold::check(&nodes, &reason, until.as_deref(), now, &local)?;
             Checked::Hold { asked, force }
         }
-        Lift::Release(nodes) => Checked::Release(super::hold::check_nodes(&nodes)?),
+        Act::Release(nodes) => Checked::Release(super::hold::check_nodes(&nodes)?),
     })
 }
 
@@ -194,11 +195,7 @@ fn humantime(d: std::time::Duration) -> String {
 
 /// Exit codes as the socket commands': 1 when the API or the ConfigMap says no, 2 when there
 /// are no usable credentials.
-async fn lift_with(
-    cfg: &Config,
-    creds: &Credentials,
-    lift: Checked,
-) -> Result<String, (u8, String)> {
+async fn act_with(cfg: &Config, creds: &Credentials, act: Checked) -> Result<String, (u8, String)> {
     let k = &cfg.kubernetes;
     let kc = crate::kube::client_config(&creds.path, None, k.request_timeout.get())
         .await
@@ -215,17 +212,17 @@ async fn lift_with(
     })?;
     let by = operator_name(&client).await;
     let fleet = Fleet::new(client.clone(), &k.namespace, &cfg.rollout.configmap).as_operator();
-    match lift {
+    match act {
         Checked::Hold { asked, force } => super::hold::hold(&client, cfg, &asked, &by, force).await,
         Checked::Release(nodes) => super::hold::release(&client, cfg, &nodes, &by).await,
-        Checked::Pause => {
+        Checked::Resume => {
             let updated = fleet.resume(&by).await.map_err(|e| (1, e.to_string()))?;
             Ok(render::resumed(&FleetReport {
                 changed: updated.changed,
                 fleet: FleetStatus::from(&updated.state),
             }))
         }
-        Checked::Halt(revision) => match fleet.clear(&revision, &by).await {
+        Checked::Clear(revision) => match fleet.clear(&revision, &by).await {
             Ok(cleared) => Ok(render::cleared(&ClearReport {
                 cleared: HaltStatus::from(&cleared),
             })),

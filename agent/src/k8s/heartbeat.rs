@@ -2,7 +2,7 @@
 //!
 //! It says that the node's ginx is alive (`renewTime`, renewed as the kubelet's node lease
 //! controller renews the node's Lease), the node's rollout group and the last revision whose
-//! gate passed on it ([`GROUP_LABEL`], [`PASSED_ANNOTATION`]: how `rollout.after` of another
+//! gate passed on it ([`HEARTBEAT_GROUP_LABEL`], [`HEARTBEAT_PASSED_ANNOTATION`]: how `rollout.after` of another
 //! group finds it), the plan of the revision it waits for ([`PLAN_ANNOTATION`]: how
 //! `ginxctl cluster` tells what a revision will disrupt), its answers to plan requests
 //! ([`PREVIEWS_ANNOTATION`]: how `ginxctl plan REF` learns the fleet's plan of a ref), and, while the node queues for a slot of a large group, which slot
@@ -23,8 +23,6 @@ pub const HEARTBEAT_GROUP_LABEL: &str = "ginx.io/group";
 /// On the heartbeat Lease: the last revision whose health gate passed on the node (full
 /// commit id).
 pub const HEARTBEAT_PASSED_ANNOTATION: &str = "ginx.io/passed-revision";
-pub use HEARTBEAT_GROUP_LABEL as GROUP_LABEL;
-pub use HEARTBEAT_PASSED_ANNOTATION as PASSED_ANNOTATION;
 
 /// On the heartbeat Lease: the plan of the revision the node waits for or is about to apply
 /// ([`PlanMark`](crate::types::PlanMark) as compact JSON); absent when none is computed.
@@ -56,9 +54,9 @@ pub struct Heartbeat {
 /// What a heartbeat Lease says of its node's rollout, besides that it is alive.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Marks {
-    /// The rollout group ([`GROUP_LABEL`]); empty: none written.
+    /// The rollout group ([`HEARTBEAT_GROUP_LABEL`]); empty: none written.
     pub group: String,
-    /// The last revision whose gate passed on the node ([`PASSED_ANNOTATION`]).
+    /// The last revision whose gate passed on the node ([`HEARTBEAT_PASSED_ANNOTATION`]).
     pub passed: Option<String>,
     /// The next revision's plan, encoded ([`PLAN_ANNOTATION`]).
     pub plan: Option<String>,
@@ -147,11 +145,11 @@ fn mark(meta: &mut ObjectMeta, marks: &Marks) {
     if !marks.group.is_empty() {
         meta.labels
             .get_or_insert_with(Default::default)
-            .insert(GROUP_LABEL.to_owned(), marks.group.clone());
+            .insert(HEARTBEAT_GROUP_LABEL.to_owned(), marks.group.clone());
     }
     let a = meta.annotations.get_or_insert_with(Default::default);
     for (key, value) in [
-        (PASSED_ANNOTATION, &marks.passed),
+        (HEARTBEAT_PASSED_ANNOTATION, &marks.passed),
         (PLAN_ANNOTATION, &marks.plan),
         (PREVIEWS_ANNOTATION, &marks.previews),
     ] {
@@ -252,9 +250,12 @@ mod tests {
             previews: Some("[]".into()),
         };
         mark(&mut meta, &marks);
-        assert_eq!(meta.labels.as_ref().unwrap()[GROUP_LABEL], "workers");
+        assert_eq!(
+            meta.labels.as_ref().unwrap()[HEARTBEAT_GROUP_LABEL],
+            "workers"
+        );
         let a = meta.annotations.clone().unwrap();
-        assert_eq!(a[PASSED_ANNOTATION], "abc");
+        assert_eq!(a[HEARTBEAT_PASSED_ANNOTATION], "abc");
         assert_eq!(a[PLAN_ANNOTATION], "{}");
         assert_eq!(a[PREVIEWS_ANNOTATION], "[]");
         mark(
@@ -265,7 +266,7 @@ mod tests {
             },
         );
         let a = meta.annotations.unwrap();
-        assert!(!a.contains_key(PASSED_ANNOTATION));
+        assert!(!a.contains_key(HEARTBEAT_PASSED_ANNOTATION));
         assert!(!a.contains_key(PLAN_ANNOTATION));
         assert!(!a.contains_key(PREVIEWS_ANNOTATION));
     }

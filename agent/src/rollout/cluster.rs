@@ -25,7 +25,7 @@ use crate::k8s::heartbeat::{PLAN_ANNOTATION, heartbeat_node};
 use crate::k8s::{code, describe};
 use crate::rollout::fleet::Fleet;
 use crate::rollout::fleet::state::FleetState;
-use crate::rollout::lock::lease::GROUP_LABEL;
+use crate::rollout::lock::lease::SLOT_GROUP_LABEL;
 use crate::rollout::lock::slots::Observed;
 use crate::status::{ClusterNode, ClusterView, FleetStatus, RevisionCounts};
 use crate::types::{PlanMark, Role, plan_counts};
@@ -297,7 +297,7 @@ fn slot_of<'a>(name: &'a str, lease: &'a Lease) -> Option<(&'a str, u32)> {
         .metadata
         .labels
         .as_ref()
-        .and_then(|l| l.get(GROUP_LABEL))
+        .and_then(|l| l.get(SLOT_GROUP_LABEL))
         .map(String::as_str);
     let (group, slot) = match labelled {
         Some(g) => (g, rest.strip_prefix(g)?.strip_prefix('-')?),

@@ -58,7 +58,7 @@ impl Effective {
 
 /// The lock this process holds, as admission needs to know it.
 #[derive(Clone, Copy, Debug)]
-pub enum Holding<'a> {
+pub enum OwnSlot<'a> {
     None,
     /// Held and renewed.
     Live(&'a Held),
@@ -79,7 +79,7 @@ pub struct Ask<'a> {
     /// The state file says this node holds a lock (taken before a restart): it is resumed,
     /// never a second one taken.
     pub held_in_state: bool,
-    pub holding: Holding<'a>,
+    pub own_slot: OwnSlot<'a>,
     /// This node's name (a hold names it) and rollout group.
     pub node: &'a str,
     pub group: &'a str,
@@ -194,7 +194,7 @@ impl Verdict {
 
 /// The next step of an ask, given what is known at `now`.
 pub fn next(ask: &Ask<'_>, facts: &Facts<'_>, now: Timestamp) -> Next {
-    let resuming = ask.held_in_state || !matches!(ask.holding, Holding::None);
+    let resuming = ask.held_in_state || !matches!(ask.own_slot, OwnSlot::None);
     match ask.backend {
         Effective::Bootstrap => {
             return Next::Answer(calendar_wait(ask, resuming, now).unwrap_or(Verdict::Go(None)));
@@ -224,7 +224,7 @@ pub fn next(ask: &Ask<'_>, facts: &Facts<'_>, now: Timestamp) -> Next {
         }
         return Next::ReadFleet;
     }
-    let resuming_own = ask.held_in_state || matches!(ask.holding, Holding::Live(_));
+    let resuming_own = ask.held_in_state || matches!(ask.own_slot, OwnSlot::Live(_));
     let whom = Whom {
         node: ask.node,
         group: ask.group,
@@ -266,7 +266,7 @@ pub fn next(ask: &Ask<'_>, facts: &Facts<'_>, now: Timestamp) -> Next {
         }
         Owed::Written { .. } | Owed::None => {}
     }
-    if let Holding::Live(held) = ask.holding {
+    if let OwnSlot::Live(held) = ask.own_slot {
         return Next::Answer(Verdict::Go(Some(held.clone())));
     }
     // Order across groups: nothing of this group starts a revision before every node of

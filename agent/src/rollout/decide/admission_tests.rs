@@ -62,7 +62,7 @@ fn ask(r: &Revision) -> Ask<'_> {
         cluster: true,
         connected: true,
         held_in_state: false,
-        holding: Holding::None,
+        own_slot: OwnSlot::None,
         node: "w3",
         group: "workers",
         quorum_guard: false,
@@ -314,7 +314,7 @@ fn every_wait_and_every_step_is_reached() {
         (
             "the slot is held",
             Ask {
-                holding: Holding::Live(&h),
+                own_slot: OwnSlot::Live(&h),
                 ..ask(&r)
             },
             read(&empty),
@@ -493,7 +493,7 @@ fn a_hold_keeps_its_node_out_until_it_lapses_and_lets_its_own_slot_finish() {
     for purpose in [Purpose::Apply, Purpose::Reboot] {
         let resuming = Ask {
             purpose,
-            holding: Holding::Live(&h),
+            own_slot: OwnSlot::Live(&h),
             ..ask(&r)
         };
         assert_eq!(
@@ -570,7 +570,7 @@ fn a_freeze_holds_applies_and_reboots_until_it_ends_but_not_an_apply_under_way()
     // waits.
     let h = held(&r);
     let resuming = Ask {
-        holding: Holding::Live(&h),
+        own_slot: OwnSlot::Live(&h),
         ..frozen.clone()
     };
     assert_eq!(
@@ -624,7 +624,7 @@ fn the_alert_gate_is_asked_before_a_slot_and_its_answer_holds_or_lets_go() {
     assert_eq!(next(&unlocked, &Facts::default(), now), Next::CheckAlerts);
     let h = held(&r);
     let resuming = Ask {
-        holding: Holding::Live(&h),
+        own_slot: OwnSlot::Live(&h),
         ..gated.clone()
     };
     assert_eq!(
@@ -772,7 +772,7 @@ fn a_lost_slot_is_taken_again_not_granted() {
     let r = rev('a');
     let fleet = FleetState::default();
     let lost = Ask {
-        holding: Holding::Lost,
+        own_slot: OwnSlot::Lost,
         ..ask(&r)
     };
     assert_eq!(next(&lost, &read(&fleet), t(NOON)), Next::Take);

@@ -17,7 +17,7 @@ use kube::Api;
 use k8s_openapi::api::coordination::v1::Lease;
 
 use super::operator::{Change, OperatorError, edit_data};
-use crate::k8s::heartbeat::{GROUP_LABEL, PREVIEWS_ANNOTATION};
+use crate::k8s::heartbeat::{HEARTBEAT_GROUP_LABEL, PREVIEWS_ANNOTATION};
 use crate::types::preview::{
     MAX_REQUESTS, REQUEST_LIFETIME_SECS, check_groups, check_reference, decode_answers,
     valid_request_id,
@@ -156,7 +156,11 @@ pub fn answers_of(
                 (Some(t), Some(f)) => f.duration_since(t).as_secs() <= stale_secs,
                 _ => false,
             };
-            let group = l.metadata.labels.as_ref().and_then(|m| m.get(GROUP_LABEL));
+            let group = l
+                .metadata
+                .labels
+                .as_ref()
+                .and_then(|m| m.get(HEARTBEAT_GROUP_LABEL));
             if !alive || !asked.asks(group.map_or("", String::as_str)) {
                 return None;
             }
@@ -304,8 +308,10 @@ mod tests {
         assert!(answers_of(&leases, "ginx-{node}", ("r2", &all), 30)["a"].is_none());
         // Asked of group g only: a is in it, b is not.
         let mut leases = leases;
-        leases[0].metadata.labels =
-            Some(BTreeMap::from([(GROUP_LABEL.to_owned(), "g".to_owned())]));
+        leases[0].metadata.labels = Some(BTreeMap::from([(
+            HEARTBEAT_GROUP_LABEL.to_owned(),
+            "g".to_owned(),
+        )]));
         let of_g = PlanRequest {
             groups: vec!["g".into()],
             ..all

@@ -18,15 +18,15 @@ use crate::types::{Notices, Reason, Revision};
 /// that the `EtcdUnhealthy` notice is given once per spell, not once per look.
 #[derive(Debug, Default)]
 pub struct EtcdGuard {
-    holding: bool,
+    blocking: bool,
 }
 
 /// One look's outcome.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub enum Look {
+pub enum EtcdAnswer {
     Pass(HandOver),
     /// The node waits: why.
-    Hold(String),
+    Wait(String),
 }
 
 impl EtcdGuard {
@@ -59,7 +59,7 @@ impl EtcdGuard {
     }
 
     /// Logs and notices a look, and the reason to wait with, if any.
-    fn tell(&mut self, look: Look, notices: &Notices, revision: &Revision) -> Option<String> {
+    fn tell(&mut self, look: EtcdAnswer, notices: &Notices, revision: &Revision) -> Option<String> {
         let (told, reason) = self.told(&look);
         if let Some((kind, message)) = told {
             match kind {
@@ -77,19 +77,19 @@ impl EtcdGuard {
 
     /// The notice a look calls for (a hold that starts a spell, a leadership moved) and the
     /// wait's reason, if any.
-    fn told(&mut self, look: &Look) -> (Option<(Reason, String)>, Option<String>) {
+    fn told(&mut self, look: &EtcdAnswer) -> (Option<(Reason, String)>, Option<String>) {
         match look {
-            Look::Hold(why) => {
-                let first = !self.holding;
-                self.holding = true;
+            EtcdAnswer::Wait(why) => {
+                let first = !self.blocking;
+                self.blocking = true;
                 let reason = format!("etcd: {why}");
                 (
                     first.then(|| (Reason::EtcdUnhealthy, reason.clone())),
                     Some(reason),
                 )
             }
-            Look::Pass(moved) => {
-                self.holding = false;
+            EtcdAnswer::Pass(moved) => {
+                self.blocking = false;
                 let told = match moved {
                     HandOver::NotLeader => None,
                     HandOver::Moved { from, to } => Some((
@@ -113,12 +113,12 @@ async fn view(cfg: &EtcdConfig) -> Result<(Client, crate::etcd::View), String> {
 }
 
 /// The guard's look: every member fit, and the quorum kept without this node.
-pub async fn look(cfg: &EtcdConfig) -> Look {
+pub async fn look(cfg: &EtcdConfig) -> EtcdAnswer {
     match view(cfg).await {
-        Err(why) => Look::Hold(why),
+        Err(why) => EtcdAnswer::Wait(why),
         Ok((_, v)) => match v.blockers(u64::from(cfg.max_lag)) {
-            Some(why) => Look::Hold(why),
-            None => Look::Pass(HandOver::NotLeader),
+            Some(why) => EtcdAnswer::Wait(why),
+            None => EtcdAnswer::Pass(HandOver::NotLeader),
         },
     }
 }
@@ -126,16 +126,16 @@ pub async fn look(cfg: &EtcdConfig) -> Look {
 /// The last look: every member fit and the quorum kept without this node, as before the slot;
 /// then, when this node's member leads (and `etcd.hand_over` is on), the leadership moved to
 /// the fittest other member and seen there.
-async fn moved(cfg: &EtcdConfig) -> Look {
+async fn moved(cfg: &EtcdConfig) -> EtcdAnswer {
     let (client, v) = match view(cfg).await {
         Ok(x) => x,
-        Err(why) => return Look::Hold(why),
+        Err(why) => return EtcdAnswer::Wait(why),
     };
     let max_lag = u64::from(cfg.max_lag);
     match hand_over(&client, v, max_lag, cfg.hand_over_attempts, cfg.hand_over).await {
-        Ok(done) => Look::Pass(done),
-        Err(Unfit::Cluster(why)) => Look::Hold(why),
-        Err(Unfit::Leading(why)) => Look::Hold(format!(
+        Ok(done) => EtcdAnswer::Pass(done),
+        Err(Unfit::Cluster(why)) => EtcdAnswer::Wait(why),
+        Err(Unfit::Leading(why)) => EtcdAnswer::Wait(format!(
             "{why}; this node's member leads, and it is not taken down while it does \
              (etcd.hand_over)"
         )),
@@ -149,7 +149,7 @@ mod tests {
     #[test]
     fn a_hold_is_told_once_per_spell_and_a_move_each_time() {
         let mut g = EtcdGuard::default();
-        let hold = Look::Hold("quinn has the alarm NOSPACE".into());
+        let hold = EtcdAnswer::Wait("quinn has the alarm NOSPACE".into());
         let (told, why) = g.told(&hold);
         assert_eq!(
             told,
@@ -160,10 +160,10 @@ mod tests {
         );
         assert_eq!(why.as_deref(), Some("etcd: quinn has the alarm NOSPACE"));
         assert_eq!(g.told(&hold).0, None, "the same spell is told once");
-        let pass = Look::Pass(HandOver::NotLeader);
+        let pass = EtcdAnswer::Pass(HandOver::NotLeader);
         assert_eq!(g.told(&pass), (None, None));
         assert!(g.told(&hold).0.is_some(), "a new spell is told again");
-        let moved = Look::Pass(HandOver::Moved {
+        let moved = EtcdAnswer::Pass(HandOver::Moved {
             from: "lucy".into(),
             to: "quinn".into(),
         });

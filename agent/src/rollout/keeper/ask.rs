@@ -41,7 +41,7 @@ impl Gatekeeper {
                 cluster: has_cluster(&cfg),
                 connected: clients.is_some(),
                 held_in_state,
-                holding: self.locker.seen(),
+                own_slot: self.locker.seen(),
                 node: cfg.node_name(),
                 group: &group,
                 quorum_guard: cfg.node.role == Role::ControlPlane && cfg.rollout.quorum_guard,

@@ -15,9 +15,9 @@ use tokio::sync::watch;
 use crate::config::{Config, FleetLockConfig};
 use crate::k8s::KubeClients;
 use crate::metrics::Metrics;
-use crate::rollout::decide::admission::{self, Holding as Seen, Purpose, Verdict};
+use crate::rollout::decide::admission::{self, OwnSlot, Purpose, Verdict};
 use crate::rollout::lock::fleetlock::FleetLock;
-use crate::rollout::lock::holding::Holding;
+use crate::rollout::lock::held_slot::HeldSlot;
 use crate::rollout::lock::lease::{LeaseLock, SlotPhase, Vanished};
 use crate::rollout::lock::slots::Observed;
 use crate::rollout::lock::{LockError, Released, RolloutLock, Taken};
@@ -34,7 +34,7 @@ pub(crate) struct Locker {
     /// one without reading another machine's clock.
     observed: Arc<Mutex<Observed>>,
     metrics: Arc<Metrics>,
-    holding: Option<Holding>,
+    holding: Option<HeldSlot>,
     /// The group's holders as last read.
     pub holders: BTreeMap<u32, String>,
     /// The watch of the group's slot Leases: only while waiting for a slot (a node that holds
@@ -81,15 +81,15 @@ impl Locker {
     }
 
     pub fn lost(&self) -> bool {
-        self.holding.as_ref().is_some_and(Holding::lost)
+        self.holding.as_ref().is_some_and(HeldSlot::lost)
     }
 
     /// The lock held, as admission sees it.
-    pub fn seen(&self) -> Seen<'_> {
+    pub fn seen(&self) -> OwnSlot<'_> {
         match &self.holding {
-            None => Seen::None,
-            Some(h) if h.lost() => Seen::Lost,
-            Some(h) => Seen::Live(&h.held),
+            None => OwnSlot::None,
+            Some(h) if h.lost() => OwnSlot::Lost,
+            Some(h) => OwnSlot::Live(&h.held),
         }
     }
 
@@ -270,7 +270,7 @@ impl Locker {
             revision: revision.clone(),
             since: util::now(),
         };
-        self.holding = Some(Holding::renewed(
+        self.holding = Some(HeldSlot::renewed(
             held,
             Arc::clone(lock),
             self.changes.clone(),
@@ -362,7 +362,7 @@ impl Locker {
                     slot,
                     ..held.clone()
                 };
-                self.holding = Some(Holding::renewed(held, lock, self.changes.clone()));
+                self.holding = Some(HeldSlot::renewed(held, lock, self.changes.clone()));
                 self.metrics.lock_held(true);
                 self.metrics.slot_lost(false);
                 Ok(Some(vanished))
@@ -382,7 +382,7 @@ impl Locker {
     /// After a restart, a lock the server keeps until steady-state (FleetLock): nothing to
     /// renew, held as recorded.
     pub fn resume_kept(&mut self, held: &Held) {
-        self.holding = Some(Holding::kept(held.clone()));
+        self.holding = Some(HeldSlot::kept(held.clone()));
     }
 
     /// Releases the lock `held`; an error leaves it held (the caller tries again).
@@ -427,7 +427,7 @@ impl Locker {
     }
 
     /// Fencing: whether this node may start an activation or a reboot now under the lock it
-    /// holds (see [`Holding::fence`]). Without a lock there is nothing to fence.
+    /// holds (see [`HeldSlot::fence`]). Without a lock there is nothing to fence.
     pub async fn fence(&self) -> Result<(), String> {
         match &self.holding {
             Some(h) => h.fence(&self.changes).await,
@@ -474,7 +474,7 @@ impl Locker {
             return Err(format!("slot Lease {name} is held by another node"));
         }
         let slot = held.slot.unwrap_or_default();
-        self.holding = Some(Holding::renewed(held, lock, self.changes.clone()));
+        self.holding = Some(HeldSlot::renewed(held, lock, self.changes.clone()));
         tracing::info!(slot, lease = %name, ttl_secs = ttl.as_secs(), "rollout slot's duration raised for the reboot");
         Ok(())
     }

@@ -4,7 +4,7 @@
 //!
 //! - `decide/admission.rs` decides, from what is known so far, whether to wait, go, or learn
 //!   what next; the keeper does the I/O it asks for ([`Gatekeeper::permit_for`] is the loop);
-//! - `lock/` is the lock, Lease or FleetLock, behind one trait; `lock/holding.rs` keeps the one
+//! - `lock/` is the lock, Lease or FleetLock, behind one trait; `lock/held_slot.rs` keeps the one
 //!   held renewed and fenced, and `locker.rs` here is this node's side of it;
 //! - `fleet_cache.rs` reads and watches the fleet state, `guards/after.rs` the groups this one
 //!   comes after, `guards/evidence.rs` gathers what the gate looks at, `decide/takeover.rs`

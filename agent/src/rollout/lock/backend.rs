@@ -4,7 +4,7 @@
 //! both, and the difference between them lives here, in two small `impl`s.
 //!
 //! Owns the mapping of each backend's answers onto one vocabulary ([`Taken`], [`LockError`],
-//! [`Released`]). Does not own when to ask (admission), nor the renewal task (`holding.rs`).
+//! [`Released`]). Does not own when to ask (admission), nor the renewal task (`held_slot.rs`).
 
 use std::collections::BTreeMap;
 use std::future::Future;

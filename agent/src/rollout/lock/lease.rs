@@ -44,14 +44,14 @@ use crate::k8s::{ApiError, Edit, EditError, Written, heartbeat, replace_with_ret
 use crate::k8s::{ServerClock, code, describe, post_params};
 
 /// The label that marks a slot Lease and names its group.
-pub const GROUP_LABEL: &str = "ginx.io/rollout-group";
+pub const SLOT_GROUP_LABEL: &str = "ginx.io/rollout-group";
 /// The revision the holder of a slot is rolling out (full commit id).
 pub const REVISION_ANNOTATION: &str = "ginx.io/revision";
 /// What the holder of a slot is doing: `applying`, `verifying`, `rebooting` or `done`.
 pub const PHASE_ANNOTATION: &str = "ginx.io/phase";
 /// The last gate pass under the slot, `<full revision> <node>`: kept after the release, so that
 /// the next node of the group soaks (`rollout.soak`) from when it saw it.
-pub const PASSED_ANNOTATION: &str = "ginx.io/passed";
+pub const SLOT_PASSED_ANNOTATION: &str = "ginx.io/passed";
 
 /// On a released slot: the waiting nodes its holder handed it to (full names, separated by
 /// spaces).
@@ -259,7 +259,7 @@ impl LeaseLock {
     }
 
     fn selector(&self) -> String {
-        format!("{GROUP_LABEL}={}", self.group)
+        format!("{SLOT_GROUP_LABEL}={}", self.group)
     }
 
     fn duration_secs(&self) -> i32 {
@@ -307,7 +307,7 @@ impl LeaseLock {
                     .metadata
                     .annotations
                     .as_ref()
-                    .and_then(|a| a.get(PASSED_ANNOTATION))
+                    .and_then(|a| a.get(SLOT_PASSED_ANNOTATION))
                 {
                     seen.saw_pass(&self.name(*i), p, now);
                 }
@@ -434,7 +434,10 @@ impl LeaseLock {
         };
         a.insert(PHASE_ANNOTATION.to_owned(), doing.phase.as_str().to_owned());
         if let (SlotPhase::Done, Some(r)) = (doing.phase, &doing.revision) {
-            a.insert(PASSED_ANNOTATION.to_owned(), format!("{r} {}", self.node));
+            a.insert(
+                SLOT_PASSED_ANNOTATION.to_owned(),
+                format!("{r} {}", self.node),
+            );
         }
     }
 
@@ -453,7 +456,7 @@ impl LeaseLock {
                 let mut lease = Lease {
                     metadata: ObjectMeta {
                         name: Some(name.clone()),
-                        labels: Some([(GROUP_LABEL.to_owned(), self.group.clone())].into()),
+                        labels: Some([(SLOT_GROUP_LABEL.to_owned(), self.group.clone())].into()),
                         ..ObjectMeta::default()
                     },
                     spec: Some(LeaseSpec {

@@ -15,7 +15,7 @@ use tokio::sync::watch;
 use crate::rollout::lock::{LockError, RolloutLock};
 use crate::state::Held;
 
-pub(crate) struct Holding {
+pub(crate) struct HeldSlot {
     pub held: Held,
     /// The slot's renewal, for a lock that has a duration (a slot Lease).
     renew: Option<tokio::task::JoinHandle<()>>,
@@ -30,7 +30,7 @@ pub(crate) struct Holding {
     pub taken: Instant,
 }
 
-impl Holding {
+impl HeldSlot {
     /// A lock kept by its server until released (FleetLock): nothing to renew.
     pub fn kept(held: Held) -> Self {
         Self {
@@ -121,7 +121,7 @@ impl Holding {
     }
 }
 
-impl Drop for Holding {
+impl Drop for HeldSlot {
     fn drop(&mut self) {
         if let Some(t) = self.renew.take() {
             t.abort();
