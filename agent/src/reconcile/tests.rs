@@ -27,7 +27,7 @@ fn rev(c: char) -> Revision {
 /// so that the release path runs here without a server.
 fn held(slot: u32) -> Held {
     Held {
-        backend: "fleetlock".into(),
+        backend: crate::state::SlotBackend::Fleetlock,
         group: "workers".into(),
         slot: Some(slot),
         revision: rev('a'),

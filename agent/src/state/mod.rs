@@ -276,11 +276,35 @@ pub struct GateFailure {
     pub after_reboot: bool,
 }
 
+/// Which lock a slot was taken from, stored as `kubernetes` or `fleetlock`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum SlotBackend {
+    /// A slot Lease in the cluster.
+    Kubernetes,
+    /// A FleetLock server's semaphore.
+    Fleetlock,
+}
+
+impl SlotBackend {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            SlotBackend::Kubernetes => "kubernetes",
+            SlotBackend::Fleetlock => "fleetlock",
+        }
+    }
+}
+
+impl std::fmt::Display for SlotBackend {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
 /// A held rollout lock.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Held {
-    /// `kubernetes` or `fleetlock`.
-    pub backend: String,
+    pub backend: SlotBackend,
     pub group: String,
     /// The slot (Lease backend).
     #[serde(default)]
@@ -674,6 +698,26 @@ mod tests {
 
     fn rev(c: char) -> Revision {
         c.to_string().repeat(40).parse().unwrap()
+    }
+
+    /// The lock a slot was taken from is stored as the strings earlier versions wrote, and
+    /// those load back as the enum.
+    #[test]
+    fn a_held_slot_stored_by_earlier_versions_loads_with_its_backend() {
+        for (stored, backend) in [
+            ("kubernetes", SlotBackend::Kubernetes),
+            ("fleetlock", SlotBackend::Fleetlock),
+        ] {
+            let json = format!(
+                r#"{{"backend":"{stored}","group":"workers","slot":1,"revision":"{}","since":"2026-12-01T12:00:00Z"}}"#,
+                "a".repeat(40)
+            );
+            let held: Held = serde_json::from_str(&json).unwrap();
+            assert_eq!(held.backend, backend);
+            assert_eq!(serde_json::to_string(&held).unwrap(), json);
+        }
+        let odd = r#"{"backend":"etcd","group":"g","revision":"aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa","since":"2026-12-01T12:00:00Z"}"#;
+        assert!(serde_json::from_str::<Held>(odd).is_err());
     }
 
     #[test]

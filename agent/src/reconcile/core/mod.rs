@@ -1321,7 +1321,7 @@ mod tests {
 
     fn held(c: char) -> Held {
         Held {
-            backend: "kubernetes".into(),
+            backend: crate::state::SlotBackend::Kubernetes,
             group: "workers".into(),
             slot: Some(0),
             revision: rev(c),

@@ -204,7 +204,7 @@ mod tests {
 
     fn held(c: char) -> Held {
         Held {
-            backend: "kubernetes".into(),
+            backend: crate::state::SlotBackend::Kubernetes,
             group: "workers".into(),
             slot: Some(1),
             revision: rev(c),

@@ -23,7 +23,7 @@ use super::window::{self, WindowState};
 use crate::config::{Freeze, OnApiUnavailable, Window};
 use crate::rollout::fleet::state::FleetState;
 use crate::rollout::lock::lease::LockError;
-use crate::state::Held;
+use crate::state::{Held, SlotBackend};
 use crate::status::WaitingFor;
 use crate::types::{HaltCause, Revision};
 
@@ -47,6 +47,15 @@ pub enum Effective {
 }
 
 impl Effective {
+    /// The lock a slot is taken from, when this backend takes one.
+    pub fn slot_backend(self) -> Option<SlotBackend> {
+        match self {
+            Effective::None | Effective::Bootstrap => None,
+            Effective::Kubernetes => Some(SlotBackend::Kubernetes),
+            Effective::Fleetlock => Some(SlotBackend::Fleetlock),
+        }
+    }
+
     pub fn as_str(self) -> &'static str {
         match self {
             Effective::None | Effective::Bootstrap => "none",

@@ -33,7 +33,7 @@ fn monday_night() -> Vec<Window> {
 
 fn held(r: &Revision) -> Held {
     Held {
-        backend: "kubernetes".into(),
+        backend: crate::state::SlotBackend::Kubernetes,
         group: "workers".into(),
         slot: Some(0),
         revision: r.clone(),

@@ -21,7 +21,7 @@ use crate::rollout::lock::held_slot::HeldSlot;
 use crate::rollout::lock::lease::{LeaseLock, SlotPhase, Vanished};
 use crate::rollout::lock::slots::Observed;
 use crate::rollout::lock::{LockError, Released, RolloutLock, Taken};
-use crate::state::Held;
+use crate::state::{Held, SlotBackend};
 use crate::types::Revision;
 use crate::util;
 
@@ -141,23 +141,23 @@ impl Locker {
         Ok(c)
     }
 
-    /// The lock of `backend` (`kubernetes` or `fleetlock`) for `group`, or why there is none
+    /// The lock of `backend` for `group`, or why there is none
     /// (`Refused`: it cannot be asked for as configured).
     fn lock(
         &mut self,
         cfg: &Config,
-        backend: &str,
+        backend: SlotBackend,
         group: &str,
         clients: Option<&KubeClients>,
     ) -> Result<Arc<dyn RolloutLock>, LockError> {
         match backend {
-            "kubernetes" => match clients {
+            SlotBackend::Kubernetes => match clients {
                 Some(c) => Ok(Arc::new(self.lease_lock(cfg, c))),
                 None => Err(LockError::Unavailable(
                     "no connection to the Kubernetes API".into(),
                 )),
             },
-            "fleetlock" => {
+            SlotBackend::Fleetlock => {
                 let Some(f) = &cfg.rollout.fleetlock else {
                     return Err(LockError::Refused("rollout.fleetlock is not set".into()));
                 };
@@ -168,7 +168,6 @@ impl Locker {
                     Err(e) => Err(LockError::Refused(e)),
                 }
             }
-            other => Err(LockError::Refused(format!("no rollout lock {other}"))),
         }
     }
 
@@ -201,7 +200,7 @@ impl Locker {
     pub async fn take(
         &mut self,
         cfg: &Config,
-        backend: &str,
+        backend: SlotBackend,
         revision: &Revision,
         purpose: Purpose,
         clients: Option<(&KubeClients, usize)>,
@@ -210,7 +209,7 @@ impl Locker {
         let group = cfg.rollout.group_for(cfg.node.role);
         let lock = match self.lock(cfg, backend, &group, clients.map(|(c, _)| c)) {
             Ok(lock) => lock,
-            Err(LockError::Refused(why)) if backend == "fleetlock" => {
+            Err(LockError::Refused(why)) if backend == SlotBackend::Fleetlock => {
                 return Err(admission::refused_lock(why));
             }
             Err(e) => return Err(admission::lock_error(cfg.rollout.on_api_unavailable, e)),
@@ -264,7 +263,7 @@ impl Locker {
             tracing::info!(group = %group, lock = %lock.slot_name(None), revision = %revision.short(), "FleetLock held");
         }
         let held = Held {
-            backend: lock.backend().into(),
+            backend: lock.backend(),
             group,
             slot,
             revision: revision.clone(),
@@ -392,22 +391,21 @@ impl Locker {
         held: &Held,
         clients: Option<&KubeClients>,
     ) -> Result<(), String> {
-        let released = match held.backend.as_str() {
+        let released = match held.backend {
             // The FleetLock configuration was removed since: nothing to give back to.
-            "fleetlock" if cfg.rollout.fleetlock.is_none() => Released::NotHeld,
-            "kubernetes" | "fleetlock" => {
+            SlotBackend::Fleetlock if cfg.rollout.fleetlock.is_none() => Released::NotHeld,
+            backend => {
                 let lock = self
-                    .lock(cfg, &held.backend, &held.group, clients)
+                    .lock(cfg, backend, &held.group, clients)
                     .map_err(|e| e.to_string())?;
                 lock.release(held.slot).await.map_err(|e| e.to_string())?
             }
-            _ => Released::NotHeld,
         };
         match released {
             Released::Yes => {
                 tracing::info!(backend = %held.backend, group = %held.group, slot = ?held.slot, "rollout lock released");
             }
-            Released::NotHeld if held.backend == "kubernetes" => {
+            Released::NotHeld if held.backend == SlotBackend::Kubernetes => {
                 tracing::warn!(group = %held.group, slot = ?held.slot,
                     "the rollout slot was no longer this node's (lost while held); nothing to release");
             }

@@ -33,7 +33,7 @@ use crate::rollout::guards::evidence::Evidence;
 pub use crate::rollout::guards::evidence::{GateStep, Look, Reach};
 use crate::rollout::lock::lease::SlotPhase;
 use crate::rollout::lock::slots::Observed;
-use crate::state::Held;
+use crate::state::{Held, SlotBackend};
 use crate::status::{HealthMap, WaitingFor};
 use crate::types::{HaltCause, Reason, Revision, Role};
 use crate::util;
@@ -289,9 +289,17 @@ impl Gatekeeper {
     ) -> Permit {
         let backend = effective(cfg);
         let with = clients.as_ref().map(|c| (c, self.clients_generation));
+        let Some(slot_backend) = backend.slot_backend() else {
+            // Admission asks for a take only where a lock is configured.
+            let why = format!(
+                "no rollout lock to take (rollout.lock is {})",
+                backend.as_str()
+            );
+            return self.answer(admission::refused(why), backend, revision);
+        };
         let vanished = match self
             .locker
-            .take(cfg, backend.as_str(), revision, purpose, with)
+            .take(cfg, slot_backend, revision, purpose, with)
             .await
         {
             Ok(vanished) => vanished,
@@ -331,7 +339,7 @@ impl Gatekeeper {
             return Ok(true);
         }
         let cfg = self.cfg();
-        if held.backend != "kubernetes" {
+        if held.backend != SlotBackend::Kubernetes {
             // A FleetLock is held by the server until steady-state; nothing to renew.
             self.locker.resume_kept(held);
             return Ok(true);
@@ -353,9 +361,9 @@ impl Gatekeeper {
     /// Releases the lock held; an error leaves it held (the caller tries again).
     pub async fn release(&mut self, held: &Held) -> Result<(), String> {
         let cfg = self.cfg();
-        let clients = match held.backend.as_str() {
-            "kubernetes" => self.clients(),
-            _ => None,
+        let clients = match held.backend {
+            SlotBackend::Kubernetes => self.clients(),
+            SlotBackend::Fleetlock => None,
         };
         self.locker.release(&cfg, held, clients.as_ref()).await
     }

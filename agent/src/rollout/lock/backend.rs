@@ -15,6 +15,7 @@ use std::time::Duration;
 use super::fleetlock::{FleetLock, FleetLockError};
 use super::lease::{self, Acquired, LeaseLock, Vanished};
 pub use super::lease::{LockError, Released, SlotPhase};
+use crate::state::SlotBackend;
 
 /// A lock operation's future (boxed: the gatekeeper holds its lock as a trait object).
 pub type LockFuture<'a, T> = Pin<Box<dyn Future<Output = Result<T, LockError>> + Send + 'a>>;
@@ -40,7 +41,7 @@ pub enum Taken {
 /// A rollout lock for this node and its group.
 pub trait RolloutLock: Send + Sync {
     /// `kubernetes` or `fleetlock`: what the state file records with a held lock.
-    fn backend(&self) -> &'static str;
+    fn backend(&self) -> SlotBackend;
 
     /// The group the lock is for.
     fn group(&self) -> &str;
@@ -74,8 +75,8 @@ pub trait RolloutLock: Send + Sync {
 }
 
 impl RolloutLock for LeaseLock {
-    fn backend(&self) -> &'static str {
-        "kubernetes"
+    fn backend(&self) -> SlotBackend {
+        SlotBackend::Kubernetes
     }
 
     fn group(&self) -> &str {
@@ -145,8 +146,8 @@ impl RolloutLock for LeaseLock {
 }
 
 impl RolloutLock for FleetLock {
-    fn backend(&self) -> &'static str {
-        "fleetlock"
+    fn backend(&self) -> SlotBackend {
+        SlotBackend::Fleetlock
     }
 
     fn group(&self) -> &str {
