@@ -22,6 +22,30 @@ pub enum EtcdError {
     Unreachable(String),
 }
 
+/// One request to a member that brought no answer ginx can use. The text names the member by
+/// its URL without a user part.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum RequestError {
+    /// No answer: no connection, or none within `etcd.timeout`.
+    #[error("{member}: {detail}")]
+    Unavailable { member: String, detail: String },
+    /// The member answered with an error status; `said` is its own message.
+    #[error("{member}{path} answered {status}: {said}")]
+    Answered {
+        member: String,
+        path: &'static str,
+        status: u16,
+        said: String,
+    },
+    /// An answer that is not the gateway's JSON.
+    #[error("{member}{path}: an answer ginx cannot read: {detail}")]
+    Invalid {
+        member: String,
+        path: &'static str,
+        detail: String,
+    },
+}
+
 #[derive(Clone)]
 pub struct Client {
     http: reqwest::Client,
@@ -98,7 +122,7 @@ impl Client {
     }
 
     /// The status of the member at `url` (one of its client URLs), or why it did not answer.
-    pub async fn status(&self, url: &str) -> Result<StatusResponse, String> {
+    pub async fn status(&self, url: &str) -> Result<StatusResponse, RequestError> {
         self.post(url.trim_end_matches('/'), "/v3/maintenance/status", "{}")
             .await
     }
@@ -111,7 +135,7 @@ impl Client {
     }
 
     /// Asks this node's member, the leader, to hand the leadership to `target`.
-    pub async fn move_leader(&self, target: u64) -> Result<(), String> {
+    pub async fn move_leader(&self, target: u64) -> Result<(), RequestError> {
         let body = format!(r#"{{"targetID":"{target}"}}"#);
         self.post::<serde_json::Value>(&self.endpoint, "/v3/maintenance/transfer-leadership", &body)
             .await
@@ -122,17 +146,21 @@ impl Client {
         self.timeout
     }
 
-    fn unreachable(&self, e: String) -> EtcdError {
+    fn unreachable(&self, e: RequestError) -> EtcdError {
         EtcdError::Unreachable(format!("etcd at {} ({e})", self.shown))
     }
 
     async fn post<T: DeserializeOwned>(
         &self,
         base: &str,
-        path: &str,
+        path: &'static str,
         body: &str,
-    ) -> Result<T, String> {
-        let shown = shown_url(base);
+    ) -> Result<T, RequestError> {
+        let member = shown_url(base);
+        let unavailable = |detail: String| RequestError::Unavailable {
+            member: member.clone(),
+            detail,
+        };
         let answer = self
             .http
             .post(format!("{base}{path}"))
@@ -141,30 +169,35 @@ impl Client {
             .send()
             .await
             .map_err(|e| {
-                if e.is_timeout() {
-                    format!(
-                        "{shown}: no answer within etcd.timeout ({:?})",
-                        self.timeout
-                    )
+                unavailable(if e.is_timeout() {
+                    format!("no answer within etcd.timeout ({:?})", self.timeout)
                 } else {
-                    format!("{shown}: {}", crate::util::http_error(&e))
-                }
+                    crate::util::http_error(&e)
+                })
             })?;
         let status = answer.status();
         let text = answer
             .text()
             .await
-            .map_err(|e| format!("{shown}: {}", crate::util::http_error(&e)))?;
+            .map_err(|e| unavailable(crate::util::http_error(&e)))?;
         if !status.is_success() {
             let err: ErrorBody = serde_json::from_str(&text).unwrap_or_default();
             let said = [err.message, err.error]
                 .into_iter()
                 .find(|m| !m.is_empty())
                 .unwrap_or_else(|| text.chars().take(200).collect());
-            return Err(format!("{shown}{path} answered {status}: {said}"));
+            return Err(RequestError::Answered {
+                member,
+                path,
+                status: status.as_u16(),
+                said,
+            });
         }
-        serde_json::from_str(&text)
-            .map_err(|e| format!("{shown}{path}: an answer ginx cannot read: {e}"))
+        serde_json::from_str(&text).map_err(|e| RequestError::Invalid {
+            member,
+            path,
+            detail: e.to_string(),
+        })
     }
 }
 

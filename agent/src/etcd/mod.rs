@@ -14,6 +14,6 @@ mod observe;
 mod view;
 mod wire;
 
-pub use client::{Client, EtcdError};
+pub use client::{Client, EtcdError, RequestError};
 pub use observe::{HandOver, Leadership, Unfit, hand_over, observe};
 pub use view::{Member, Status, View, hex};

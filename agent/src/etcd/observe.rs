@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use tokio::task::JoinSet;
 
-use super::client::{Client, EtcdError};
+use super::client::{Client, EtcdError, RequestError};
 use super::view::{Member, Status, View, alarms_in};
 
 /// Asks this node's member for the member list, and every member for its own status, all at
@@ -21,7 +21,7 @@ pub async fn observe(client: &Client) -> Result<View, EtcdError> {
         let (client, url) = (client.clone(), m.client_urls.first().cloned());
         asks.spawn(async move {
             let status = match url {
-                Some(u) => client.status(&u).await,
+                Some(u) => client.status(&u).await.map_err(|e| e.to_string()),
                 None => Err("it has no client URL: added but not started".to_owned()),
             };
             (i, status)
@@ -78,25 +78,25 @@ pub enum HandOver {
 /// Its futures are `Send`: the hand-over runs in the reconciler's task.
 pub trait Leadership {
     /// One look at the cluster.
-    fn look(&self) -> impl Future<Output = Result<View, String>> + Send;
+    fn look(&self) -> impl Future<Output = Result<View, EtcdError>> + Send;
     /// Asks this node's member, the leader, to hand the leadership to `target`.
-    fn move_to(&self, target: u64) -> impl Future<Output = Result<(), String>> + Send;
+    fn move_to(&self, target: u64) -> impl Future<Output = Result<(), RequestError>> + Send;
     /// The leader the member at `url` follows, by its own status.
-    fn leader_at(&self, url: &str) -> impl Future<Output = Result<u64, String>> + Send;
+    fn leader_at(&self, url: &str) -> impl Future<Output = Result<u64, RequestError>> + Send;
     /// How long to wait between looks at the new leader.
     fn pause(&self) -> Duration;
 }
 
 impl Leadership for Client {
-    async fn look(&self) -> Result<View, String> {
-        observe(self).await.map_err(|e| e.to_string())
+    async fn look(&self) -> Result<View, EtcdError> {
+        observe(self).await
     }
 
-    async fn move_to(&self, target: u64) -> Result<(), String> {
+    async fn move_to(&self, target: u64) -> Result<(), RequestError> {
         self.move_leader(target).await
     }
 
-    async fn leader_at(&self, url: &str) -> Result<u64, String> {
+    async fn leader_at(&self, url: &str) -> Result<u64, RequestError> {
         self.status(url).await.map(|s| s.leader)
     }
 
@@ -132,7 +132,10 @@ pub async fn hand_over(
     let mut last = String::new();
     for attempt in 1..=attempts.max(1) {
         if attempt > 1 {
-            view = etcd.look().await.map_err(Unfit::Cluster)?;
+            view = etcd
+                .look()
+                .await
+                .map_err(|e| Unfit::Cluster(e.to_string()))?;
         }
         if let Some(why) = view.blockers(max_lag) {
             return Err(Unfit::Cluster(why));
@@ -170,22 +173,35 @@ pub async fn hand_over(
     )))
 }
 
+/// Why a member asked to lead was not seen leading.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+enum Unconfirmed {
+    #[error("it has no client URL to confirm it")]
+    NoUrl,
+    #[error("it never reported itself leading")]
+    Never,
+    #[error("it reports the leader {}", super::hex(*.0))]
+    Follows(u64),
+    #[error("{0}")]
+    Asked(RequestError),
+}
+
 /// Waits (up to ten looks, [`Leadership::pause`] apart) until `target` reports itself the
 /// leader.
 async fn seen_leading(
     etcd: &impl Leadership,
     url: Option<&str>,
     target: u64,
-) -> Result<(), String> {
+) -> Result<(), Unconfirmed> {
     let Some(url) = url else {
-        return Err("it has no client URL to confirm it".to_owned());
+        return Err(Unconfirmed::NoUrl);
     };
-    let mut said = String::from("it never reported itself leading");
+    let mut said = Unconfirmed::Never;
     for _ in 0..10 {
         match etcd.leader_at(url).await {
             Ok(l) if l == target => return Ok(()),
-            Ok(l) => said = format!("it reports the leader {}", super::hex(l)),
-            Err(e) => said = e,
+            Ok(l) => said = Unconfirmed::Follows(l),
+            Err(e) => said = Unconfirmed::Asked(e),
         }
         tokio::time::sleep(etcd.pause()).await;
     }
@@ -202,7 +218,7 @@ mod tests {
     /// A cluster of lucy (this node, leading), makise and quinn, whose answers are scripted.
     struct Scripted {
         /// Each move's answer, in order; the moves asked for are recorded.
-        moves: Mutex<Vec<Result<(), String>>>,
+        moves: Mutex<Vec<Result<(), RequestError>>>,
         asked: Mutex<Vec<u64>>,
         /// The leader the target reports after a move that succeeded.
         leader_after: u64,
@@ -230,15 +246,15 @@ mod tests {
     }
 
     impl Leadership for Scripted {
-        async fn look(&self) -> Result<View, String> {
+        async fn look(&self) -> Result<View, EtcdError> {
             *self.looks.lock().unwrap() += 1;
             Ok(view())
         }
-        async fn move_to(&self, target: u64) -> Result<(), String> {
+        async fn move_to(&self, target: u64) -> Result<(), RequestError> {
             self.asked.lock().unwrap().push(target);
             self.moves.lock().unwrap().remove(0)
         }
-        async fn leader_at(&self, _url: &str) -> Result<u64, String> {
+        async fn leader_at(&self, _url: &str) -> Result<u64, RequestError> {
             Ok(self.leader_after)
         }
         fn pause(&self) -> Duration {
@@ -246,7 +262,17 @@ mod tests {
         }
     }
 
-    fn scripted(moves: Vec<Result<(), String>>, leader_after: u64) -> Scripted {
+    /// The leader's answer to a move that did not finish in time.
+    fn timeout() -> RequestError {
+        RequestError::Answered {
+            member: "https://lucy:2379".into(),
+            path: "/v3/maintenance/transfer-leadership",
+            status: 500,
+            said: "leader transfer timeout".into(),
+        }
+    }
+
+    fn scripted(moves: Vec<Result<(), RequestError>>, leader_after: u64) -> Scripted {
         Scripted {
             moves: Mutex::new(moves),
             asked: Mutex::default(),
@@ -271,7 +297,7 @@ mod tests {
 
     #[tokio::test]
     async fn a_failed_move_is_retried_after_a_fresh_look() {
-        let etcd = scripted(vec![Err("leader transfer timeout".into()), Ok(())], 3);
+        let etcd = scripted(vec![Err(timeout()), Ok(())], 3);
         assert!(hand_over(&etcd, view(), 10, 3, true).await.is_ok());
         assert_eq!(etcd.asked.lock().unwrap().len(), 2);
         assert_eq!(
@@ -283,12 +309,13 @@ mod tests {
 
     #[tokio::test]
     async fn moves_that_fail_or_are_not_seen_end_in_a_reason_to_wait() {
-        let failing = scripted(vec![Err("leader transfer timeout".into()); 2], 3);
+        let failing = scripted(vec![Err(timeout()); 2], 3);
         let why = hand_over(&failing, view(), 10, 2, true).await.unwrap_err();
         assert_eq!(
             why.to_string(),
             "the leadership could not be moved away from lucy in 2 attempt(s): moving the \
-             leadership to quinn failed: leader transfer timeout"
+             leadership to quinn failed: https://lucy:2379/v3/maintenance/transfer-leadership \
+             answered 500: leader transfer timeout"
         );
         // The move is answered, but quinn keeps reporting lucy as the leader.
         let unseen = scripted(vec![Ok(())], 1);
@@ -345,25 +372,22 @@ mod tests {
         // The first move fails; the fresh look before the second try finds makise gone.
         struct Failing(Scripted);
         impl Leadership for Failing {
-            async fn look(&self) -> Result<View, String> {
+            async fn look(&self) -> Result<View, EtcdError> {
                 let mut v = view();
                 v.members[1].status = Err("connection refused".into());
                 Ok(v)
             }
-            async fn move_to(&self, target: u64) -> Result<(), String> {
+            async fn move_to(&self, target: u64) -> Result<(), RequestError> {
                 self.0.move_to(target).await
             }
-            async fn leader_at(&self, url: &str) -> Result<u64, String> {
+            async fn leader_at(&self, url: &str) -> Result<u64, RequestError> {
                 self.0.leader_at(url).await
             }
             fn pause(&self) -> Duration {
                 self.0.pause()
             }
         }
-        let etcd = Failing(scripted(
-            vec![Err("leader transfer timeout".into()), Ok(())],
-            3,
-        ));
+        let etcd = Failing(scripted(vec![Err(timeout()), Ok(())], 3));
         let why = hand_over(&etcd, view(), 10, 3, true).await.unwrap_err();
         assert!(
             matches!(&why, Unfit::Cluster(w) if w.contains("makise does not answer")),

@@ -11,7 +11,7 @@
 //! whose etcd does not answer waits, whatever `rollout.on_api_unavailable` says.
 
 use crate::config::EtcdConfig;
-use crate::etcd::{Client, HandOver, Unfit, hand_over, observe};
+use crate::etcd::{Client, EtcdError, HandOver, Unfit, hand_over, observe};
 use crate::types::{Notices, Reason, Revision};
 
 /// What the guard remembers between looks: whether it held the node at the last look, so
@@ -104,18 +104,26 @@ impl EtcdGuard {
 }
 
 /// A client and one look at etcd, or why there is none.
-async fn view(cfg: &EtcdConfig) -> Result<(Client, crate::etcd::View), String> {
-    let client = Client::new(cfg).map_err(|e| e.to_string())?;
-    match observe(&client).await {
-        Ok(v) => Ok((client, v)),
-        Err(e) => Err(format!("{e}; a member that cannot be asked is not passed")),
+async fn view(cfg: &EtcdConfig) -> Result<(Client, crate::etcd::View), EtcdError> {
+    let client = Client::new(cfg)?;
+    let view = observe(&client).await?;
+    Ok((client, view))
+}
+
+/// Why there is no look, as the wait says it.
+fn no_look(e: EtcdError) -> String {
+    match e {
+        EtcdError::Setup(why) => why,
+        EtcdError::Unreachable(why) => {
+            format!("{why}; a member that cannot be asked is not passed")
+        }
     }
 }
 
 /// The guard's look: every member fit, and the quorum kept without this node.
 pub async fn look(cfg: &EtcdConfig) -> EtcdAnswer {
     match view(cfg).await {
-        Err(why) => EtcdAnswer::Wait(why),
+        Err(e) => EtcdAnswer::Wait(no_look(e)),
         Ok((_, v)) => match v.blockers(u64::from(cfg.max_lag)) {
             Some(why) => EtcdAnswer::Wait(why),
             None => EtcdAnswer::Pass(HandOver::NotLeader),
@@ -129,7 +137,7 @@ pub async fn look(cfg: &EtcdConfig) -> EtcdAnswer {
 async fn moved(cfg: &EtcdConfig) -> EtcdAnswer {
     let (client, v) = match view(cfg).await {
         Ok(x) => x,
-        Err(why) => return EtcdAnswer::Wait(why),
+        Err(e) => return EtcdAnswer::Wait(no_look(e)),
     };
     let max_lag = u64::from(cfg.max_lag);
     match hand_over(&client, v, max_lag, cfg.hand_over_attempts, cfg.hand_over).await {
