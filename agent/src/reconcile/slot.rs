@@ -84,7 +84,7 @@ impl Reconciler {
         if let Err(why) = self.gatekeeper.fence().await {
             tracing::warn!(revision = %desired.revision.short(), reason = %why,
                 "not starting the activation: the rollout slot is not fresh");
-            return Err((WaitingFor::Lock, why));
+            return Err((why.waiting_for(), why.to_string()));
         }
         Ok(())
     }

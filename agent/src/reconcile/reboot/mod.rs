@@ -267,7 +267,7 @@ impl Reconciler {
             && let Err(e) = self.gatekeeper.raise_ttl(cfg.reboot.lock_ttl.get()).await
         {
             tracing::warn!(error = %e, "cannot raise the slot Lease's duration before the reboot; trying again");
-            self.set_reboot_waiting(Some((WaitingFor::Lock, e)));
+            self.set_reboot_waiting(Some((e.waiting_for(), e.to_string())));
             return Step::After(EVICT_AGAIN);
         }
         let boot = system::boot_id(&cfg.system.boot_id);
@@ -434,7 +434,7 @@ impl Reconciler {
         if self.core.state().rollout_held.is_some()
             && let Err(e) = self.gatekeeper.raise_ttl(cfg.reboot.lock_ttl.get()).await
         {
-            self.set_reboot_waiting(Some((WaitingFor::Lock, e)));
+            self.set_reboot_waiting(Some((e.waiting_for(), e.to_string())));
             return Step::After(EVICT_AGAIN);
         }
         self.run_reboot_command(&cfg).await

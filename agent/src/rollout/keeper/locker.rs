@@ -20,7 +20,7 @@ use crate::rollout::lock::fleetlock::FleetLock;
 use crate::rollout::lock::held_slot::HeldSlot;
 use crate::rollout::lock::lease::{LeaseLock, SlotPhase, Vanished};
 use crate::rollout::lock::slots::Observed;
-use crate::rollout::lock::{LockError, Released, RolloutLock, Taken};
+use crate::rollout::lock::{LockError, Released, RolloutLock, SlotError, Taken};
 use crate::state::{Held, SlotBackend};
 use crate::types::Revision;
 use crate::util;
@@ -332,14 +332,10 @@ impl Locker {
         clients: &KubeClients,
         held: &Held,
         phase: SlotPhase,
-    ) -> Result<Option<Option<Vanished>>, String> {
+    ) -> Result<Option<Option<Vanished>>, SlotError> {
         let lock: Arc<dyn RolloutLock> = Arc::new(self.lease_lock(cfg, clients));
         lock.set_doing(Some(held.revision.to_string()), phase);
-        match lock
-            .acquire(Duration::ZERO)
-            .await
-            .map_err(|e| e.to_string())?
-        {
+        match lock.acquire(Duration::ZERO).await? {
             Taken::Held {
                 slot,
                 resumed,
@@ -390,15 +386,13 @@ impl Locker {
         cfg: &Config,
         held: &Held,
         clients: Option<&KubeClients>,
-    ) -> Result<(), String> {
+    ) -> Result<(), SlotError> {
         let released = match held.backend {
             // The FleetLock configuration was removed since: nothing to give back to.
             SlotBackend::Fleetlock if cfg.rollout.fleetlock.is_none() => Released::NotHeld,
             backend => {
-                let lock = self
-                    .lock(cfg, backend, &held.group, clients)
-                    .map_err(|e| e.to_string())?;
-                lock.release(held.slot).await.map_err(|e| e.to_string())?
+                let lock = self.lock(cfg, backend, &held.group, clients)?;
+                lock.release(held.slot).await?
             }
         };
         match released {
@@ -426,7 +420,7 @@ impl Locker {
 
     /// Fencing: whether this node may start an activation or a reboot now under the lock it
     /// holds (see [`HeldSlot::fence`]). Without a lock there is nothing to fence.
-    pub async fn fence(&self) -> Result<(), String> {
+    pub async fn fence(&self) -> Result<(), SlotError> {
         match &self.holding {
             Some(h) => h.fence(&self.changes).await,
             None => Ok(()),
@@ -451,9 +445,9 @@ impl Locker {
     /// of it from now on), its phase `rebooting`, so that other nodes take a rebooting holder
     /// for a live one. Nothing to do for a FleetLock, which the server holds until
     /// steady-state.
-    pub async fn raise_ttl(&mut self, ttl: Duration) -> Result<(), String> {
+    pub async fn raise_ttl(&mut self, ttl: Duration) -> Result<(), SlotError> {
         let Some(h) = &self.holding else {
-            return Err("no rollout slot is held".into());
+            return Err(SlotError::NotHeld);
         };
         let Some(lock) = h.lock.clone().filter(|l| l.duration().is_some()) else {
             return Ok(());
@@ -462,14 +456,14 @@ impl Locker {
             return Ok(());
         }
         if h.lost() {
-            return Err("the rollout slot was lost".into());
+            return Err(SlotError::Lost(lock.slot_name(h.held.slot)));
         }
         let held = h.held.clone();
         let lock = lock.with_ttl(ttl);
         lock.set_doing(Some(held.revision.to_string()), SlotPhase::Rebooting);
         let name = lock.slot_name(held.slot);
-        if !lock.renew(held.slot).await.map_err(|e| e.to_string())? {
-            return Err(format!("slot Lease {name} is held by another node"));
+        if !lock.renew(held.slot).await? {
+            return Err(SlotError::TakenByAnother(name));
         }
         let slot = held.slot.unwrap_or_default();
         self.holding = Some(HeldSlot::renewed(held, lock, self.changes.clone()));

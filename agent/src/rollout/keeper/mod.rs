@@ -31,6 +31,7 @@ use crate::rollout::guards::after::AfterGroups;
 pub use crate::rollout::guards::after::Later;
 use crate::rollout::guards::evidence::Evidence;
 pub use crate::rollout::guards::evidence::{GateStep, Look, Reach};
+use crate::rollout::lock::SlotError;
 use crate::rollout::lock::lease::SlotPhase;
 use crate::rollout::lock::slots::Observed;
 use crate::state::{Held, SlotBackend};
@@ -334,7 +335,7 @@ impl Gatekeeper {
     /// After a restart, the lock the state says this node holds: its slot taken up again
     /// (renewed from now on, saying the node is in `phase`), or found lost to another node.
     /// `Ok(true)` when it is held.
-    pub async fn resume(&mut self, held: &Held, phase: SlotPhase) -> Result<bool, String> {
+    pub async fn resume(&mut self, held: &Held, phase: SlotPhase) -> Result<bool, SlotError> {
         if self.locker.held().is_some() {
             return Ok(true);
         }
@@ -345,7 +346,7 @@ impl Gatekeeper {
             return Ok(true);
         }
         let Some(clients) = self.clients() else {
-            return Err("no connection to the Kubernetes API yet".into());
+            return Err(SlotError::NoApi);
         };
         self.fleet
             .watch(&cfg, &clients, self.clients_generation, &self.changes_tx);
@@ -359,7 +360,7 @@ impl Gatekeeper {
     }
 
     /// Releases the lock held; an error leaves it held (the caller tries again).
-    pub async fn release(&mut self, held: &Held) -> Result<(), String> {
+    pub async fn release(&mut self, held: &Held) -> Result<(), SlotError> {
         let cfg = self.cfg();
         let clients = match held.backend {
             SlotBackend::Kubernetes => self.clients(),
@@ -370,7 +371,7 @@ impl Gatekeeper {
 
     /// Fencing: whether this node may start an activation or a reboot now under the lock it
     /// holds. Without a lock there is nothing to fence.
-    pub async fn fence(&mut self) -> Result<(), String> {
+    pub async fn fence(&mut self) -> Result<(), SlotError> {
         self.locker.fence().await
     }
 
@@ -383,7 +384,7 @@ impl Gatekeeper {
     /// Before a reboot: the held slot Lease's duration raised to `ttl`, its phase
     /// `rebooting`, so that other nodes take a rebooting holder for a live one. After the
     /// reboot, [`resume`](Self::resume) writes the normal duration again.
-    pub async fn raise_ttl(&mut self, ttl: Duration) -> Result<(), String> {
+    pub async fn raise_ttl(&mut self, ttl: Duration) -> Result<(), SlotError> {
         self.locker.raise_ttl(ttl).await
     }
 

@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 
 use tokio::sync::watch;
 
-use crate::rollout::lock::{LockError, RolloutLock};
+use crate::rollout::lock::{LockError, RolloutLock, SlotError};
 use crate::state::Held;
 
 pub(crate) struct HeldSlot {
@@ -79,7 +79,7 @@ impl HeldSlot {
     /// write must be younger than a third of its duration on the monotonic clock (so no
     /// other node can have judged it expired before the start plus two thirds of it); an
     /// older one is written again first. A lost lock starts nothing.
-    pub async fn fence(&self, changes: &watch::Sender<u64>) -> Result<(), String> {
+    pub async fn fence(&self, changes: &watch::Sender<u64>) -> Result<(), SlotError> {
         let Some(lock) = &self.lock else {
             return Ok(());
         };
@@ -88,19 +88,17 @@ impl HeldSlot {
         };
         let name = lock.slot_name(self.held.slot);
         if self.lost() {
-            return Err(format!(
-                "the rollout slot {name} was lost; nothing starts until a slot is taken again"
-            ));
+            return Err(SlotError::Lost(name));
         }
         if self.since_renewal() < duration / 3 {
             return Ok(());
         }
         match self.renew_now(changes).await {
             Ok(true) => Ok(()),
-            Ok(false) => Err(format!("the rollout slot {name} was taken by another node")),
-            Err(e) => Err(format!(
-                "cannot renew the rollout slot {name} before starting: {e}"
-            )),
+            Ok(false) => Err(SlotError::TakenByAnother(name)),
+            Err(e) => Err(SlotError::Lock(e.context(&format!(
+                "cannot renew the rollout slot {name} before starting"
+            )))),
         }
     }
 

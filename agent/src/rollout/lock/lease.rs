@@ -42,6 +42,7 @@ pub use crate::k8s::heartbeat::{WAITS_GROUP_LABEL, WAITS_SLOT_LABEL};
 pub use crate::k8s::watch_objects;
 use crate::k8s::{ApiError, Edit, EditError, Written, heartbeat, replace_with_retry};
 use crate::k8s::{ServerClock, code, describe, post_params};
+use crate::status::WaitingFor;
 
 /// The label that marks a slot Lease and names its group.
 pub const SLOT_GROUP_LABEL: &str = "ginx.io/rollout-group";
@@ -184,6 +185,43 @@ impl LockError {
 impl std::fmt::Display for LockError {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.write_str(self.message())
+    }
+}
+
+/// Why this node may not act under the slot it holds now, or could not renew or give it back.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum SlotError {
+    /// Taken, then lost (another node took it, or it went unrenewed for its duration).
+    #[error("the rollout slot {0} was lost; nothing starts until a slot is taken again")]
+    Lost(String),
+    /// Another node holds it now.
+    #[error("the rollout slot {0} was taken by another node")]
+    TakenByAnother(String),
+    /// There is no slot to act under.
+    #[error("no rollout slot is held")]
+    NotHeld,
+    /// Slot Leases need the API, and there is no connection to it yet.
+    #[error("no connection to the Kubernetes API yet")]
+    NoApi,
+    /// A request about the slot failed: unavailable or refused.
+    #[error("{0}")]
+    Lock(LockError),
+}
+
+impl SlotError {
+    /// What a node waits for while this stands: a refused request is a configuration error,
+    /// told as such, never a wait for the lock that waiting would end.
+    pub fn waiting_for(&self) -> WaitingFor {
+        match self {
+            SlotError::Lock(LockError::Refused(_)) => WaitingFor::Refused,
+            _ => WaitingFor::Lock,
+        }
+    }
+}
+
+impl From<LockError> for SlotError {
+    fn from(e: LockError) -> Self {
+        SlotError::Lock(e)
     }
 }
 
@@ -705,6 +743,15 @@ pub fn holder_of(lease: &Lease) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_refused_slot_request_is_told_as_a_refusal_not_a_wait_for_the_lock() {
+        let refused = SlotError::Lock(LockError::Refused("403 forbidden".into()));
+        assert_eq!(refused.waiting_for(), WaitingFor::Refused);
+        let away = SlotError::Lock(LockError::Unavailable("connection refused".into()));
+        assert_eq!(away.waiting_for(), WaitingFor::Lock);
+        assert_eq!(SlotError::Lost("s".into()).waiting_for(), WaitingFor::Lock);
+    }
 
     #[test]
     fn a_node_is_named_on_a_slot_by_a_label_of_its_own_that_any_name_fits_in() {

@@ -9,4 +9,4 @@ pub mod lease;
 pub mod slots;
 
 pub use backend::{RolloutLock, Taken};
-pub use lease::{LockError, Released, SlotPhase};
+pub use lease::{LockError, Released, SlotError, SlotPhase};
