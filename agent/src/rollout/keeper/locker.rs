@@ -16,7 +16,7 @@ use crate::config::{Config, FleetLockConfig};
 use crate::k8s::KubeClients;
 use crate::metrics::Metrics;
 use crate::rollout::decide::admission::{self, OwnSlot, Purpose, Verdict};
-use crate::rollout::lock::fleetlock::FleetLock;
+use crate::rollout::lock::fleetlock::{FleetLock, SetupError};
 use crate::rollout::lock::held_slot::HeldSlot;
 use crate::rollout::lock::lease::{LeaseLock, SlotPhase, Vanished};
 use crate::rollout::lock::slots::Observed;
@@ -129,7 +129,7 @@ impl Locker {
         f: &FleetLockConfig,
         group: &str,
         timeout: Duration,
-    ) -> Result<Arc<FleetLock>, String> {
+    ) -> Result<Arc<FleetLock>, SetupError> {
         let key = (f.clone(), group.to_owned(), timeout);
         if let Some((k, c)) = &self.fleetlock
             && *k == key
@@ -165,7 +165,7 @@ impl Locker {
                 let timeout = cfg.kubernetes.request_timeout.get();
                 match self.fleetlock_client(f, &group, timeout) {
                     Ok(c) => Ok(c),
-                    Err(e) => Err(LockError::Refused(e)),
+                    Err(e) => Err(LockError::Refused(e.to_string())),
                 }
             }
         }

@@ -193,17 +193,14 @@ struct RemoteError {
 impl FleetLock {
     /// Reads the machine id file, derives the app-specific id. `group` is the resolved group
     /// (fleetlock.group or rollout.group default). `timeout` bounds every request.
-    pub fn new(cfg: &FleetLockConfig, group: &str, timeout: Duration) -> Result<Self, String> {
+    pub fn new(cfg: &FleetLockConfig, group: &str, timeout: Duration) -> Result<Self, SetupError> {
         check_group(group)?;
         let id = read_machine_id(&cfg.machine_id)?;
         // The protocol header exists so that a redirected request is not taken for one meant
         // for the server: the builder follows no redirect.
-        let http = crate::util::http_client(timeout).build().map_err(|e| {
-            format!(
-                "cannot set up the FleetLock client: {}",
-                crate::util::http_error(&e)
-            )
-        })?;
+        let http = crate::util::http_client(timeout)
+            .build()
+            .map_err(|e| SetupError::Client(crate::util::http_error(&e)))?;
         let body = serde_json::json!({ "client_params": { "id": id, "group": group } }).to_string();
         Ok(Self {
             http,
@@ -290,31 +287,65 @@ impl FleetLock {
     }
 }
 
+/// Why a FleetLock client cannot be set up: the configuration or the node's files must be
+/// fixed, which waiting does not do.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum SetupError {
+    #[error(
+        "FleetLock group {0:?} must be letters, digits, '.' and '-' (the protocol's group \
+         syntax); set rollout.fleetlock.group"
+    )]
+    Group(String),
+    #[error(
+        "rollout.fleetlock.machine_id {path}: cannot read it: {detail}; the FleetLock id is \
+         derived from it (systemd writes /etc/machine-id at first boot)"
+    )]
+    Unreadable { path: String, detail: String },
+    #[error("rollout.fleetlock.machine_id {path}: {why}")]
+    MachineId { path: String, why: MachineIdError },
+    #[error("cannot set up the FleetLock client: {0}")]
+    Client(String),
+}
+
+/// Why the contents of a machine id file are not a machine id, as systemd reads it.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum MachineIdError {
+    #[error(
+        "the machine id is not set yet (\"uninitialized\"): systemd sets it at first boot, or \
+         run systemd-machine-id-setup"
+    )]
+    Uninitialized,
+    #[error(
+        "not a machine id: expected 32 hexadecimal digits and a newline, found {chars} \
+         characters{}; see machine-id(5)",
+        if *.all_hex { "" } else { " with some that are not hexadecimal digits" }
+    )]
+    Malformed { chars: usize, all_hex: bool },
+    #[error(
+        "the machine id is all zeros, which systemd treats as unset; run systemd-machine-id-setup"
+    )]
+    AllZeros,
+}
+
 /// The protocol's group syntax, `^[a-zA-Z0-9.-]+$`.
-fn check_group(group: &str) -> Result<(), String> {
+fn check_group(group: &str) -> Result<(), SetupError> {
     if group.is_empty()
         || !group
             .bytes()
             .all(|b| b.is_ascii_alphanumeric() || b == b'.' || b == b'-')
     {
-        return Err(format!(
-            "FleetLock group {group:?} must be letters, digits, '.' and '-' (the protocol's \
-             group syntax); set rollout.fleetlock.group"
-        ));
+        return Err(SetupError::Group(group.to_owned()));
     }
     Ok(())
 }
 
-fn read_machine_id(path: &Path) -> Result<String, String> {
-    let contents = std::fs::read_to_string(path).map_err(|e| {
-        format!(
-            "rollout.fleetlock.machine_id {}: cannot read it: {e}; the FleetLock id is derived \
-             from it (systemd writes /etc/machine-id at first boot)",
-            path.display()
-        )
+fn read_machine_id(path: &Path) -> Result<String, SetupError> {
+    let shown = path.display().to_string();
+    let contents = std::fs::read_to_string(path).map_err(|e| SetupError::Unreadable {
+        path: shown.clone(),
+        detail: e.to_string(),
     })?;
-    app_machine_id(&contents)
-        .map_err(|e| format!("rollout.fleetlock.machine_id {}: {e}", path.display()))
+    app_machine_id(&contents).map_err(|why| SetupError::MachineId { path: shown, why })
 }
 
 /// zincati's app-specific machine id: what `systemd-id128 machine-id -a
@@ -325,42 +356,31 @@ fn read_machine_id(path: &Path) -> Result<String, String> {
 ///
 /// `machine_id` is the file's contents, read as systemd reads `/etc/machine-id`: 32 hex digits,
 /// optionally one newline; "uninitialized" and all zeros are refused as systemd refuses them.
-pub fn app_machine_id(machine_id: &str) -> Result<String, String> {
+pub fn app_machine_id(machine_id: &str) -> Result<String, MachineIdError> {
     let text = machine_id.strip_suffix('\n').unwrap_or(machine_id);
     if text == "uninitialized" {
-        return Err(
-            "the machine id is not set yet (\"uninitialized\"): systemd sets it at \
-                    first boot, or run systemd-machine-id-setup"
-                .to_owned(),
-        );
+        return Err(MachineIdError::Uninitialized);
     }
-    if text.len() != 32 || !text.bytes().all(|b| b.is_ascii_hexdigit()) {
-        return Err(format!(
-            "not a machine id: expected 32 hexadecimal digits and a newline, found {} \
-             characters{}; see machine-id(5)",
-            text.chars().count(),
-            if text.bytes().all(|b| b.is_ascii_hexdigit()) {
-                ""
-            } else {
-                " with some that are not hexadecimal digits"
-            }
-        ));
+    let all_hex = text.bytes().all(|b| b.is_ascii_hexdigit());
+    let malformed = || MachineIdError::Malformed {
+        chars: text.chars().count(),
+        all_hex,
+    };
+    if text.len() != 32 || !all_hex {
+        return Err(malformed());
     }
     let mut key = [0u8; 16];
     for (i, byte) in key.iter_mut().enumerate() {
         // Checked above: 32 ASCII hex digits.
-        *byte = u8::from_str_radix(&text[2 * i..2 * i + 2], 16)
-            .map_err(|e| format!("not a machine id: {e}"))?;
+        *byte = u8::from_str_radix(&text[2 * i..2 * i + 2], 16).map_err(|_| malformed())?;
     }
     if key == [0; 16] {
-        return Err(
-            "the machine id is all zeros, which systemd treats as unset; \
-                    run systemd-machine-id-setup"
-                .to_owned(),
-        );
+        return Err(MachineIdError::AllZeros);
     }
-    let mut mac =
-        Hmac::<Sha256>::new_from_slice(&key).map_err(|e| format!("cannot key HMAC-SHA256: {e}"))?;
+    // HMAC takes a key of any length.
+    let Ok(mut mac) = Hmac::<Sha256>::new_from_slice(&key) else {
+        return Err(malformed());
+    };
     mac.update(&ZINCATI_APP_ID);
     let digest = mac.finalize().into_bytes();
     let mut id = [0u8; 16];
@@ -455,7 +475,7 @@ mod tests {
             ("uninitialized\n", "not set yet"),
             ("00000000000000000000000000000000\n", "all zeros"),
         ] {
-            let e = app_machine_id(contents).unwrap_err();
+            let e = app_machine_id(contents).unwrap_err().to_string();
             assert!(e.contains(says), "{contents:?}: {e}");
         }
     }
@@ -464,7 +484,9 @@ mod tests {
     fn a_missing_machine_id_file_is_named() {
         let dir = tempfile::tempdir().unwrap();
         let cfg = config("http://127.0.0.1:1", &dir.path().join("machine-id"));
-        let e = FleetLock::new(&cfg, "workers", Duration::from_secs(5)).unwrap_err();
+        let e = FleetLock::new(&cfg, "workers", Duration::from_secs(5))
+            .unwrap_err()
+            .to_string();
         assert!(
             e.contains("rollout.fleetlock.machine_id") && e.contains("machine-id"),
             "{e}"
@@ -479,7 +501,11 @@ mod tests {
         let cfg = config("http://127.0.0.1:1", &path);
         for group in ["", "a b", "work/ers", "wörkers"] {
             let e = FleetLock::new(&cfg, group, Duration::from_secs(5)).unwrap_err();
-            assert!(e.contains("rollout.fleetlock.group"), "{group:?}: {e}");
+            assert_eq!(e, SetupError::Group(group.to_owned()));
+            assert!(
+                e.to_string().contains("rollout.fleetlock.group"),
+                "{group:?}: {e}"
+            );
         }
         let lock = FleetLock::new(&cfg, "control-plane.v1", Duration::from_secs(5)).unwrap();
         assert_eq!(lock.group(), "control-plane.v1");
