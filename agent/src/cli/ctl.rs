@@ -13,6 +13,7 @@ use crate::control::protocol::{
     AcceptReport, Command, FleetReport, HistoryReport, RollbackReport, SuspendReport, SyncReport,
 };
 use crate::status::Status;
+use crate::types::Invalid;
 
 /// Talk to the ginx daemon on this node.
 #[derive(Debug, Parser)]
@@ -424,11 +425,13 @@ fn run(client: &Client, command: CtlCommand) -> Result<ExitCode, ClientError> {
 }
 
 /// `-n 0` would ask for nothing and then say there is no history; refuse it instead.
-fn parse_limit(s: &str) -> Result<usize, String> {
+fn parse_limit(s: &str) -> Result<usize, Invalid> {
     match s.parse::<usize>() {
         Ok(0) => Err("0 asks for no attempts; give 1 or more, or leave -n out for all".into()),
         Ok(n) => Ok(n),
-        Err(e) => Err(format!("{e}; give a number of attempts, 1 or more")),
+        Err(e) => Err(Invalid(format!(
+            "{e}; give a number of attempts, 1 or more"
+        ))),
     }
 }
 

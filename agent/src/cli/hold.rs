@@ -15,6 +15,7 @@ use super::render::terminal_safe;
 use crate::config::Config;
 use crate::rollout::fleet::holds::{self, Changed, Hold, MAX_NODES};
 use crate::rollout::fleet::operator::{self, Change};
+use crate::types::Invalid;
 
 /// What `ginxctl hold` was asked, checked.
 #[derive(Debug, PartialEq)]
@@ -32,7 +33,7 @@ pub fn check(
     until: Option<&str>,
     now: Timestamp,
     local: &TimeZone,
-) -> Result<Asked, String> {
+) -> Result<Asked, Invalid> {
     let nodes = check_nodes(nodes)?;
     holds::check_reason(reason)?;
     let until = until
@@ -46,12 +47,12 @@ pub fn check(
 }
 
 /// The names, each a node name, without repeats, at most [`MAX_NODES`].
-pub fn check_nodes(nodes: &[String]) -> Result<Vec<String>, String> {
+pub fn check_nodes(nodes: &[String]) -> Result<Vec<String>, Invalid> {
     if nodes.len() > MAX_NODES {
-        return Err(format!(
+        return Err(Invalid(format!(
             "{} nodes named; at most {MAX_NODES} at once",
             nodes.len()
-        ));
+        )));
     }
     let mut seen = Vec::new();
     for n in nodes {
@@ -221,12 +222,12 @@ mod tests {
             }
         );
         let e = check(&names(&["W3"]), "", None, now, &utc).unwrap_err();
-        assert!(e.contains("\"W3\" is not a node name"), "{e}");
+        assert!(e.0.contains("\"W3\" is not a node name"), "{e}");
         let e = check(&names(&["w3"]), "", Some("tomorrow"), now, &utc).unwrap_err();
-        assert!(e.contains("is not a time"), "{e}");
+        assert!(e.0.contains("is not a time"), "{e}");
         let many: Vec<String> = (0..65).map(|i| format!("w{i}")).collect();
         let e = check(&many, "", None, now, &utc).unwrap_err();
-        assert!(e.contains("at most 64"), "{e}");
+        assert!(e.0.contains("at most 64"), "{e}");
     }
 
     #[test]

@@ -19,6 +19,7 @@ use crate::config::{self, Config};
 use crate::control::protocol::{ClearReport, FleetReport};
 use crate::rollout::fleet::{ClearError, Fleet};
 use crate::status::{FleetStatus, HaltStatus};
+use crate::types::Invalid;
 
 /// Where kubeadm writes the cluster admin's kubeconfig on control-plane nodes.
 pub const ADMIN_CONF: &str = "/etc/kubernetes/admin.conf";
@@ -52,7 +53,7 @@ pub fn credentials(
     env: Option<&str>,
     admin: &Path,
     cfg: &Config,
-) -> Result<Credentials, String> {
+) -> Result<Credentials, Invalid> {
     let found = if let Some(p) = flag {
         Credentials {
             path: p.to_owned(),
@@ -72,12 +73,12 @@ pub fn credentials(
             from: "the control plane's admin.conf",
         }
     } else {
-        return Err(format!(
+        return Err(Invalid(format!(
             "lifting the fleet's pause or a halt, holding or releasing a node, or asking for a \
              plan, is an operator's act, done with your own credentials: give them with --kubeconfig or KUBECONFIG (on a control-plane node, \
              root may use {})",
             admin.display()
-        ));
+        )));
     };
     let same = |p: &Path| match (found.path.canonicalize(), p.canonicalize()) {
         (Ok(a), Ok(b)) => a == b,
@@ -86,12 +87,12 @@ pub fn credentials(
     let k = &cfg.kubernetes;
     let node_own = k.kubeconfig.as_deref().is_some_and(same) || same(&k.node_kubeconfig);
     if node_own {
-        return Err(format!(
+        return Err(Invalid(format!(
             "{} ({}) is this node's own identity, which may stop the fleet but never start it \
              again, nor hold or release a node, nor ask for a plan: give an operator's kubeconfig",
             found.path.display(),
             found.from
-        ));
+        )));
     }
     Ok(found)
 }
@@ -120,7 +121,7 @@ pub fn main(
     let act = match checked(act) {
         Ok(l) => l,
         Err(e) => {
-            eprintln!("ginxctl: {}", render::terminal_safe(&e));
+            eprintln!("ginxctl: {}", render::terminal_safe(&e.0));
             return ExitCode::from(2);
         }
     };
@@ -128,7 +129,7 @@ pub fn main(
     let creds = match credentials(kubeconfig, env.as_deref(), Path::new(ADMIN_CONF), &cfg) {
         Ok(c) => c,
         Err(e) => {
-            eprintln!("ginxctl: {}", render::terminal_safe(&e));
+            eprintln!("ginxctl: {}", render::terminal_safe(&e.0));
             return ExitCode::from(2);
         }
     };
@@ -170,7 +171,7 @@ enum Checked {
     Release(Vec<String>),
 }
 
-fn checked(act: Act) -> Result<Checked, String> {
+fn checked(act: Act) -> Result<Checked, Invalid> {
     Ok(match act {
         Act::Resume => Checked::Resume,
         Act::Clear(r) => Checked::Clear(r),
@@ -279,7 +280,7 @@ mod tests {
         assert_eq!((got.path, got.from), (PathBuf::from("/x"), "KUBECONFIG"));
         let e = credentials(None, None, &admin, &c).unwrap_err();
         assert!(
-            e.contains("operator's act") && e.contains("--kubeconfig"),
+            e.0.contains("operator's act") && e.0.contains("--kubeconfig"),
             "{e}"
         );
         std::fs::write(&admin, "").unwrap();
@@ -295,12 +296,12 @@ mod tests {
             let p = dir.path().join(own);
             std::fs::write(&p, "").unwrap();
             let e = credentials(Some(&p), None, &admin, &c).unwrap_err();
-            assert!(e.contains("this node's own identity"), "{e}");
+            assert!(e.0.contains("this node's own identity"), "{e}");
             // Through another name too.
             let link = dir.path().join(format!("{own}.link"));
             std::os::unix::fs::symlink(&p, &link).unwrap();
             let e = credentials(None, Some(link.to_str().unwrap()), &admin, &c).unwrap_err();
-            assert!(e.contains("this node's own identity"), "{e}");
+            assert!(e.0.contains("this node's own identity"), "{e}");
         }
     }
 }

@@ -119,7 +119,7 @@ pub fn fleet(
     let checked = crate::types::preview::check_reference(reference)
         .and_then(|()| crate::types::preview::check_groups(&groups));
     if let Err(e) = checked {
-        eprintln!("ginxctl: {}", terminal_safe(&e));
+        eprintln!("ginxctl: {}", terminal_safe(&e.0));
         return ExitCode::from(2);
     }
     let cfg = match config::peek_cluster(config_path) {
@@ -133,7 +133,7 @@ pub fn fleet(
     let creds = match credentials(kubeconfig, env.as_deref(), Path::new(ADMIN_CONF), &cfg) {
         Ok(c) => c,
         Err(e) => {
-            eprintln!("ginxctl: {}", terminal_safe(&e));
+            eprintln!("ginxctl: {}", terminal_safe(&e.0));
             return ExitCode::from(2);
         }
     };

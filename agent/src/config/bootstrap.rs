@@ -6,6 +6,7 @@ use std::path::PathBuf;
 use serde::{Deserialize, Serialize};
 
 use super::{ConfigError, Ctx, Duration, bounds};
+use crate::types::Invalid;
 
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
@@ -140,11 +141,11 @@ pub enum Wait {
 }
 
 impl Wait {
-    pub fn parse(s: &str) -> Result<Self, String> {
+    pub fn parse(s: &str) -> Result<Self, Invalid> {
         let parts: Vec<&str> = s.split('/').collect();
         let ok = |p: &str| !p.is_empty() && !p.contains(char::is_whitespace);
         if !parts.iter().all(|p| ok(p)) {
-            return Err(format!("{s:?}: empty or blank part"));
+            return Err(Invalid(format!("{s:?}: empty or blank part")));
         }
         Ok(match parts.as_slice() {
             ["nodes"] => Wait::Nodes,
@@ -166,10 +167,10 @@ impl Wait {
                 name: (*name).to_owned(),
             },
             _ => {
-                return Err(format!(
+                return Err(Invalid(format!(
                     "{s:?} is not one of daemonset/<ns>/<name>, deployment/<ns>/<name>, \
                      crd/<name>, nodes, <group>/<kind>/<ns>/<name>"
-                ));
+                )));
             }
         })
     }

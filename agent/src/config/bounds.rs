@@ -12,6 +12,7 @@
 //! `lease_duration`, …); each section makes those, blaming the key written in the files.
 
 use super::{ConfigError, Ctx, Duration};
+use crate::types::Invalid;
 
 const fn secs(s: u64) -> Duration {
     Duration::from_secs(s)
@@ -38,25 +39,25 @@ pub struct DurationBound {
 
 impl DurationBound {
     /// `Err(message)` when `d` is out of bounds; the message names the bound.
-    pub fn check_value(&self, d: Duration) -> Result<(), String> {
+    pub fn check_value(&self, d: Duration) -> Result<(), Invalid> {
         if d < self.floor {
-            return Err(format!(
+            return Err(Invalid(format!(
                 "{d} is below the floor of {}: {}; write at least {0}",
                 self.floor, self.why
-            ));
+            )));
         }
         if d > self.ceiling {
-            return Err(format!(
+            return Err(Invalid(format!(
                 "{d} is above the ceiling of {}: {}; write at most {0}",
                 self.ceiling, self.why
-            ));
+            )));
         }
         if self.whole_seconds && d.get().subsec_nanos() != 0 {
-            return Err(format!(
+            return Err(Invalid(format!(
                 "{d} is not a whole number of seconds: Kubernetes takes it in seconds and the \
                  fraction would be cut off; write it in whole seconds, like \"{}s\"",
                 d.get().as_secs().max(self.floor.get().as_secs())
-            ));
+            )));
         }
         Ok(())
     }
@@ -87,12 +88,12 @@ pub struct CountBound {
 }
 
 impl CountBound {
-    pub fn check_value(&self, n: u32) -> Result<(), String> {
+    pub fn check_value(&self, n: u32) -> Result<(), Invalid> {
         if n < self.floor || n > self.ceiling {
-            return Err(format!(
+            return Err(Invalid(format!(
                 "{n} is out of bounds: must be between {} and {}: {}",
                 self.floor, self.ceiling, self.why
-            ));
+            )));
         }
         Ok(())
     }
@@ -473,7 +474,7 @@ pub fn arithmetic(
     d: std::time::Duration,
     now: std::time::Instant,
     wall: jiff::Timestamp,
-) -> Result<(), String> {
+) -> Result<(), Invalid> {
     let step = |ok: bool, what: &str| {
         if ok {
             Ok(())

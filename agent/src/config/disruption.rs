@@ -7,6 +7,7 @@ use serde::{Deserialize, Serialize};
 
 use super::{ConfigError, Ctx, Duration, bounds};
 use crate::types::Disruption;
+use crate::types::Invalid;
 
 /// The disruption policy.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -108,21 +109,23 @@ impl DisruptionConfig {
 }
 
 /// Whether `glob` is a unit pattern; `Err` says where it breaks and what to write.
-pub fn check_glob(glob: &str) -> Result<glob::Pattern, String> {
+pub fn check_glob(glob: &str) -> Result<glob::Pattern, Invalid> {
     if glob.trim().is_empty() || glob.chars().any(char::is_whitespace) {
-        return Err(format!(
+        return Err(Invalid(format!(
             "{glob:?} is not a unit pattern: unit names have no spaces; write a unit name or a \
              glob like \"kubelet.service\" or \"cilium*.service\""
-        ));
+        )));
     }
-    glob::Pattern::new(glob).map_err(|e| {
-        format!(
-            "{glob:?} is not a unit pattern: {} at character {}; write a unit name or a glob \
+    glob::Pattern::new(glob)
+        .map_err(|e| {
+            format!(
+                "{glob:?} is not a unit pattern: {} at character {}; write a unit name or a glob \
              like \"kubelet.service\" or \"cilium*.service\"",
-            e.msg,
-            e.pos + 1
-        )
-    })
+                e.msg,
+                e.pos + 1
+            )
+        })
+        .map_err(Invalid)
 }
 
 #[cfg(test)]
@@ -146,8 +149,11 @@ mod tests {
     #[test]
     fn a_bad_glob_says_where_it_breaks() {
         let e = check_glob("kube[let").unwrap_err();
-        assert!(e.starts_with("\"kube[let\" is not a unit pattern: "), "{e}");
-        assert!(e.contains("at character"), "{e}");
+        assert!(
+            e.0.starts_with("\"kube[let\" is not a unit pattern: "),
+            "{e}"
+        );
+        assert!(e.0.contains("at character"), "{e}");
         assert!(check_glob("two words").is_err() && check_glob("").is_err());
     }
 }

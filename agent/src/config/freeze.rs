@@ -9,6 +9,7 @@ use jiff::{SignedDuration, Timestamp, ToSpan};
 use serde::{Deserialize, Serialize};
 
 use super::{ConfigError, Ctx};
+use crate::types::Invalid;
 
 /// Freezes one configuration may list.
 pub const MAX_FREEZES: usize = 64;
@@ -27,9 +28,9 @@ pub enum CivilPoint {
 }
 
 impl TryFrom<String> for CivilPoint {
-    type Error = String;
+    type Error = Invalid;
 
-    fn try_from(s: String) -> Result<Self, String> {
+    fn try_from(s: String) -> Result<Self, Invalid> {
         let bad = || {
             format!(
                 "{s:?} is neither a date nor a local time: write \"YYYY-MM-DD\" or \
@@ -39,7 +40,8 @@ impl TryFrom<String> for CivilPoint {
         if s.len() == 10 {
             return super::CivilDate::try_from(s.clone())
                 .map(|d| CivilPoint::Date(d.0))
-                .map_err(|_| bad());
+                .map_err(|_| bad())
+                .map_err(Invalid);
         }
         // A date and a time of day, nothing more: no offset, no zone (time_zone says it).
         let plain = s.len() >= 16
@@ -52,6 +54,7 @@ impl TryFrom<String> for CivilPoint {
             .flatten()
             .map(CivilPoint::At)
             .ok_or_else(bad)
+            .map_err(Invalid)
     }
 }
 
@@ -94,7 +97,7 @@ fn utc() -> String {
 
 impl Freeze {
     /// The instants it begins and ends. A date as `end` means the end of that day.
-    pub fn span(&self) -> Result<(Timestamp, Timestamp), String> {
+    pub fn span(&self) -> Result<(Timestamp, Timestamp), Invalid> {
         let tz = TimeZone::get(&self.time_zone).map_err(|e| e.to_string())?;
         let instant = |p: CivilPoint, end: bool| -> Result<Timestamp, String> {
             let local = match p {
@@ -175,7 +178,7 @@ pub(super) fn validate(freezes: &[Freeze], ctx: &Ctx<'_>) -> Result<(), ConfigEr
     Ok(())
 }
 
-fn check_reason(reason: &str) -> Result<(), String> {
+fn check_reason(reason: &str) -> Result<(), Invalid> {
     let n = reason.trim().chars().count();
     if n == 0 {
         return Err(
@@ -185,7 +188,9 @@ fn check_reason(reason: &str) -> Result<(), String> {
         );
     }
     if n > MAX_FREEZE_REASON {
-        return Err(format!("has {n} characters; at most {MAX_FREEZE_REASON}"));
+        return Err(Invalid(format!(
+            "has {n} characters; at most {MAX_FREEZE_REASON}"
+        )));
     }
     if reason.chars().any(char::is_control) {
         return Err("holds a control character (a newline?); give one line".into());
@@ -225,7 +230,10 @@ mod tests {
             "tomorrow",
         ] {
             let e = CivilPoint::try_from(bad.to_owned()).unwrap_err();
-            assert!(e.contains("neither a date nor a local time"), "{bad}: {e}");
+            assert!(
+                e.0.contains("neither a date nor a local time"),
+                "{bad}: {e}"
+            );
         }
     }
 

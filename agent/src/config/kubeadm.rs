@@ -10,6 +10,7 @@ use std::path::PathBuf;
 use serde::{Deserialize, Serialize};
 
 use super::{ConfigError, Ctx, is_dns_subdomain};
+use crate::types::Invalid;
 
 /// Cluster facts for kubeadm and kube-vip. Each may come from here or from `cluster_file` in
 /// the `source` checkout (Argus); the local value wins key by key. Defaults for facts neither
@@ -250,7 +251,7 @@ pub struct Cidr {
 }
 
 impl Cidr {
-    pub fn parse(s: &str) -> Result<Self, String> {
+    pub fn parse(s: &str) -> Result<Self, Invalid> {
         let (a, p) = s
             .split_once('/')
             .ok_or_else(|| format!("{s:?} is not a CIDR like 10.244.0.0/16"))?;
@@ -265,10 +266,10 @@ impl Cidr {
             .ok_or_else(|| format!("{s:?}: the prefix length must be 0..={max}"))?;
         let c = Cidr { addr, prefix };
         if c.network() != addr {
-            return Err(format!(
+            return Err(Invalid(format!(
                 "{s:?} has host bits set; the network is {}/{prefix}",
                 c.network()
-            ));
+            )));
         }
         Ok(c)
     }
@@ -319,7 +320,7 @@ impl fmt::Display for Cidr {
 }
 
 /// One CIDR or a dual-stack pair `a,b`.
-pub fn cidrs(s: &str) -> Result<Vec<Cidr>, String> {
+pub fn cidrs(s: &str) -> Result<Vec<Cidr>, Invalid> {
     s.split(',').map(|c| Cidr::parse(c.trim())).collect()
 }
 
@@ -331,7 +332,7 @@ pub struct Endpoint {
 }
 
 impl Endpoint {
-    pub fn parse(s: &str) -> Result<Self, String> {
+    pub fn parse(s: &str) -> Result<Self, Invalid> {
         let (host, port) = s
             .rsplit_once(':')
             .ok_or_else(|| format!("{s:?} must be VIP:PORT, like 10.0.0.100:6443"))?;
@@ -342,7 +343,7 @@ impl Endpoint {
             .filter(|p| *p != 0)
             .ok_or_else(|| format!("{s:?}: {port:?} is not a valid port (1-65535)"))?;
         if host.is_empty() {
-            return Err(format!("{s:?} has no host"));
+            return Err(Invalid(format!("{s:?} has no host")));
         }
         Ok(Self {
             host: host.to_owned(),
@@ -364,7 +365,7 @@ impl fmt::Display for Endpoint {
     }
 }
 
-fn version(s: &str) -> Result<(), String> {
+fn version(s: &str) -> Result<(), Invalid> {
     // Each part must fit the integers kubeadm parses it into.
     let ok = s
         .strip_prefix('v')
@@ -380,7 +381,9 @@ fn version(s: &str) -> Result<(), String> {
     if ok {
         Ok(())
     } else {
-        Err(format!("{s:?} is not a version like v1.33.4 (vX.Y.Z)"))
+        Err(Invalid(format!(
+            "{s:?} is not a version like v1.33.4 (vX.Y.Z)"
+        )))
     }
 }
 
@@ -426,7 +429,7 @@ pub fn check_relations(f: &ClusterFacts) -> Result<(), (String, String)> {
             .map(cidrs)
             .transpose()
             .map(Option::unwrap_or_default)
-            .map_err(|m| (key.to_owned(), m))
+            .map_err(|m| (key.to_owned(), m.0))
     };
     let pods = parse(&f.pod_subnet, "pod_subnet")?;
     let services = parse(&f.service_subnet, "service_subnet")?;
@@ -480,16 +483,16 @@ pub fn check_node_addresses(
 
 fn check_each(f: &ClusterFacts) -> Result<(), (&'static str, String)> {
     if let Some(v) = &f.kubernetes_version {
-        version(v).map_err(|m| ("kubernetes_version", m))?;
+        version(v).map_err(|m| ("kubernetes_version", m.0))?;
     }
     if let Some(e) = &f.control_plane_endpoint {
-        Endpoint::parse(e).map_err(|m| ("control_plane_endpoint", m))?;
+        Endpoint::parse(e).map_err(|m| ("control_plane_endpoint", m.0))?;
     }
     if let Some(s) = &f.pod_subnet {
-        cidrs(s).map_err(|m| ("pod_subnet", m))?;
+        cidrs(s).map_err(|m| ("pod_subnet", m.0))?;
     }
     if let Some(s) = &f.service_subnet {
-        cidrs(s).map_err(|m| ("service_subnet", m))?;
+        cidrs(s).map_err(|m| ("service_subnet", m.0))?;
     }
     if let Some(s) = &f.cri_socket
         && !s.starts_with("unix://")
@@ -540,7 +543,7 @@ fn check_each(f: &ClusterFacts) -> Result<(), (&'static str, String)> {
         ),
     ] {
         if let Some(n) = n {
-            bound.check_value(n).map_err(|m| (key, m))?;
+            bound.check_value(n).map_err(|m| (key, m.0))?;
         }
     }
     if let (Some(d), Some(r), Some(p)) = (kv.lease_duration, kv.renew_deadline, kv.retry_period)

@@ -4,6 +4,7 @@
 use serde::{Deserialize, Serialize};
 
 use super::{ConfigError, Ctx, is_dns_subdomain};
+use crate::types::Invalid;
 use crate::types::Role;
 
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
@@ -57,13 +58,13 @@ impl NodeConfig {
 }
 
 /// Kubernetes node names are DNS subdomains; colmena node names must match them here.
-fn check_node_name(name: &str) -> Result<(), String> {
+fn check_node_name(name: &str) -> Result<(), Invalid> {
     if is_dns_subdomain(name) {
         Ok(())
     } else {
-        Err(format!(
+        Err(Invalid(format!(
             "{name:?} is not a valid node name (lowercase letters, digits, '-' and '.', \
              each dot-separated part starting and ending with a letter or digit)"
-        ))
+        )))
     }
 }

@@ -4,20 +4,22 @@
 //! are qualified names (`prefix/name`), values label values. A selector the API would refuse
 //! makes every request with it fail, so it is refused at load instead.
 
+use crate::types::Invalid;
+
 /// `Err` says what is wrong and where in the selector.
-pub(super) fn check(s: &str) -> Result<(), String> {
+pub(super) fn check(s: &str) -> Result<(), Invalid> {
     if s.trim().is_empty() {
         return Err("is empty; remove it, or give a label selector like \"app=backup\"".into());
     }
     parse(s).map_err(|e| {
-        format!(
+        Invalid(format!(
             "{s:?} is not a label selector: {e}; write one like \"app=backup\", \
              \"tier in (db,cache)\" or \"!job\""
-        )
+        ))
     })
 }
 
-fn parse(s: &str) -> Result<(), String> {
+fn parse(s: &str) -> Result<(), Invalid> {
     let tokens = lex(s);
     let mut p = Parser {
         tokens: &tokens,
@@ -29,9 +31,9 @@ fn parse(s: &str) -> Result<(), String> {
             None => return Ok(()),
             Some(Tok::Sym(",")) => {}
             Some(t) => {
-                return Err(format!(
+                return Err(Invalid(format!(
                     "expected ',' or the end after a requirement, found {t}"
-                ));
+                )));
             }
         }
     }
@@ -95,14 +97,14 @@ impl<'a> Parser<'_, 'a> {
         t
     }
 
-    fn requirement(&mut self) -> Result<(), String> {
+    fn requirement(&mut self) -> Result<(), Invalid> {
         let negated = self.peek() == Some(Tok::Sym("!"));
         if negated {
             self.at += 1;
         }
         let key = match self.next() {
             Some(Tok::Ident(k)) => k,
-            Some(t) => return Err(format!("expected a label key, found {t}")),
+            Some(t) => return Err(Invalid(format!("expected a label key, found {t}"))),
             None => return Err("expected a label key, found the end".into()),
         };
         qualified_name(key).map_err(|e| format!("label key {key:?} {e}"))?;
@@ -113,35 +115,36 @@ impl<'a> Parser<'_, 'a> {
             Some(Tok::Sym("=" | "==" | "!=")) => self.exact_value(false),
             Some(Tok::Sym(">" | "<")) => self.exact_value(true),
             Some(Tok::Ident("in" | "notin")) => self.values(),
-            Some(t) => Err(format!(
+            Some(t) => Err(Invalid(format!(
                 "expected an operator (=, ==, !=, in, notin, >, <) after {key:?}, found {t}"
-            )),
-            None => Err(format!("expected an operator after {key:?}")),
+            ))),
+            None => Err(Invalid(format!("expected an operator after {key:?}"))),
         }
     }
 
-    fn exact_value(&mut self, integer: bool) -> Result<(), String> {
+    fn exact_value(&mut self, integer: bool) -> Result<(), Invalid> {
         let value = match self.peek() {
             None | Some(Tok::Sym(",")) => "",
             Some(Tok::Ident(v)) => {
                 self.at += 1;
                 v
             }
-            Some(t) => return Err(format!("expected a value, found {t}")),
+            Some(t) => return Err(Invalid(format!("expected a value, found {t}"))),
         };
         if integer {
             return value
                 .parse::<i64>()
                 .map(drop)
-                .map_err(|_| format!("{value:?} is not an integer, as > and < need"));
+                .map_err(|_| format!("{value:?} is not an integer, as > and < need"))
+                .map_err(Invalid);
         }
         label_value(value)
     }
 
-    fn values(&mut self) -> Result<(), String> {
+    fn values(&mut self) -> Result<(), Invalid> {
         match self.next() {
             Some(Tok::Sym("(")) => {}
-            Some(t) => return Err(format!("expected '(' after in/notin, found {t}")),
+            Some(t) => return Err(Invalid(format!("expected '(' after in/notin, found {t}"))),
             None => return Err("expected '(' after in/notin, found the end".into()),
         }
         loop {
@@ -151,13 +154,17 @@ impl<'a> Parser<'_, 'a> {
                     label_value(v)?;
                 }
                 Some(Tok::Sym("," | ")")) => {}
-                Some(t) => return Err(format!("expected a value, found {t}")),
+                Some(t) => return Err(Invalid(format!("expected a value, found {t}"))),
                 None => return Err("unbalanced parentheses: ')' missing".into()),
             }
             match self.next() {
                 Some(Tok::Sym(")")) => return Ok(()),
                 Some(Tok::Sym(",")) => {}
-                Some(t) => return Err(format!("expected ',' or ')' in a value list, found {t}")),
+                Some(t) => {
+                    return Err(Invalid(format!(
+                        "expected ',' or ')' in a value list, found {t}"
+                    )));
+                }
                 None => return Err("unbalanced parentheses: ')' missing".into()),
             }
         }
@@ -175,19 +182,19 @@ fn is_name(s: &str) -> bool {
             .all(|c| c.is_ascii_alphanumeric() || matches!(c, b'-' | b'_' | b'.'))
 }
 
-fn label_value(v: &str) -> Result<(), String> {
+fn label_value(v: &str) -> Result<(), Invalid> {
     if v.is_empty() || is_name(v) {
         Ok(())
     } else {
-        Err(format!(
+        Err(Invalid(format!(
             "label value {v:?} must be at most 63 letters, digits, '-', '_' or '.', starting \
              and ending with a letter or digit"
-        ))
+        )))
     }
 }
 
 /// A label key: `name` or `prefix/name`, the prefix a DNS subdomain.
-fn qualified_name(k: &str) -> Result<(), String> {
+fn qualified_name(k: &str) -> Result<(), Invalid> {
     let (prefix, name) = match k.split_once('/') {
         Some((p, n)) => (Some(p), n),
         None => (None, k),
@@ -254,9 +261,9 @@ mod tests {
             ("app in (a b)", "expected ',' or ')'"),
         ] {
             let e = check(s).unwrap_err();
-            assert!(e.contains(why), "{s}: {e}");
-            assert!(e.contains("is not a label selector"), "{s}: {e}");
+            assert!(e.0.contains(why), "{s}: {e}");
+            assert!(e.0.contains("is not a label selector"), "{s}: {e}");
         }
-        assert!(check(" ").unwrap_err().contains("is empty"));
+        assert!(check(" ").unwrap_err().0.contains("is empty"));
     }
 }

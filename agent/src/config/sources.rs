@@ -7,6 +7,7 @@ use serde::{Deserialize, Serialize};
 
 use super::load::join_key;
 use super::{ConfigError, Ctx, Duration, bounds};
+use crate::types::Invalid;
 use crate::types::{Goal, RemoteUrl, Transport};
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -294,7 +295,7 @@ impl SourceConfig {
 }
 
 /// Source names become directory names and parts of annotation keys.
-fn check_source_name(name: &str) -> Result<(), String> {
+fn check_source_name(name: &str) -> Result<(), Invalid> {
     let ok = !name.is_empty()
         && name.len() <= 40
         && name
@@ -304,9 +305,9 @@ fn check_source_name(name: &str) -> Result<(), String> {
     if ok {
         Ok(())
     } else {
-        Err(format!(
+        Err(Invalid(format!(
             "source name {name:?} must start with a lowercase letter and use only lowercase \
              letters, digits, '-' and '_' (at most 40)"
-        ))
+        )))
     }
 }

@@ -10,6 +10,7 @@
 use serde::{Deserialize, Serialize};
 
 use super::{ConfigError, Ctx, Duration, bounds::DurationBound};
+use crate::types::Invalid;
 
 /// A day of the week, as written in `days`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
@@ -71,9 +72,9 @@ impl Week {
 pub struct CivilDate(pub jiff::civil::Date);
 
 impl TryFrom<String> for CivilDate {
-    type Error = String;
+    type Error = Invalid;
 
-    fn try_from(s: String) -> Result<Self, String> {
+    fn try_from(s: String) -> Result<Self, Invalid> {
         let well_formed = s.len() == 10
             && s.bytes().enumerate().all(|(i, b)| {
                 if i == 4 || i == 7 {
@@ -89,6 +90,7 @@ impl TryFrom<String> for CivilDate {
             .ok_or_else(|| {
                 format!("{s:?} is not a date: write \"YYYY-MM-DD\", like \"2026-12-24\"")
             })
+            .map_err(Invalid)
     }
 }
 
@@ -104,9 +106,9 @@ impl From<CivilDate> for String {
 pub struct ClockTime(pub jiff::civil::Time);
 
 impl TryFrom<String> for ClockTime {
-    type Error = String;
+    type Error = Invalid;
 
-    fn try_from(s: String) -> Result<Self, String> {
+    fn try_from(s: String) -> Result<Self, Invalid> {
         let parts: Vec<&str> = s.split(':').collect();
         let field = |p: &str, max: i8| -> Option<i8> {
             (p.len() == 2 && p.bytes().all(|b| b.is_ascii_digit()))
@@ -122,13 +124,14 @@ impl TryFrom<String> for ClockTime {
         let (h, m, sec) = match parts.as_slice() {
             [h, m] => (field(h, 23), field(m, 59), Some(0)),
             [h, m, sec] => (field(h, 23), field(m, 59), field(sec, 59)),
-            _ => return Err(bad()),
+            _ => return Err(Invalid(bad())),
         };
         match (h, m, sec) {
             (Some(h), Some(m), Some(sec)) => jiff::civil::Time::new(h, m, sec, 0)
                 .map(ClockTime)
-                .map_err(|_| bad()),
-            _ => Err(bad()),
+                .map_err(|_| bad())
+                .map_err(Invalid),
+            _ => Err(Invalid(bad())),
         }
     }
 }
@@ -233,12 +236,15 @@ fn check_calendar(w: &Window) -> Result<(), (&'static str, String)> {
 }
 
 /// `Err(why)` unless `zone` is a time zone the tz database (or ginx's copy) knows.
-pub(super) fn check_zone(zone: &str) -> Result<(), String> {
-    jiff::tz::TimeZone::get(zone).map(|_| ()).map_err(|e| {
-        format!(
-            "unknown time zone {zone:?} ({e}); use an IANA name like \"Europe/Berlin\" or \
+pub(super) fn check_zone(zone: &str) -> Result<(), Invalid> {
+    jiff::tz::TimeZone::get(zone)
+        .map(|_| ())
+        .map_err(|e| {
+            format!(
+                "unknown time zone {zone:?} ({e}); use an IANA name like \"Europe/Berlin\" or \
              \"UTC\" (looked up in TZDIR, /usr/share/zoneinfo, /etc/zoneinfo, then ginx's \
              bundled copy)"
-        )
-    })
+            )
+        })
+        .map_err(Invalid)
 }

@@ -3,6 +3,8 @@
 
 use serde::{Deserialize, Serialize};
 
+use super::Invalid;
+
 /// The store directory a NixOS system lives in.
 pub const STORE_DIR: &str = "/nix/store/";
 
@@ -11,27 +13,27 @@ const BASE32: &str = "0123456789abcdfghijklmnpqrsvwxyz";
 
 /// `/nix/store/<32 base-32 chars>-<name>`, nothing after the name; `Err` says what is wrong
 /// without echoing more than a bounded part of the input.
-pub fn check_store_path(s: &str) -> Result<(), String> {
+pub fn check_store_path(s: &str) -> Result<(), Invalid> {
     let shown: String = s.chars().take(120).collect();
     let Some(rest) = s.strip_prefix(STORE_DIR) else {
-        return Err(format!("{shown:?} is not in {STORE_DIR}"));
+        return Err(Invalid(format!("{shown:?} is not in {STORE_DIR}")));
     };
     let (hash, name) = match rest.split_once('-') {
         Some((h, n)) => (h, n),
         None => (rest, ""),
     };
     if hash.len() != 32 || !hash.chars().all(|c| BASE32.contains(c)) {
-        return Err(format!(
+        return Err(Invalid(format!(
             "{shown:?}: the hash after {STORE_DIR} must be 32 characters of Nix's base-32 \
              ({BASE32})"
-        ));
+        )));
     }
     let name_ok = |c: char| c.is_ascii_alphanumeric() || "+-._?=".contains(c);
     if name.is_empty() || name.len() > 211 || name.starts_with('.') || !name.chars().all(name_ok) {
-        return Err(format!(
+        return Err(Invalid(format!(
             "{shown:?}: the name after the hash must be 1 to 211 of A-Z a-z 0-9 + - . _ ? = \
              (not starting with a dot, no /)"
-        ));
+        )));
     }
     Ok(())
 }

@@ -3,7 +3,8 @@
 //! ([`EndpointUrl`]), the apply goal ([`Goal`]), the node's [`Role`], a system [`Generation`],
 //! what a source's poller reports ([`SourceReport`]), why a revision is halted
 //! ([`HaltCause`]), what an activation does to the node's workloads ([`Disruption`]), a revision's
-//! [`Plan`], and a plan asked for before a merge ([`PlanRequest`], [`PreviewAnswer`]).
+//! [`Plan`], a plan asked for before a merge ([`PlanRequest`], [`PreviewAnswer`]), and a value a
+//! person wrote that cannot be used ([`Invalid`]).
 //!
 //! Owns: their parsing, validation and how they print. Must not import anything else of the
 //! crate; `config`, `status`, `state` and the workers take these from here.
@@ -12,6 +13,7 @@ mod closure;
 mod disruption;
 mod endpoint;
 mod halt;
+mod invalid;
 pub mod notice;
 mod plan;
 mod plan_mark;
@@ -28,6 +30,7 @@ pub use closure::{ClosureInfo, ClosureOrigin, STORE_DIR, check_store_path};
 pub use disruption::Disruption;
 pub use endpoint::EndpointUrl;
 pub use halt::HaltCause;
+pub use invalid::Invalid;
 pub use notice::{Notice, Notices, Reason};
 pub use plan::{PackageChange, Plan, UnitChanges, signed_size};
 pub use plan_mark::{PlanCounts, PlanMark, plan_counts};

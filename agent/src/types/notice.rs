@@ -10,6 +10,8 @@ use std::fmt;
 use serde::{Deserialize, Serialize};
 use tokio::sync::broadcast;
 
+use super::Invalid;
+
 /// Why a notice is given: the Event's `reason`, the webhook body's `reason`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
 pub enum Reason {
@@ -149,8 +151,8 @@ impl fmt::Display for Reason {
 }
 
 impl std::str::FromStr for Reason {
-    type Err = String;
-    fn from_str(s: &str) -> Result<Self, String> {
+    type Err = Invalid;
+    fn from_str(s: &str) -> Result<Self, Invalid> {
         Reason::ALL
             .into_iter()
             .find(|r| r.as_str() == s)
@@ -160,6 +162,7 @@ impl std::str::FromStr for Reason {
                     Reason::ALL.map(Reason::as_str).join(", ")
                 )
             })
+            .map_err(Invalid)
     }
 }
 
@@ -227,7 +230,7 @@ mod tests {
         }
         let e = "Halted".parse::<Reason>().unwrap_err();
         assert!(
-            e.contains("RevisionHalted") && e.contains("\"Halted\""),
+            e.0.contains("RevisionHalted") && e.0.contains("\"Halted\""),
             "{e}"
         );
     }

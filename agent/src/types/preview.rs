@@ -6,6 +6,7 @@
 use jiff::Timestamp;
 use serde::{Deserialize, Serialize};
 
+use super::Invalid;
 use super::{PackageChange, Plan, PlanMark, Revision};
 
 /// At most this many plan requests stand in the ConfigMap at once; `ginxctl plan` refuses
@@ -57,12 +58,12 @@ pub const MAX_GROUPS: usize = 16;
 
 /// Why `groups` cannot be asked for: too many, or one that no node's `rollout.group` can be
 /// (a lowercase DNS label of at most 40 characters).
-pub fn check_groups(groups: &[String]) -> Result<(), String> {
+pub fn check_groups(groups: &[String]) -> Result<(), Invalid> {
     if groups.len() > MAX_GROUPS {
-        return Err(format!(
+        return Err(Invalid(format!(
             "{} groups named; at most {MAX_GROUPS}",
             groups.len()
-        ));
+        )));
     }
     for g in groups {
         let label = (1..=40).contains(&g.len())
@@ -71,10 +72,10 @@ pub fn check_groups(groups: &[String]) -> Result<(), String> {
             && !g.starts_with('-')
             && !g.ends_with('-');
         if !label {
-            return Err(format!(
+            return Err(Invalid(format!(
                 "group {g:?} is not a rollout group's name: lowercase letters, digits and '-', \
                  at most 40 characters (see rollout.group)"
-            ));
+            )));
         }
     }
     Ok(())
@@ -82,12 +83,12 @@ pub fn check_groups(groups: &[String]) -> Result<(), String> {
 
 /// Why a ref cannot be asked for: empty, too long, or not a name git accepts for a branch,
 /// a tag or a commit id (no spaces, no `..`, no control characters, no leading `-`).
-pub fn check_reference(reference: &str) -> Result<(), String> {
+pub fn check_reference(reference: &str) -> Result<(), Invalid> {
     if reference.is_empty() {
         return Err("the ref is empty: give a branch, a tag or a commit id".into());
     }
     if reference.len() > MAX_REF_LEN {
-        return Err(format!("the ref is over {MAX_REF_LEN} characters"));
+        return Err(Invalid(format!("the ref is over {MAX_REF_LEN} characters")));
     }
     let bad = reference.starts_with('-')
         || reference.starts_with('/')
@@ -99,9 +100,9 @@ pub fn check_reference(reference: &str) -> Result<(), String> {
             .chars()
             .any(|c| c.is_control() || " ~^:?*[\\\"".contains(c));
     if bad {
-        return Err(format!(
+        return Err(Invalid(format!(
             "{reference:?} is not a branch, tag or commit name git accepts"
-        ));
+        )));
     }
     Ok(())
 }

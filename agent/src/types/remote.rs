@@ -14,6 +14,8 @@ use std::str::FromStr;
 
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
 
+use super::Invalid;
+
 /// The transport a remote is reached by.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Transport {
@@ -80,7 +82,7 @@ impl RemoteUrl {
         }
     }
 
-    fn url_form(raw: &str, scheme: &str, rest: &str) -> Result<Self, String> {
+    fn url_form(raw: &str, scheme: &str, rest: &str) -> Result<Self, Invalid> {
         let transport = match scheme.to_ascii_lowercase().as_str() {
             "ssh" | "git+ssh" | "ssh+git" => Transport::Ssh,
             "git" => Transport::Git,
@@ -88,10 +90,10 @@ impl RemoteUrl {
             "https" => Transport::Https,
             "file" => Transport::File,
             other => {
-                return Err(format!(
+                return Err(Invalid(format!(
                     "unsupported URL scheme {other:?}; use ssh://, https://, http://, git://, \
                      file:// or an absolute path"
-                ));
+                )));
             }
         };
         one_at_in_authority(rest)?;
@@ -104,7 +106,7 @@ impl RemoteUrl {
                 return Err("file:// URL without a path".into());
             }
         } else if url.host_str().is_none_or(str::is_empty) {
-            return Err(format!("{scheme}:// URL without a host"));
+            return Err(Invalid(format!("{scheme}:// URL without a host")));
         }
         let keep_user = transport == Transport::Ssh;
         let shown = redacted(&url, keep_user);
@@ -118,29 +120,29 @@ impl RemoteUrl {
 
     /// `[user[:password]@]host:path`. An `@` may appear once, between the user information and
     /// the host; anything else cannot be split into credentials and location unambiguously.
-    fn scp_form(raw: &str) -> Result<Self, String> {
+    fn scp_form(raw: &str) -> Result<Self, Invalid> {
         let ambiguous = "an `@` in a user@host:path remote must separate the user (and \
                          password) from the host, and may appear only once; write the remote as \
                          ssh://user@host/path with `@` in the user name or password written as %40";
         let (userinfo, rest) = match raw.split_once('@') {
             Some((u, r)) if !r.contains('@') => (Some(u), r),
-            Some(_) => return Err(ambiguous.to_owned()),
+            Some(_) => return Err(Invalid(ambiguous.to_owned())),
             None => (None, raw),
         };
         let Some((host, path)) = split_host(rest) else {
             return Err(match userinfo {
-                Some(_) => ambiguous.to_owned(),
-                None => format!(
+                Some(_) => Invalid(ambiguous.to_owned()),
+                None => Invalid(format!(
                     "the value is neither a URL nor an absolute path; {ACCEPTED} (relative \
                      paths are ambiguous for a daemon)"
-                ),
+                )),
             });
         };
         let (user, password) = match userinfo {
             Some(u) => {
                 let (user, password) = u.split_once(':').unwrap_or((u, ""));
                 if user.is_empty() || user.contains('/') {
-                    return Err(ambiguous.to_owned());
+                    return Err(Invalid(ambiguous.to_owned()));
                 }
                 (Some(user), password)
             }
@@ -174,14 +176,14 @@ fn split_host(rest: &str) -> Option<(&str, &str)> {
 
 /// Refuses an authority (`rest` is what follows `scheme://`) with more than one `@`: parsers
 /// disagree on which one ends the user information.
-fn one_at_in_authority(rest: &str) -> Result<(), String> {
+fn one_at_in_authority(rest: &str) -> Result<(), Invalid> {
     let authority = rest.split(['/', '?', '#']).next().unwrap_or("");
     if authority.matches('@').count() > 1 {
-        return Err(
+        return Err(Invalid(
             "more than one `@` before the host: write an `@` in the user name or \
                     password as %40"
                 .to_owned(),
-        );
+        ));
     }
     // Another URL with a password further on (`https://proxy/https://u:pw@host/x`): it is
     // part of the path, which is shown, and whoever wrote it meant it as credentials (found by
@@ -195,7 +197,7 @@ fn one_at_in_authority(rest: &str) -> Result<(), String> {
 }
 
 /// Refuses a path (shown as written) that holds a URL with a user name and password.
-fn no_url_with_password_in(path: &str) -> Result<(), String> {
+fn no_url_with_password_in(path: &str) -> Result<(), Invalid> {
     // `//` rather than `://`: the scheme's `:` may end the authority (`https://h:/…`, found
     // by the fuzzer), and `//user:pw@host` is a URL too.
     for (at, _) in path.match_indices("//") {
@@ -203,12 +205,12 @@ fn no_url_with_password_in(path: &str) -> Result<(), String> {
         if let Some((userinfo, _)) = inner.rsplit_once('@')
             && userinfo.contains(':')
         {
-            return Err(
+            return Err(Invalid(
                 "a URL with a user name and password is written into the path: ginx would \
                  show it; give credentials with token_file (or write the inner `:` and `@` as \
                  %3A and %40 if they are not credentials)"
                     .to_owned(),
-            );
+            ));
         }
     }
     Ok(())
@@ -261,16 +263,17 @@ pub(crate) fn hides_credentials(url: &url::Url, keep_user: bool) -> bool {
 
 /// Refuses `scheme:/` with one slash and an authority with more than one `@` (see
 /// [`mistyped_scheme`], [`one_at_in_authority`]); for other URL types that share the rule.
-pub(crate) fn check_unambiguous(raw: &str) -> Result<(), String> {
+pub(crate) fn check_unambiguous(raw: &str) -> Result<(), Invalid> {
     match raw.split_once("://") {
         Some((_, rest)) => one_at_in_authority(rest),
-        None => Err(mistyped_scheme(raw)
-            .unwrap_or_else(|| "not a URL: write scheme://host/path".to_owned())),
+        None => Err(Invalid(mistyped_scheme(raw).unwrap_or_else(|| {
+            "not a URL: write scheme://host/path".to_owned()
+        }))),
     }
 }
 
 impl FromStr for RemoteUrl {
-    type Err = String;
+    type Err = Invalid;
 
     fn from_str(s: &str) -> Result<Self, Self::Err> {
         let raw = s.trim();
@@ -295,7 +298,7 @@ impl FromStr for RemoteUrl {
             return Self::url_form(raw, scheme, rest);
         }
         if let Some(e) = mistyped_scheme(raw) {
-            return Err(e);
+            return Err(Invalid(e));
         }
         Self::scp_form(raw)
     }
@@ -351,16 +354,16 @@ impl Revision {
 }
 
 impl FromStr for Revision {
-    type Err = String;
+    type Err = Invalid;
 
     fn from_str(s: &str) -> Result<Self, Self::Err> {
         let ok = matches!(s.len(), 40 | 64) && s.bytes().all(|b| b.is_ascii_hexdigit());
         if ok {
             Ok(Self(s.to_ascii_lowercase()))
         } else {
-            Err(format!(
+            Err(Invalid(format!(
                 "{s:?} is not a full commit id (40 or 64 hex digits)"
-            ))
+            )))
         }
     }
 }
@@ -417,8 +420,8 @@ mod tests {
             "https://proxy.example//u:hunter2x@git.example/x",
         ] {
             let e = raw.parse::<RemoteUrl>().unwrap_err();
-            assert!(e.contains("a URL with a user name and password"), "{e}");
-            assert!(!e.contains("hunter2x"), "{e}");
+            assert!(e.0.contains("a URL with a user name and password"), "{e}");
+            assert!(!e.0.contains("hunter2x"), "{e}");
         }
         // Without a password, or in the query (which is masked), it is a path like any other.
         "https://proxy.example/https://git.example/x.git"
@@ -476,7 +479,7 @@ mod tests {
         let e = "https//deploy:TOKEN@host/x"
             .parse::<RemoteUrl>()
             .unwrap_err();
-        assert!(!e.contains("TOKEN"), "{e}");
+        assert!(!e.0.contains("TOKEN"), "{e}");
     }
 
     #[test]
@@ -487,7 +490,7 @@ mod tests {
             "ssh:/host/x",
         ] {
             let e = raw.parse::<RemoteUrl>().map(|u| u.to_string()).unwrap_err();
-            assert!(!e.contains("SECRET") && e.contains("://"), "{raw}: {e}");
+            assert!(!e.0.contains("SECRET") && e.0.contains("://"), "{raw}: {e}");
         }
     }
 
@@ -510,7 +513,7 @@ mod tests {
             "ssh://git:SE@CRET@host/x",
         ] {
             let e = raw.parse::<RemoteUrl>().map(|u| u.to_string()).unwrap_err();
-            assert!(!e.contains("CRET") && e.contains("%40"), "{raw}: {e}");
+            assert!(!e.0.contains("CRET") && e.0.contains("%40"), "{raw}: {e}");
         }
     }
 
@@ -562,17 +565,19 @@ mod tests {
 
     #[test]
     fn bad_urls_say_what_is_accepted() {
-        assert!("".parse::<RemoteUrl>().unwrap_err().contains("empty URL"));
+        assert!("".parse::<RemoteUrl>().unwrap_err().0.contains("empty URL"));
         assert!(
             "relative/path"
                 .parse::<RemoteUrl>()
                 .unwrap_err()
+                .0
                 .contains("absolute path")
         );
         assert!(
             "ftp://x/y"
                 .parse::<RemoteUrl>()
                 .unwrap_err()
+                .0
                 .contains("unsupported")
         );
         assert!("https://".parse::<RemoteUrl>().is_err());

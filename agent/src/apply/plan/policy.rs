@@ -27,7 +27,7 @@ impl Rule {
         let units = units
             .iter()
             .enumerate()
-            .map(|(i, u)| check_glob(u).map_err(|e| (i, e)))
+            .map(|(i, u)| check_glob(u).map_err(|e| (i, e.0)))
             .collect::<Result<_, _>>()?;
         Ok(Rule { units, action })
     }

@@ -24,6 +24,7 @@ use serde::{Deserialize, Serialize};
 
 use super::events;
 use crate::status::HoldStatus;
+use crate::types::Invalid;
 
 /// The prefix of a hold's key; the node's name follows.
 pub const HOLD_PREFIX: &str = "held.";
@@ -107,30 +108,30 @@ pub fn decode(data: &BTreeMap<String, String>) -> (BTreeMap<String, Hold>, Vec<S
 }
 
 /// Whether `name` can be held: a node name (an RFC 1123 subdomain) short enough for its key.
-pub fn check_node(name: &str) -> Result<(), String> {
+pub fn check_node(name: &str) -> Result<(), Invalid> {
     if name.len() > MAX_NODE_NAME {
-        return Err(format!(
+        return Err(Invalid(format!(
             "{name:?} is {} characters long; a hold's key ({HOLD_PREFIX}<node>) allows node \
              names of at most {MAX_NODE_NAME}",
             name.len()
-        ));
+        )));
     }
     if !crate::config::is_dns_subdomain(name) {
-        return Err(format!(
+        return Err(Invalid(format!(
             "{name:?} is not a node name (lowercase letters, digits, '-' and '.', each \
              dot-separated part starting and ending with a letter or digit)"
-        ));
+        )));
     }
     Ok(())
 }
 
 /// Whether `reason` can be stored: at most [`MAX_REASON`] characters, no control characters.
-pub fn check_reason(reason: &str) -> Result<(), String> {
+pub fn check_reason(reason: &str) -> Result<(), Invalid> {
     if reason.chars().count() > MAX_REASON {
-        return Err(format!(
+        return Err(Invalid(format!(
             "--reason has {} characters; at most {MAX_REASON}",
             reason.chars().count()
-        ));
+        )));
     }
     if reason.chars().any(char::is_control) {
         return Err("--reason holds a control character (a newline?); give one line".into());
@@ -141,7 +142,7 @@ pub fn check_reason(reason: &str) -> Result<(), String> {
 /// `--until`: an RFC 3339 time (`2026-12-01T18:00:00Z`), a local time in `local`
 /// (`2026-12-01 18:00`), or a duration from `now` (`8h`). In the future, and at most
 /// [`MAX_UNTIL_DAYS`] away.
-pub fn parse_until(s: &str, now: Timestamp, local: &TimeZone) -> Result<Timestamp, String> {
+pub fn parse_until(s: &str, now: Timestamp, local: &TimeZone) -> Result<Timestamp, Invalid> {
     let s = s.trim();
     let at = if let Ok(t) = s.parse::<Timestamp>() {
         t
@@ -158,21 +159,21 @@ pub fn parse_until(s: &str, now: Timestamp, local: &TimeZone) -> Result<Timestam
         now.checked_add(d)
             .map_err(|e| format!("--until {s:?}: {e}"))?
     } else {
-        return Err(format!(
+        return Err(Invalid(format!(
             "--until {s:?} is not a time: give RFC 3339 like 2026-12-01T18:00:00Z, a local \
              time like \"2026-12-01 18:00\", or a duration like \"8h\""
-        ));
+        )));
     };
     if at <= now {
-        return Err(format!(
+        return Err(Invalid(format!(
             "--until {s:?} ({at}) is not in the future (now {now})"
-        ));
+        )));
     }
     if at.duration_since(now) > SignedDuration::from_hours(24 * MAX_UNTIL_DAYS) {
-        return Err(format!(
+        return Err(Invalid(format!(
             "--until {s:?} ({at}) is more than {MAX_UNTIL_DAYS} days away; leave --until out to \
              hold until `ginxctl release`"
-        ));
+        )));
     }
     Ok(at)
 }
@@ -377,14 +378,14 @@ mod tests {
             Ok(t("2026-03-29T01:30:00Z"))
         );
         let e = parse_until("next tuesday", now, &berlin).unwrap_err();
-        assert!(e.contains("is not a time") && e.contains("8h"), "{e}");
+        assert!(e.0.contains("is not a time") && e.0.contains("8h"), "{e}");
         let e = parse_until("2026-03-28T11:00:00Z", now, &berlin).unwrap_err();
-        assert!(e.contains("not in the future"), "{e}");
+        assert!(e.0.contains("not in the future"), "{e}");
         let e = parse_until("0s", now, &berlin).unwrap_err();
-        assert!(e.contains("not in the future"), "{e}");
+        assert!(e.0.contains("not in the future"), "{e}");
         let e = parse_until("2028-01-01T00:00:00Z", now, &berlin).unwrap_err();
         assert!(
-            e.contains("more than 366 days") && e.contains("leave --until out"),
+            e.0.contains("more than 366 days") && e.0.contains("leave --until out"),
             "{e}"
         );
     }
@@ -393,7 +394,12 @@ mod tests {
     fn node_names_and_reasons_are_bounded() {
         assert!(check_node("lucy").is_ok());
         assert!(check_node("w3.example.org").is_ok());
-        assert!(check_node("W3").unwrap_err().contains("is not a node name"));
+        assert!(
+            check_node("W3")
+                .unwrap_err()
+                .0
+                .contains("is not a node name")
+        );
         assert!(check_node("").is_err());
         assert!(check_node("a..b").is_err());
         let long = [
@@ -404,16 +410,18 @@ mod tests {
         ]
         .join(".");
         assert_eq!(long.len(), 252);
-        assert!(check_node(&long).unwrap_err().contains("at most 248"));
+        assert!(check_node(&long).unwrap_err().0.contains("at most 248"));
         assert!(check_reason("disk failing").is_ok());
         assert!(
             check_reason(&"x".repeat(201))
                 .unwrap_err()
+                .0
                 .contains("at most 200")
         );
         assert!(
             check_reason("a\nb")
                 .unwrap_err()
+                .0
                 .contains("control character")
         );
     }
