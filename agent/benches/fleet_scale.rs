@@ -294,7 +294,9 @@ async fn clients_of(cfg: &Config, counts: &Arc<WatchCounts>) -> KubeClients {
         local: None,
         vip: main,
         watch,
-        node: Err("simulated node: no node identity".into()),
+        node: Err(ginx::k8s::ClientError::Setup(
+            "simulated node: no node identity".into(),
+        )),
         clock: ServerClock::default(),
     }
 }

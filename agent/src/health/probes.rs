@@ -181,7 +181,7 @@ async fn apiserver(cfg: &Config, ctx: &Context, timeout: Duration) -> Verdict {
     let bounded = |c: kube::Client| async move {
         tokio::time::timeout(timeout, async move { crate::k8s::readyz(&c).await })
             .await
-            .unwrap_or_else(|_| Err("no answer".into()))
+            .unwrap_or_else(|_| Err(crate::k8s::NotReady::Unreachable("no answer".into())))
     };
     // Both at once: a VIP that nobody answers must not use up the time of the local check.
     let (vip, local) = tokio::join!(bounded(clients.vip.clone()), async {

@@ -17,7 +17,7 @@ mod retry;
 mod watch;
 mod writes;
 
-pub use clients::{CORDONED_BY, KubeClients, readyz};
+pub use clients::{CORDONED_BY, ClientError, KubeClients, NotReady, readyz};
 pub use clock::ServerClock;
 pub use error::{ApiError, by_policy, code, describe, refusal, unavailable};
 pub use heartbeat::{HEARTBEAT_GROUP_LABEL, HEARTBEAT_PASSED_ANNOTATION};

@@ -19,7 +19,7 @@ use kube::client::ClientBuilder;
 use kube::config::{KubeConfigOptions, Kubeconfig};
 
 use crate::config::Config;
-use crate::k8s::{KubeClients, describe};
+use crate::k8s::{ClientError, KubeClients, describe};
 use crate::metrics::Metrics;
 
 /// Installs ring as rustls's crypto provider (once; later calls do nothing).
@@ -75,28 +75,32 @@ pub async fn client_config(
 
 /// Builds the clients from `kubernetes.kubeconfig`. The error names the file and what is wrong
 /// with it, without its contents.
-pub async fn connect(cfg: &Config, metrics: &Arc<Metrics>) -> Result<KubeClients, String> {
+pub async fn connect(cfg: &Config, metrics: &Arc<Metrics>) -> Result<KubeClients, ClientError> {
     let k = &cfg.kubernetes;
     let path = k
         .kubeconfig
         .as_deref()
-        .ok_or_else(|| "kubernetes.kubeconfig is not set".to_owned())?;
-    let config = client_config(path, k.context.clone(), k.request_timeout.get()).await?;
-    let build = |c: kube::Config| -> Result<kube::Client, String> {
+        .ok_or_else(|| ClientError::Setup("kubernetes.kubeconfig is not set".to_owned()))?;
+    let config = client_config(path, k.context.clone(), k.request_timeout.get())
+        .await
+        .map_err(ClientError::Setup)?;
+    let build = |c: kube::Config| -> Result<kube::Client, ClientError> {
         ClientBuilder::try_from(c)
             .map(|b| {
                 b.with_layer(&crate::metrics::KubeMetricsLayer(Arc::clone(metrics)))
                     .build()
             })
-            .map_err(|e| format!("kubeconfig {}: {}", path.display(), describe(&e)))
+            .map_err(|e| {
+                ClientError::Setup(format!("kubeconfig {}: {}", path.display(), describe(&e)))
+            })
     };
     let main = build(config.clone())?;
     let probe = &cfg.health.apiserver;
-    let probe_client = |url: &str, shown: &dyn std::fmt::Display| -> Result<kube::Client, String> {
+    let probe_client = |url: &str, shown: &dyn std::fmt::Display| {
         let mut c = config.clone();
         c.cluster_url = url
             .parse()
-            .map_err(|e| format!("health.apiserver URL {shown}: {e}"))?;
+            .map_err(|e| ClientError::Setup(format!("health.apiserver URL {shown}: {e}")))?;
         if probe.tls_server_name.is_some() {
             c.tls_server_name.clone_from(&probe.tls_server_name);
         }
@@ -130,24 +134,26 @@ pub async fn connect(cfg: &Config, metrics: &Arc<Metrics>) -> Result<KubeClients
 
 /// The client with the node's own identity (`kubernetes.node_kubeconfig`), against the server
 /// its kubeconfig names. The error names the file and what to do, without its contents.
-async fn node_client(cfg: &Config, metrics: &Arc<Metrics>) -> Result<kube::Client, String> {
+async fn node_client(cfg: &Config, metrics: &Arc<Metrics>) -> Result<kube::Client, ClientError> {
     let k = &cfg.kubernetes;
     let path = &k.node_kubeconfig;
     if !path.exists() {
-        return Err(format!(
+        return Err(ClientError::Setup(format!(
             "the node's own kubeconfig {} (kubernetes.node_kubeconfig) does not exist: ginx \
              annotates, cordons and drains its node with the node's identity (kubeadm writes it \
              when the node joins)",
             path.display()
-        ));
+        )));
     }
-    let config = client_config(path, None, k.request_timeout.get()).await?;
+    let config = client_config(path, None, k.request_timeout.get())
+        .await
+        .map_err(ClientError::Setup)?;
     ClientBuilder::try_from(config)
         .map(|b| {
             b.with_layer(&crate::metrics::KubeMetricsLayer(Arc::clone(metrics)))
                 .build()
         })
-        .map_err(|e| format!("kubeconfig {}: {}", path.display(), describe(&e)))
+        .map_err(|e| ClientError::Setup(format!("kubeconfig {}: {}", path.display(), describe(&e))))
 }
 
 /// The files a kubeconfig's credentials come from: itself, and the client certificates, keys

@@ -170,14 +170,19 @@ impl Reporter {
                     i32::try_from(k.lease_duration.get().as_secs()).unwrap_or(i32::MAX),
                     clients.clock.clone(),
                 ));
-                session.node = Some(clients.node().map(|c| {
-                    NodeReport::new(
-                        kube::Api::<Node>::all(c),
-                        node,
-                        k.annotation_prefix.clone(),
-                        k.condition_type.clone(),
-                    )
-                }));
+                session.node = Some(
+                    clients
+                        .node()
+                        .map(|c| {
+                            NodeReport::new(
+                                kube::Api::<Node>::all(c),
+                                node,
+                                k.annotation_prefix.clone(),
+                                k.condition_type.clone(),
+                            )
+                        })
+                        .map_err(|e| e.to_string()),
+                );
                 session.annotations = None;
                 session.condition = None;
                 session.stamp = Some(stamp);
@@ -190,7 +195,7 @@ impl Reporter {
                 true
             }
             Err(e) => {
-                self.set_state(KubeState::Refused, Some(e));
+                self.set_state(KubeState::Refused, Some(e.to_string()));
                 self.drop_clients();
                 false
             }

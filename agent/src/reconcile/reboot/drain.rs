@@ -27,6 +27,7 @@ use kube::api::ListParams;
 use serde_json::json;
 
 use crate::k8s::{ApiError, Edit, EditError, code, describe, replace_with_retry};
+use crate::status::WaitingFor;
 
 pub use crate::k8s::CORDONED_BY;
 
@@ -152,7 +153,7 @@ pub fn selects(selector: &LabelSelector, labels: &BTreeMap<String, String>) -> b
 }
 
 /// The pods bound to `node`, in every namespace.
-pub async fn pods_on(client: &kube::Client, node: &str) -> Result<Vec<Pod>, String> {
+pub async fn pods_on(client: &kube::Client, node: &str) -> Result<Vec<Pod>, DrainError> {
     let lp = ListParams::default().fields(&format!("spec.nodeName={node}"));
     Api::<Pod>::all(client.clone())
         .list(&lp)
@@ -166,7 +167,7 @@ pub async fn blocking(
     client: &kube::Client,
     node: &str,
     selector: &str,
-) -> Result<Vec<String>, String> {
+) -> Result<Vec<String>, DrainError> {
     let lp = ListParams::default()
         .fields(&format!("spec.nodeName={node}"))
         .labels(selector);
@@ -209,7 +210,7 @@ pub async fn evict(
     client: &kube::Client,
     pod: &PodRef,
     grace: Option<Duration>,
-) -> Result<Eviction, String> {
+) -> Result<Eviction, DrainError> {
     let mut delete_options = json!({ "preconditions": { "uid": pod.uid } });
     if let Some(g) = grace {
         delete_options["gracePeriodSeconds"] = json!(g.as_secs());
@@ -247,7 +248,7 @@ pub async fn evict(
 
 /// The PodDisruptionBudgets that select `pod`, each with what it allows now (for the report
 /// of what holds a drain).
-pub async fn budgets_for(client: &kube::Client, pod: &Pod) -> Result<Vec<String>, String> {
+pub async fn budgets_for(client: &kube::Client, pod: &Pod) -> Result<Vec<String>, DrainError> {
     let ns = pod.metadata.namespace.clone().unwrap_or_default();
     let labels = pod.metadata.labels.clone().unwrap_or_default();
     let list = Api::<PodDisruptionBudget>::namespaced(client.clone(), &ns)
@@ -281,7 +282,7 @@ pub async fn budgets_for(client: &kube::Client, pod: &Pod) -> Result<Vec<String>
 /// Makes `node` unschedulable. Returns whether ginx did (and so marked it with
 /// [`CORDONED_BY`]); `false` when it was unschedulable already and not by ginx, which leaves it
 /// that way for its admin.
-pub async fn cordon(client: &kube::Client, node: &str) -> Result<bool, String> {
+pub async fn cordon(client: &kube::Client, node: &str) -> Result<bool, DrainError> {
     let api = Api::<Node>::all(client.clone());
     let resource = format!("node {node}");
     let written = replace_with_retry(&api, node, &resource, None, |n| {
@@ -304,7 +305,7 @@ pub async fn cordon(client: &kube::Client, node: &str) -> Result<bool, String> {
 
 /// Makes `node` schedulable again, only if ginx cordoned it ([`CORDONED_BY`]). Returns
 /// whether it changed anything.
-pub async fn uncordon(client: &kube::Client, node: &str) -> Result<bool, String> {
+pub async fn uncordon(client: &kube::Client, node: &str) -> Result<bool, DrainError> {
     let api = Api::<Node>::all(client.clone());
     let resource = format!("node {node}");
     let written = replace_with_retry(&api, node, &resource, None, |n| {
@@ -333,11 +334,11 @@ fn cordoned_by_ginx(n: &Node) -> bool {
 }
 
 /// A failed cordon or uncordon (`what`) of `node`, in words.
-fn node_error(e: EditError<String>, node: &str, what: &str) -> String {
+fn node_error(e: EditError<String>, node: &str, what: &str) -> DrainError {
     match e {
-        EditError::Edit(e) => e,
+        EditError::Edit(e) => DrainError::Failed(e),
         EditError::Api(ApiError::Conflict { .. }) => {
-            format!("node {node} kept changing while ginx {what}ed it")
+            DrainError::Failed(format!("node {node} kept changing while ginx {what}ed it"))
         }
         EditError::Api(e) => {
             let (doing, rule) = match &e {
@@ -363,22 +364,51 @@ fn status_of(e: &ApiError) -> Option<u16> {
 /// "cannot WHAT: …", with the RBAC rule to add when the API says 403.
 /// The error of a request made with the node's own identity (`kubernetes.node_kubeconfig`),
 /// except `budgets_for`'s, made with ginx's: a 403 says which.
-fn forbidden_or(e: &kube::Error, what: &str, rule: &str) -> String {
+fn forbidden_or(e: &kube::Error, what: &str, rule: &str) -> DrainError {
     forbidden_in(code(e), &describe(e), what, rule)
 }
 
 /// [`forbidden_or`] of an answer with `status` and `detail` (its status and reason in words).
-fn forbidden_in(status: Option<u16>, detail: &str, what: &str, rule: &str) -> String {
+fn forbidden_in(status: Option<u16>, detail: &str, what: &str, rule: &str) -> DrainError {
     if status == Some(403) && rule.starts_with("poddisruptionbudgets") {
-        format!("cannot {what}: {detail}; ginx needs {rule} — apply packaging/kubernetes/rbac.yaml")
+        DrainError::Refused(format!(
+            "cannot {what}: {detail}; ginx needs {rule} — apply packaging/kubernetes/rbac.yaml"
+        ))
     } else if status == Some(403) {
-        format!(
+        DrainError::Refused(format!(
             "cannot {what}: {detail}; the node's own identity (kubernetes.node_kubeconfig, \
              system:node:<name>) needs {rule} for its own node: is the API server's \
              authorization mode Node and its admission NodeRestriction?"
-        )
+        ))
     } else {
-        format!("cannot {what}: {detail}")
+        DrainError::Failed(format!("cannot {what}: {detail}"))
+    }
+}
+
+/// A request of the drain (list, evict, cordon, uncordon) that failed: refused by the API's
+/// authorization, which waiting does not mend and whose text names the permission to grant,
+/// or failed otherwise (no answer, a node that does not exist or kept changing).
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum DrainError {
+    #[error("{0}")]
+    Refused(String),
+    #[error("{0}")]
+    Failed(String),
+}
+
+impl DrainError {
+    /// What the node waits for while this stands: a refusal is told as one.
+    pub fn waiting_for(&self) -> WaitingFor {
+        match self {
+            DrainError::Refused(_) => WaitingFor::Refused,
+            DrainError::Failed(_) => WaitingFor::Api,
+        }
+    }
+}
+
+impl From<DrainError> for String {
+    fn from(e: DrainError) -> Self {
+        e.to_string()
     }
 }
 

@@ -61,7 +61,7 @@ impl Reconciler {
             let client = match self.node_client() {
                 Ok(c) => c,
                 Err(e) => {
-                    self.set_reboot_waiting(Some((WaitingFor::Api, e)));
+                    self.set_reboot_waiting(Some((WaitingFor::Api, e.to_string())));
                     return Some(Step::After(EVICT_AGAIN));
                 }
             };
@@ -95,7 +95,7 @@ impl Reconciler {
                 None
             }
             Err(e) => {
-                self.set_reboot_waiting(Some((WaitingFor::Api, e)));
+                self.set_reboot_waiting(Some((e.waiting_for(), e.to_string())));
                 Some(Step::After(EVICT_AGAIN))
             }
         }
@@ -107,7 +107,7 @@ impl Reconciler {
         let ours = match drain::cordon(client, node).await {
             Ok(ours) => ours,
             Err(e) => {
-                self.set_reboot_waiting(Some((WaitingFor::Api, e)));
+                self.set_reboot_waiting(Some((e.waiting_for(), e.to_string())));
                 return Some(Step::After(EVICT_AGAIN));
             }
         };
@@ -220,7 +220,7 @@ impl Reconciler {
                         let budgets = match pod {
                             Some(pod) => drain::budgets_for(main, pod)
                                 .await
-                                .unwrap_or_else(|e| vec![e]),
+                                .unwrap_or_else(|e| vec![e.to_string()]),
                             None => Vec::new(),
                         };
                         let why = decide::refusal(&msg, &budgets);

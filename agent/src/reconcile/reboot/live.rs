@@ -110,10 +110,12 @@ impl Reconciler {
         let cfg = Arc::clone(&self.config.borrow());
         let node = cfg.node_name().to_owned();
         if !self.reboot_view.cordon_checked {
-            let client = self.node_client().map_err(|e| (WaitingFor::Api, e))?;
+            let client = self
+                .node_client()
+                .map_err(|e| (WaitingFor::Api, e.to_string()))?;
             let ours = drain::cordon(&client, &node)
                 .await
-                .map_err(|e| (WaitingFor::Api, e))?;
+                .map_err(|e| (e.waiting_for(), e.to_string()))?;
             self.reboot_view.cordon_checked = true;
             if ours {
                 tracing::info!(node = %node, revision = %revision.short(), "cordoned before the activation");
@@ -123,7 +125,7 @@ impl Reconciler {
         }
         let (client, main) = match (self.node_client(), self.main_client()) {
             (Ok(c), Some(m)) => (c, m),
-            (Err(e), _) => return Err(self.drain_late(&d, (WaitingFor::Api, e)).await),
+            (Err(e), _) => return Err(self.drain_late(&d, (WaitingFor::Api, e.to_string())).await),
             (_, None) => {
                 let why = "no connection to the Kubernetes API while draining".to_owned();
                 return Err(self.drain_late(&d, (WaitingFor::Api, why)).await);

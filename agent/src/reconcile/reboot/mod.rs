@@ -43,6 +43,7 @@ use super::Reconciler;
 use super::core::{Core, Decision};
 use crate::apply::system;
 use crate::config::{Config, RollbackPolicy};
+use crate::k8s::ClientError;
 use crate::rollout::decide::gate;
 use crate::rollout::decide::window;
 use crate::rollout::{Permit, Purpose, Toward};
@@ -169,10 +170,10 @@ impl Reconciler {
 
     /// The node's own identity, for what ginx does to its own Node and pods (cordon, drain);
     /// or why there is none.
-    fn node_client(&self) -> Result<kube::Client, String> {
+    fn node_client(&self) -> Result<kube::Client, ClientError> {
         match self.kube.borrow().as_ref() {
             Some(c) => c.node(),
-            None => Err("no connection to the Kubernetes API".to_owned()),
+            None => Err(ClientError::NotConnected),
         }
     }
 
@@ -554,7 +555,7 @@ impl Reconciler {
                     }
                 }
                 Err(e) => {
-                    self.set_reboot_waiting(Some((WaitingFor::Api, e)));
+                    self.set_reboot_waiting(Some((e.waiting_for(), e.to_string())));
                     return Step::After(EVICT_AGAIN);
                 }
             }

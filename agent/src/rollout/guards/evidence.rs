@@ -225,7 +225,7 @@ async fn api(cfg: &Config, clients: &KubeClients) -> Check {
     let t = cfg.kubernetes.request_timeout.get();
     let (status, message) = match tokio::time::timeout(t, readyz(&clients.main)).await {
         Ok(Ok(())) => (HealthStatus::Ok, "the API answers /readyz".to_owned()),
-        Ok(Err(e)) => (HealthStatus::Failed, e),
+        Ok(Err(e)) => (HealthStatus::Failed, e.to_string()),
         Err(_) => (HealthStatus::Failed, "the API does not answer".to_owned()),
     };
     checked_now(status, message)
