@@ -51,9 +51,43 @@ struct Captured {
     stderr: String,
 }
 
+/// Why a step of the plan told nothing: it could not run, or ended without an answer.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum StepError {
+    #[error("an empty command")]
+    Empty,
+    #[error("cannot run {program}: {detail}")]
+    Spawn { program: String, detail: String },
+    #[error("waiting for {program}: {detail}")]
+    Wait { program: String, detail: String },
+    #[error("{what} did not finish within {secs}s (disruption.timeout)")]
+    TimedOut { what: &'static str, secs: u64 },
+    #[error("{what} exited with {code}: {last}")]
+    Exited {
+        what: &'static str,
+        code: i32,
+        last: String,
+    },
+    #[error("{what} was killed by a signal: {last}")]
+    Killed { what: &'static str, last: String },
+    #[error("{what}: {why}")]
+    NoSystem { what: &'static str, why: NoSystem },
+}
+
+/// Why a system command's output names no system.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum NoSystem {
+    #[error("it printed nothing")]
+    Nothing,
+    #[error("{line:?} is not a string: {detail}")]
+    NotAString { line: String, detail: String },
+    #[error("{0} is not an absolute path")]
+    NotAbsolute(String),
+}
+
 /// Runs `argv` in `cwd` as a new process group, killed with the group past `timeout`.
-fn capture(argv: &[String], cwd: &Path, timeout: Duration) -> Result<Captured, String> {
-    let (program, args) = argv.split_first().ok_or("empty command")?;
+fn capture(argv: &[String], cwd: &Path, timeout: Duration) -> Result<Captured, StepError> {
+    let (program, args) = argv.split_first().ok_or(StepError::Empty)?;
     let mut child = Command::new(program)
         .args(args)
         .current_dir(cwd)
@@ -62,7 +96,10 @@ fn capture(argv: &[String], cwd: &Path, timeout: Duration) -> Result<Captured, S
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .spawn()
-        .map_err(|e| format!("cannot run {program}: {e}"))?;
+        .map_err(|e| StepError::Spawn {
+            program: program.clone(),
+            detail: e.to_string(),
+        })?;
     let pgid = i32::try_from(child.id()).unwrap_or(0);
     let out = reader(child.stdout.take());
     let err = reader(child.stderr.take());
@@ -76,7 +113,12 @@ fn capture(argv: &[String], cwd: &Path, timeout: Duration) -> Result<Captured, S
                 break (None, true);
             }
             Ok(None) => std::thread::sleep(Duration::from_millis(20)),
-            Err(e) => return Err(format!("waiting for {program}: {e}")),
+            Err(e) => {
+                return Err(StepError::Wait {
+                    program: program.clone(),
+                    detail: e.to_string(),
+                });
+            }
         }
     };
     // What the step left behind in its group goes with it: nothing of a plan runs on.
@@ -104,12 +146,12 @@ fn reader(pipe: Option<impl Read + Send + 'static>) -> std::sync::mpsc::Receiver
 }
 
 /// Why a step did not answer, in words: `what` timed out, exited with its code and last line.
-fn failed(what: &str, c: &Captured, timeout: Duration) -> String {
+fn failed(what: &'static str, c: &Captured, timeout: Duration) -> StepError {
     if c.timed_out {
-        return format!(
-            "{what} did not finish within {}s (disruption.timeout)",
-            timeout.as_secs()
-        );
+        return StepError::TimedOut {
+            what,
+            secs: timeout.as_secs(),
+        };
     }
     let said = |text: &'_ str| -> Option<String> {
         text.lines()
@@ -121,34 +163,36 @@ fn failed(what: &str, c: &Captured, timeout: Duration) -> String {
         .unwrap_or_else(|| "no output".to_owned());
     let last: String = last.chars().take(300).collect();
     match c.code {
-        Some(code) => format!("{what} exited with {code}: {last}"),
-        None => format!("{what} was killed by a signal: {last}"),
+        Some(code) => StepError::Exited { what, code, last },
+        None => StepError::Killed { what, last },
     }
 }
 
 /// The store path a system command printed: its last line that is not empty, as a JSON string
 /// (what `colmena eval` prints) or as it is.
-pub fn system_from(stdout: &str) -> Result<PathBuf, String> {
+pub fn system_from(stdout: &str) -> Result<PathBuf, NoSystem> {
     let line = stdout
         .lines()
         .map(str::trim)
         .rfind(|l| !l.is_empty())
-        .ok_or("it printed nothing")?;
+        .ok_or(NoSystem::Nothing)?;
     let path = if line.starts_with('"') {
-        serde_json::from_str::<String>(line)
-            .map_err(|e| format!("{line:?} is not a string: {e}"))?
+        serde_json::from_str::<String>(line).map_err(|e| NoSystem::NotAString {
+            line: line.to_owned(),
+            detail: e.to_string(),
+        })?
     } else {
         line.to_owned()
     };
     let path = PathBuf::from(path);
     if !path.is_absolute() {
-        return Err(format!("{} is not an absolute path", path.display()));
+        return Err(NoSystem::NotAbsolute(path.display().to_string()));
     }
     Ok(path)
 }
 
 /// The built system: given, or printed by the system command.
-fn find_system(spec: &PlanSpec, timeout: Duration) -> Result<PathBuf, String> {
+fn find_system(spec: &PlanSpec, timeout: Duration) -> Result<PathBuf, StepError> {
     if let Some(s) = &spec.system {
         return Ok(s.clone());
     }
@@ -156,7 +200,10 @@ fn find_system(spec: &PlanSpec, timeout: Duration) -> Result<PathBuf, String> {
     if c.code != Some(0) {
         return Err(failed("disruption.system_command", &c, timeout));
     }
-    system_from(&c.stdout).map_err(|e| format!("disruption.system_command: {e}"))
+    system_from(&c.stdout).map_err(|why| StepError::NoSystem {
+        what: "disruption.system_command",
+        why,
+    })
 }
 
 /// The plan of the system `spec` names; never fails: what could not be learned is said in
@@ -179,9 +226,10 @@ pub fn compute(spec: &PlanSpec) -> Plan {
                 plan.units = Some(dry_activate::parse(&text));
             }
             Ok(c) => {
-                plan.unknown = Some(failed("switch-to-configuration dry-activate", &c, timeout))
+                let e = failed("switch-to-configuration dry-activate", &c, timeout);
+                plan.unknown = Some(e.to_string());
             }
-            Err(e) => plan.unknown = Some(e),
+            Err(e) => plan.unknown = Some(e.to_string()),
         }
         let argv = [
             spec.nix.display().to_string(),
@@ -198,8 +246,11 @@ pub fn compute(spec: &PlanSpec) -> Plan {
                 plan.packages = packages;
                 plan.added_bytes = Some(bytes);
             }
-            Ok(c) => plan.packages_unknown = Some(failed("nix store diff-closures", &c, timeout)),
-            Err(e) => plan.packages_unknown = Some(e),
+            Ok(c) => {
+                let e = failed("nix store diff-closures", &c, timeout);
+                plan.packages_unknown = Some(e.to_string());
+            }
+            Err(e) => plan.packages_unknown = Some(e.to_string()),
         }
     }
     plan.took_ms = u64::try_from(start.elapsed().as_millis()).unwrap_or(u64::MAX);
@@ -227,11 +278,10 @@ mod tests {
             PathBuf::from(p)
         );
         assert_eq!(system_from(&format!("{p}\n\n")).unwrap(), PathBuf::from(p));
-        assert!(system_from("").unwrap_err().contains("nothing"));
-        assert!(
-            system_from("\"relative\"")
-                .unwrap_err()
-                .contains("absolute")
+        assert_eq!(system_from("").unwrap_err(), NoSystem::Nothing);
+        assert_eq!(
+            system_from("\"relative\"").unwrap_err(),
+            NoSystem::NotAbsolute("relative".into())
         );
     }
 
@@ -258,7 +308,11 @@ mod tests {
             std::thread::sleep(Duration::from_millis(20));
         }
         assert!(!alive(), "the step's grandchild {pid} outlived the timeout");
-        assert!(failed("x", &c, Duration::from_secs(2)).contains("did not finish within 2s"));
+        assert!(
+            failed("x", &c, Duration::from_secs(2))
+                .to_string()
+                .contains("did not finish within 2s")
+        );
     }
 
     #[test]
@@ -273,7 +327,7 @@ mod tests {
         assert_eq!(c.code, Some(3));
         assert_eq!(c.stdout.len(), OUTPUT_CAP);
         assert_eq!(
-            failed("x", &c, Duration::from_secs(1)),
+            failed("x", &c, Duration::from_secs(1)).to_string(),
             "x exited with 3: done"
         );
     }

@@ -79,15 +79,21 @@ fn json<T: serde::Serialize>(v: &T) -> String {
 /// The state in `data`. A value that cannot be read is an error naming its key and what is
 /// wrong with it; keys that are not ginx's are ignored. An unreadable hold is not: a node never
 /// writes holds back, so it cannot spoil a node's write (it still holds, see `holds.rs`).
-pub fn decode(data: &BTreeMap<String, String>) -> Result<FleetState, String> {
+pub fn decode(data: &BTreeMap<String, String>) -> Result<FleetState, Unreadable> {
     let (mut state, problems) = decode_own(data);
     state.holds = holds::decode(data).0;
     if problems.is_empty() {
         Ok(state)
     } else {
-        Err(problems.join("; "))
+        Err(Unreadable(problems))
     }
 }
+
+/// The values of the fleet state's own keys that cannot be read, each naming its key and what
+/// is wrong with it. A person must fix them: they are never overwritten.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[error("{}", .0.join("; "))]
+pub struct Unreadable(pub Vec<String>);
 
 /// The state in `data`, reading past bad values, and what was wrong with them. Errs on the side
 /// of holding back: a `halted.<revision>` key whose value cannot be read still halts that
@@ -941,7 +947,7 @@ mod tests {
         let bad = |k: &str, v: &str| {
             let mut data = encode(&state());
             data.insert(k.to_owned(), v.to_owned());
-            decode(&data).unwrap_err()
+            decode(&data).unwrap_err().to_string()
         };
         let e = bad("paused", "yes");
         assert!(e.starts_with("key paused: not a pause"), "{e}");
