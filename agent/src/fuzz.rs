@@ -172,7 +172,7 @@ pub fn kubeadm_cluster(data: &[u8]) {
     let facts_in = match kubeadm::parse_cluster_file(origin, &text) {
         Ok(f) => f,
         Err(e) => {
-            assert!(e.starts_with(origin), "the error names no file: {e}");
+            assert!(e.0.starts_with(origin), "the error names no file: {e}");
             return;
         }
     };

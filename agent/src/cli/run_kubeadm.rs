@@ -130,7 +130,7 @@ fn prepare(
                     )
                 })?;
             let origin = format!("{source}:{}@{}", r.path, r.revision.short());
-            Some(kubeadm::parse_cluster_file(&origin, &r.content).map_err(|e| Fail(e, 1))?)
+            Some(kubeadm::parse_cluster_file(&origin, &r.content).map_err(|e| Fail(e.0, 1))?)
         }
         _ => None,
     };

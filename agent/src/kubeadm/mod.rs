@@ -18,42 +18,62 @@ use std::path::Path;
 use sha2::{Digest, Sha256};
 
 use crate::config::{ClusterFacts, Config};
+use crate::types::Invalid;
 
 /// `sha256:<hex>` of the DER SubjectPublicKeyInfo of the (first) certificate in `pem`, as
 /// `kubeadm join --discovery-token-ca-cert-hash` wants it.
-pub fn ca_cert_hash(pem: &[u8]) -> Result<String, String> {
+pub fn ca_cert_hash(pem: &[u8]) -> Result<String, CaCertError> {
     use x509_cert::der::{DecodePem, Encode};
-    let text =
-        std::str::from_utf8(pem).map_err(|_| "the CA certificate is not PEM text".to_owned())?;
+    let text = std::str::from_utf8(pem).map_err(|_| CaCertError::NotText)?;
     let start = text
         .find("-----BEGIN CERTIFICATE-----")
-        .ok_or_else(|| "no PEM certificate found".to_owned())?;
+        .ok_or(CaCertError::NoCertificate)?;
     let end = text[start..]
         .find("-----END CERTIFICATE-----")
         .map(|e| start + e + "-----END CERTIFICATE-----".len())
-        .ok_or_else(|| "unterminated PEM certificate".to_owned())?;
+        .ok_or(CaCertError::Unterminated)?;
     let cert = x509_cert::Certificate::from_pem(&text[start..end])
-        .map_err(|e| format!("cannot read the CA certificate: {e}"))?;
+        .map_err(|e| CaCertError::Unreadable(e.to_string()))?;
     let spki = cert
         .tbs_certificate
         .subject_public_key_info
         .to_der()
-        .map_err(|e| format!("cannot encode its public key: {e}"))?;
+        .map_err(|e| CaCertError::PublicKey(e.to_string()))?;
     Ok(format!("sha256:{}", hex(&Sha256::digest(&spki))))
 }
+
+/// Why the cluster CA's file gives no hash of its public key.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum CaCertError {
+    #[error("the CA certificate is not PEM text")]
+    NotText,
+    #[error("no PEM certificate found")]
+    NoCertificate,
+    #[error("unterminated PEM certificate")]
+    Unterminated,
+    #[error("cannot read the CA certificate: {0}")]
+    Unreadable(String),
+    #[error("cannot encode its public key: {0}")]
+    PublicKey(String),
+}
+
+/// The OS gave no random bytes for a secret.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[error("no randomness from the OS: {0}")]
+pub struct NoRandomness(String);
 
 fn hex(bytes: &[u8]) -> String {
     bytes.iter().map(|b| format!("{b:02x}")).collect()
 }
 
-fn random(n: usize) -> Result<Vec<u8>, String> {
+fn random(n: usize) -> Result<Vec<u8>, NoRandomness> {
     let mut buf = vec![0u8; n];
-    getrandom::fill(&mut buf).map_err(|e| format!("no randomness from the OS: {e}"))?;
+    getrandom::fill(&mut buf).map_err(|e| NoRandomness(e.to_string()))?;
     Ok(buf)
 }
 
 /// A bootstrap token `[a-z0-9]{6}.[a-z0-9]{16}` from the OS's CSPRNG.
-pub fn generate_token() -> Result<String, String> {
+pub fn generate_token() -> Result<String, NoRandomness> {
     const ALPHABET: &[u8] = b"abcdefghijklmnopqrstuvwxyz0123456789";
     let mut out = String::with_capacity(23);
     // Rejection sampling keeps the characters uniform.
@@ -74,7 +94,7 @@ pub fn generate_token() -> Result<String, String> {
 }
 
 /// An upload-certs key: 32 random bytes, hex.
-pub fn generate_certificate_key() -> Result<String, String> {
+pub fn generate_certificate_key() -> Result<String, NoRandomness> {
     Ok(hex(&random(32)?))
 }
 
@@ -108,7 +128,7 @@ pub fn write_file(path: &Path, content: &str, secret: bool) -> std::io::Result<(
 
 /// Reads the cluster file from a source's checkout; the error names source, revision, file and
 /// line:column.
-pub fn parse_cluster_file(origin: &str, text: &str) -> Result<ClusterFacts, String> {
+pub fn parse_cluster_file(origin: &str, text: &str) -> Result<ClusterFacts, Invalid> {
     toml::from_str::<ClusterFacts>(text).map_err(|e| {
         let at = e.span().map(|s| {
             let before = &text[..s.start.min(text.len())];
@@ -116,7 +136,11 @@ pub fn parse_cluster_file(origin: &str, text: &str) -> Result<ClusterFacts, Stri
             let col = before.rsplit('\n').next().map_or(0, |l| l.chars().count()) + 1;
             format!(":{line}:{col}")
         });
-        format!("{origin}{}: {}", at.unwrap_or_default(), e.message().trim())
+        Invalid(format!(
+            "{origin}{}: {}",
+            at.unwrap_or_default(),
+            e.message().trim()
+        ))
     })
 }
 
@@ -203,7 +227,7 @@ mod tests {
         )
         .unwrap_err();
         assert!(
-            e.starts_with("argus:clusters/k.toml@abc:2:1: unknown field `bogus`"),
+            e.0.starts_with("argus:clusters/k.toml@abc:2:1: unknown field `bogus`"),
             "{e}"
         );
     }

@@ -190,7 +190,9 @@ impl Watcher {
             .map_err(|e| e.to_string())?
             .map_err(|e| format!("{origin}: {e}"))?;
         let text = String::from_utf8(bytes).map_err(|_| format!("{origin}: not UTF-8 text"))?;
-        super::parse_cluster_file(&origin, &text).map(|f| Some((origin, f)))
+        super::parse_cluster_file(&origin, &text)
+            .map(|f| Some((origin, f)))
+            .map_err(String::from)
     }
 
     /// Compares with the cluster's kubeadm-config when the API is reachable.
