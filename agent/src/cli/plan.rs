@@ -330,7 +330,7 @@ fn row(node: &str, a: Option<&PreviewAnswer>) -> [String; 6] {
         };
         format!("{}{more}", p.because.join(", "))
     };
-    let estimate = match (a.estimate_secs, a.estimate_of.contains("lower bound")) {
+    let estimate = match (a.estimate_secs, a.estimate_lower) {
         (Some(s), true) => format!("≥ {s} s"),
         (Some(s), false) => format!("{s} s"),
         (None, _) => "-".to_owned(),
@@ -372,6 +372,7 @@ mod tests {
                 .then(|| "the build exited with 1: boom".into()),
             estimate_secs: Some(75),
             estimate_of: "build 3 s + … (a lower bound)".into(),
+            estimate_lower: true,
             took_ms: 3200,
             at: jiff::Timestamp::UNIX_EPOCH,
         }

@@ -20,6 +20,8 @@ const RECENT: usize = 5;
 pub struct Estimate {
     pub secs: Option<u64>,
     pub of: String,
+    /// A part was never recorded: the sum is a lower bound.
+    pub lower: bool,
 }
 
 /// The middle one of `samples` (the upper of the two middle ones), `None` for none.
@@ -137,6 +139,7 @@ pub fn estimate(
     Estimate {
         secs: Some(sum.total.as_secs()),
         of,
+        lower: sum.lower,
     }
 }
 
@@ -213,6 +216,7 @@ mod tests {
             Some(Duration::from_secs(3)),
         );
         assert_eq!(e.secs, Some(13));
+        assert!(e.lower);
         assert_eq!(
             e.of,
             "build 3 s (this preview's) + drain not recorded yet + activation not recorded yet \
@@ -234,6 +238,7 @@ mod tests {
             Some(Duration::from_secs(3)),
         );
         assert_eq!(live.secs, Some(3 + 5 + 30));
+        assert!(!live.lower, "{}", live.of);
         assert!(!live.of.contains("lower bound"), "{}", live.of);
     }
 }

@@ -73,6 +73,7 @@ pub async fn plan_ref(cfg: &Arc<Config>, id: &str, reference: &str) -> PreviewAn
             );
             a.estimate_secs = e.secs;
             a.estimate_of = e.of;
+            a.estimate_lower = e.lower;
             a
         }
         Err(s) => {

@@ -160,6 +160,10 @@ pub struct PreviewAnswer {
     /// What the estimate is made of, or why there is none (`build 40 s + activation 12 s + …`).
     #[serde(default, skip_serializing_if = "String::is_empty")]
     pub estimate_of: String,
+    /// The estimate is a lower bound: a part of it was never recorded on this node. Absent
+    /// (false) in the answers of nodes that do not tell.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub estimate_lower: bool,
     /// How long answering took: fetch, build and plan.
     pub took_ms: u64,
     /// When it was answered, by the node's clock.
@@ -204,6 +208,7 @@ impl PreviewAnswer {
             error: None,
             estimate_secs: None,
             estimate_of: String::new(),
+            estimate_lower: false,
             took_ms: 0,
             at,
         }
