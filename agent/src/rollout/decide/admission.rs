@@ -250,63 +250,70 @@ pub fn next(ask: &Ask<'_>, facts: &Facts<'_>, now: Timestamp) -> Next {
     }
     // A reboot passes the quorum guard even with the slot kept since its apply.
     let resuming_apply = ask.purpose == Purpose::Apply && resuming;
-    if !resuming_apply && ask.quorum_guard && ask.connected {
-        match &facts.quorum {
-            None => return Next::CheckQuorum,
-            Some(Some(why)) => return Next::Answer(Verdict::wait(WaitingFor::Quorum, why.clone())),
-            Some(None) => {}
-        }
-    }
-    if let Some(step) =
-        etcd_first(ask, facts, resuming).or_else(|| alerts_first(ask, facts, resuming))
+    let quorum = !resuming_apply && ask.quorum_guard && ask.connected;
+    if let Some(step) = guard(quorum, &facts.quorum, Next::CheckQuorum, WaitingFor::Quorum)
+        .or_else(|| etcd_first(ask, facts, resuming))
+        .or_else(|| alerts_first(ask, facts, resuming))
+        .or_else(|| owed_halt(ask, facts))
     {
         return step;
     }
+    if let OwnSlot::Live(held) = ask.own_slot {
+        return Next::Answer(Verdict::Go(Some(held.clone())));
+    }
+    // Order across groups, then within the group: nothing of this group starts a revision
+    // before every node of the groups it comes after passed its gate on it, nor before its
+    // canaries did, nor before the nodes ahead of it in the order did.
+    let starting = ask.purpose == Purpose::Apply && !ask.held_in_state && ask.connected;
+    let after = starting && ask.after_pending;
+    let canaries = starting && ask.canary_pending;
+    let order = starting && ask.ordered;
+    guard(after, &facts.after, Next::CheckAfter, WaitingFor::After)
+        .or_else(|| {
+            guard(
+                canaries,
+                &facts.canaries,
+                Next::CheckCanaries,
+                WaitingFor::Canary,
+            )
+        })
+        .or_else(|| guard(order, &facts.order, Next::CheckOrder, WaitingFor::Order))
+        .unwrap_or(Next::Take)
+}
+
+/// A guard that is asked once per ask: when it applies (`on`), ask it (`ask`) until its
+/// answer is in `fact`, then wait with `waiting_for` while it names a reason; `None` lets the
+/// node on.
+fn guard(
+    on: bool,
+    fact: &Option<Option<String>>,
+    ask: Next,
+    waiting_for: WaitingFor,
+) -> Option<Next> {
+    match fact {
+        _ if !on => None,
+        None => Some(ask),
+        Some(Some(why)) => Some(Next::Answer(Verdict::wait(waiting_for, why.clone()))),
+        Some(None) => None,
+    }
+}
+
+/// The halt a slot taken from a vanished holder owes the fleet: write it first, and an apply
+/// of the revision it halts waits.
+fn owed_halt(ask: &Ask<'_>, facts: &Facts<'_>) -> Option<Next> {
     match facts.owed_halt {
-        Owed::Pending => return Next::WriteOwedHalt,
+        Owed::Pending => Some(Next::WriteOwedHalt),
         Owed::Written { halts_this: true } if ask.purpose == Purpose::Apply => {
-            return Next::Answer(Verdict::wait(
+            Some(Next::Answer(Verdict::wait(
                 WaitingFor::Halted,
                 format!(
                     "revision {} is halted: its slot's holder vanished while rolling it out",
                     ask.revision.short()
                 ),
-            ));
+            )))
         }
-        Owed::Written { .. } | Owed::None => {}
+        Owed::Written { .. } | Owed::None => None,
     }
-    if let OwnSlot::Live(held) = ask.own_slot {
-        return Next::Answer(Verdict::Go(Some(held.clone())));
-    }
-    // Order across groups: nothing of this group starts a revision before every node of
-    // the groups it comes after passed its gate on it.
-    if ask.purpose == Purpose::Apply && !ask.held_in_state && ask.connected && ask.after_pending {
-        match &facts.after {
-            None => return Next::CheckAfter,
-            Some(Some(behind)) => {
-                return Next::Answer(Verdict::wait(WaitingFor::After, behind.clone()));
-            }
-            Some(None) => {}
-        }
-    }
-    // Within the group: nothing starts a revision before its canaries passed it.
-    if ask.purpose == Purpose::Apply && !ask.held_in_state && ask.connected && ask.canary_pending {
-        match &facts.canaries {
-            None => return Next::CheckCanaries,
-            Some(Some(why)) => {
-                return Next::Answer(Verdict::wait(WaitingFor::Canary, why.clone()));
-            }
-            Some(None) => {}
-        }
-    }
-    if ask.purpose == Purpose::Apply && !ask.held_in_state && ask.connected && ask.ordered {
-        match &facts.order {
-            None => return Next::CheckOrder,
-            Some(Some(why)) => return Next::Answer(Verdict::wait(WaitingFor::Order, why.clone())),
-            Some(None) => {}
-        }
-    }
-    Next::Take
 }
 
 /// What etcd's guard has to say before the node goes on: ask it, or wait for it; `None` when
