@@ -1,7 +1,7 @@
 //! Credentials and server authentication for fetches: SSH deploy keys with host keys checked
 //! against a known_hosts file, HTTPS tokens, and the refusal of secret files others can read.
 //!
-//! Secrets are read here and handed to the fetch transports (`transport.rs`); they are never
+//! Secrets are read here and handed to the fetch transports (`transport/`); they are never
 //! formatted into a message.
 
 use std::os::unix::fs::MetadataExt;

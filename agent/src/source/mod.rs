@@ -14,6 +14,7 @@
 
 pub mod auth;
 pub mod git;
+mod packs;
 pub mod preview;
 pub mod transport;
 pub mod trees;
