@@ -452,4 +452,39 @@ mod tests {
             assert_eq!(WaitingFor::from_name(w.as_str()), Some(w));
         }
     }
+
+    /// Where each wait stands in [`WaitingFor::ALL`]. No wildcard: a new wait does not compile
+    /// until it is given a place here, and the test below checks that `ALL` holds exactly the
+    /// places given, each once.
+    fn place(w: WaitingFor) -> usize {
+        match w {
+            WaitingFor::Suspended => 0,
+            WaitingFor::Paused => 1,
+            WaitingFor::Halted => 2,
+            WaitingFor::Lock => 3,
+            WaitingFor::Quorum => 4,
+            WaitingFor::Api => 5,
+            WaitingFor::Window => 6,
+            WaitingFor::Pods => 7,
+            WaitingFor::Reboot => 8,
+            WaitingFor::Refused => 9,
+            WaitingFor::After => 10,
+            WaitingFor::Soak => 11,
+            WaitingFor::Etcd => 12,
+            WaitingFor::Held => 13,
+            WaitingFor::Freeze => 14,
+            WaitingFor::Alerts => 15,
+            WaitingFor::Canary => 16,
+            WaitingFor::Order => 17,
+        }
+    }
+
+    #[test]
+    fn all_lists_every_wait_once() {
+        for (i, w) in WaitingFor::ALL.into_iter().enumerate() {
+            assert_eq!(place(w), i, "{w:?}");
+        }
+        let last = WaitingFor::ALL.into_iter().map(place).max().unwrap_or(0);
+        assert_eq!(WaitingFor::ALL.len(), last + 1);
+    }
 }

@@ -93,6 +93,66 @@ fn waits_for(n: &Next) -> Option<WaitingFor> {
     }
 }
 
+/// One of each step admission asks for (the answers are each wait's, below).
+fn every_step() -> Vec<Next> {
+    vec![
+        Next::ReadFleet,
+        Next::CheckQuorum,
+        Next::CheckEtcd,
+        Next::CheckAlerts,
+        Next::WriteOwedHalt,
+        Next::CheckAfter,
+        Next::CheckCanaries,
+        Next::CheckOrder,
+        Next::Take,
+        Next::Answer(Verdict::Go(None)),
+    ]
+}
+
+/// The case of the table that reaches `step`. No wildcard: a new step does not compile until
+/// a case is named for it here and in [`every_step`], and the table test checks that the case
+/// reaches it.
+fn case_of_step(step: &Next) -> &'static str {
+    match step {
+        Next::ReadFleet => "no cluster read yet",
+        Next::CheckQuorum => "quorum not asked yet",
+        Next::CheckEtcd => "etcd not asked yet",
+        Next::CheckAlerts => "alerts not asked yet",
+        Next::WriteOwedHalt => "a halt owed",
+        Next::CheckAfter => "after groups not asked yet",
+        Next::CheckCanaries => "canaries not asked yet",
+        Next::CheckOrder => "order not asked yet",
+        Next::Take => "everything passed",
+        Next::Answer(Verdict::Go(Some(_))) => "the slot is held",
+        Next::Answer(Verdict::Go(None)) => "no lock configured",
+        Next::Answer(Verdict::GoWithoutApi(_)) => "proceeding without the API",
+        Next::Answer(Verdict::Wait(w)) => case_of_wait(w.waiting_for).unwrap_or("none"),
+    }
+}
+
+/// The case of the table that answers with the wait `w`; `None` for the waits that are not
+/// admission's (the reconciler's suspend and reboot, the drain's pods) or that the lock
+/// answers with (checked after the table). No wildcard: a new wait does not compile until it is
+/// named here, and every wait of [`WaitingFor::ALL`] is checked.
+fn case_of_wait(w: WaitingFor) -> Option<&'static str> {
+    Some(match w {
+        WaitingFor::Suspended | WaitingFor::Pods | WaitingFor::Reboot => return None,
+        WaitingFor::Lock | WaitingFor::Soak | WaitingFor::Refused => return None,
+        WaitingFor::Paused => "paused",
+        WaitingFor::Halted => "halted",
+        WaitingFor::Quorum => "quorum lacking",
+        WaitingFor::Api => "no client yet",
+        WaitingFor::Window => "outside the windows",
+        WaitingFor::After => "after groups behind",
+        WaitingFor::Etcd => "etcd unfit",
+        WaitingFor::Held => "held",
+        WaitingFor::Freeze => "frozen",
+        WaitingFor::Alerts => "alerts fire",
+        WaitingFor::Canary => "canaries not passed",
+        WaitingFor::Order => "nodes ahead in the order",
+    })
+}
+
 #[test]
 fn every_wait_and_every_step_is_reached() {
     let r = rev('a');
@@ -118,6 +178,13 @@ fn every_wait_and_every_step_is_reached() {
     );
     let h = held(&r);
     let held_w3 = holding_w3(Some("2026-11-30T18:00:00Z"));
+
+    let freezes = [crate::config::Freeze {
+        start: crate::config::CivilPoint::try_from("2026-11-30".to_owned()).unwrap(),
+        end: crate::config::CivilPoint::try_from("2026-12-01".to_owned()).unwrap(),
+        time_zone: "Europe/Berlin".into(),
+        reason: "release week".into(),
+    }];
 
     type Case<'a> = (&'a str, Ask<'a>, Facts<'a>, Next);
     let wait = |w: WaitingFor| Next::Answer(Verdict::wait(w, String::new()));
@@ -341,6 +408,78 @@ fn every_wait_and_every_step_is_reached() {
             },
             wait(WaitingFor::After),
         ),
+        (
+            "alerts not asked yet",
+            Ask {
+                alerts: true,
+                ..ask(&r)
+            },
+            read(&empty),
+            Next::CheckAlerts,
+        ),
+        (
+            "alerts fire",
+            Ask {
+                alerts: true,
+                ..ask(&r)
+            },
+            Facts {
+                alerts: Some(Some("NodeDown fires".into())),
+                ..read(&empty)
+            },
+            wait(WaitingFor::Alerts),
+        ),
+        (
+            "canaries not asked yet",
+            Ask {
+                canary_pending: true,
+                ..ask(&r)
+            },
+            read(&empty),
+            Next::CheckCanaries,
+        ),
+        (
+            "canaries not passed",
+            Ask {
+                canary_pending: true,
+                ..ask(&r)
+            },
+            Facts {
+                canaries: Some(Some("canary w1 has not passed it".into())),
+                ..read(&empty)
+            },
+            wait(WaitingFor::Canary),
+        ),
+        (
+            "order not asked yet",
+            Ask {
+                ordered: true,
+                ..ask(&r)
+            },
+            read(&empty),
+            Next::CheckOrder,
+        ),
+        (
+            "nodes ahead in the order",
+            Ask {
+                ordered: true,
+                ..ask(&r)
+            },
+            Facts {
+                order: Some(Some("w1 and w2 come first".into())),
+                ..read(&empty)
+            },
+            wait(WaitingFor::Order),
+        ),
+        (
+            "frozen",
+            Ask {
+                freezes: &freezes,
+                ..ask(&r)
+            },
+            read(&empty),
+            wait(WaitingFor::Freeze),
+        ),
         ("everything passed", ask(&r), read(&empty), Next::Take),
         (
             "no lock configured",
@@ -372,14 +511,35 @@ fn every_wait_and_every_step_is_reached() {
             Next::Answer(Verdict::GoWithoutApi(String::new())),
         ),
     ];
+    let mut answered: BTreeMap<&str, Next> = BTreeMap::new();
     for (name, ask, facts, want) in cases {
         let got = next(&ask, &facts, now);
+        answered.insert(name, next(&ask, &facts, now));
         match (&got, &want) {
             (Next::Answer(Verdict::Wait(_)), Next::Answer(Verdict::Wait(_))) => {
                 assert_eq!(waits_for(&got), waits_for(&want), "{name}: {got:?}");
             }
             (Next::Answer(Verdict::GoWithoutApi(_)), Next::Answer(Verdict::GoWithoutApi(_))) => {}
             _ => assert_eq!(got, want, "{name}"),
+        }
+    }
+    // Every step and every wait admission can answer with is reached by a case named for it.
+    let reached = |case: &str| {
+        answered
+            .get(case)
+            .unwrap_or_else(|| panic!("no case {case:?} in the table"))
+    };
+    for step in every_step() {
+        let got = reached(case_of_step(&step));
+        assert_eq!(
+            std::mem::discriminant(got),
+            std::mem::discriminant(&step),
+            "{step:?}"
+        );
+    }
+    for w in WaitingFor::ALL {
+        if let Some(case) = case_of_wait(w) {
+            assert_eq!(waits_for(reached(case)), Some(w), "{case}");
         }
     }
     // The waits the lock itself answers with.
