@@ -37,6 +37,8 @@ pub mod util;
 mod layers;
 #[cfg(test)]
 mod limits;
+#[cfg(test)]
+mod manual;
 
 /// The version this build was made as (Cargo's package version).
 pub const VERSION: &str = env!("CARGO_PKG_VERSION");
