@@ -482,6 +482,135 @@ fn sub_offence(here: &[String], target: &[String]) -> Option<String> {
     })
 }
 
+/// Where the item whose attribute starts at `start` ends: its `;` (a `mod x;` or a `use`) or
+/// its matching closing brace.
+pub(crate) fn item_end(code: &str, start: usize) -> usize {
+    let mut depth = 0usize;
+    for (i, c) in code[start..].char_indices() {
+        match c {
+            ';' if depth == 0 => return start + i,
+            '{' => depth += 1,
+            '}' => {
+                depth = depth.saturating_sub(1);
+                if depth == 0 {
+                    return start + i;
+                }
+            }
+            _ => {}
+        }
+    }
+    code.len()
+}
+
+/// Files and folders under `src` whose non-test code decides and does no I/O: they take what
+/// was read and the clock as arguments. The test below keeps them so.
+const PURE: &[&str] = &[
+    "rollout/decide/",
+    "rollout/lock/slots.rs",
+    "etcd/view.rs",
+    "reconcile/core/",
+    "reconcile/outcome.rs",
+    "reconcile/reboot/decide.rs",
+    "apply/plan/policy.rs",
+    "apply/plan/dry_activate.rs",
+    "apply/plan/closure_diff.rs",
+    "preview/estimate.rs",
+    "status/gate.rs",
+];
+
+/// What a pure file may not name: the API client, the runtime, HTTP, files, processes, the
+/// network, logging, and any clock read.
+const IMPURE: &[&str] = &[
+    "kube::",
+    "tokio::",
+    "reqwest::",
+    "std::fs",
+    "fs::",
+    "std::process",
+    "std::net",
+    "tracing::",
+    "::now(",
+    "SystemTime",
+];
+
+/// `code` with every `#[cfg(test)]` item blanked (newlines kept).
+fn without_test_items(code: &str) -> String {
+    let mut out = code.to_owned();
+    let mut from = 0;
+    while let Some(at) = out[from..].find("#[cfg(test)]") {
+        let start = from + at;
+        let end = item_end(&out, start).min(out.len().saturating_sub(1));
+        let blank: String = out[start..=end]
+            .chars()
+            .map(|c| if c == '\n' { '\n' } else { ' ' })
+            .collect();
+        out.replace_range(start..=end, &blank);
+        from = end + 1;
+    }
+    out
+}
+
+/// The I/O and clock reads named in the non-test code of `text`: (line, what).
+fn impure_uses(text: &str) -> Vec<(usize, &'static str)> {
+    let code = without_test_items(&code_only(text));
+    let mut found = Vec::new();
+    for (i, line) in code.lines().enumerate() {
+        for what in IMPURE {
+            let hit = line.match_indices(what).any(|(at, _)| {
+                // `fs::` alone: not the tail of a longer name (`self.fs::`, `xfs::`).
+                *what != "fs::" || !ident_char(line[..at].chars().last().as_ref())
+            });
+            if hit {
+                found.push((i + 1, *what));
+            }
+        }
+    }
+    found
+}
+
+#[test]
+fn the_pure_cores_do_no_io_and_read_no_clock() {
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
+    let mut files = Vec::new();
+    rust_files(&src, &mut files);
+    let mut found = Vec::new();
+    let mut checked = 0;
+    for path in &files {
+        let rel = path
+            .strip_prefix(&src)
+            .expect("under src")
+            .to_string_lossy()
+            .into_owned();
+        if !PURE
+            .iter()
+            .any(|p| rel == *p || (p.ends_with('/') && rel.starts_with(p)))
+        {
+            continue;
+        }
+        checked += 1;
+        let text = std::fs::read_to_string(path).expect("readable source");
+        for (line, what) in impure_uses(&text) {
+            found.push(format!("src/{rel}:{line}: {what}"));
+        }
+    }
+    assert!(
+        checked >= PURE.len(),
+        "only {checked} pure files found: is PURE stale?"
+    );
+    assert!(
+        found.is_empty(),
+        "pure code does I/O or reads a clock (take it as an argument instead):\n{}",
+        found.join("\n")
+    );
+}
+
+#[test]
+fn impure_uses_are_found_outside_tests_only() {
+    let text = "use std::fs;\nfn a(now: Timestamp) {}\nfn b() { let t = Instant::now(); }\n\
+                #[cfg(test)]\nmod tests {\n    fn c() { tokio::spawn(x); }\n}\n";
+    assert_eq!(impure_uses(text), vec![(1, "std::fs"), (3, "::now(")]);
+}
+
 #[test]
 fn no_module_imports_up_or_sideways() {
     let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
