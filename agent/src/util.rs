@@ -194,9 +194,35 @@ pub fn http_error(e: &reqwest::Error) -> String {
     out
 }
 
+/// A condition that lasts a while (a guard holding the node back, a peer ignored) and is told
+/// once when it starts, not at every look while it lasts.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Spell {
+    on: bool,
+}
+
+impl Spell {
+    /// Records whether the condition holds at this look: `true` when a spell starts now.
+    pub fn starts(&mut self, on: bool) -> bool {
+        let starts = on && !self.on;
+        self.on = on;
+        starts
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_spell_starts_once_until_it_ends() {
+        let mut s = Spell::default();
+        assert!(!s.starts(false));
+        assert!(s.starts(true));
+        assert!(!s.starts(true), "the same spell");
+        assert!(!s.starts(false));
+        assert!(s.starts(true), "a new spell");
+    }
 
     fn resident_file_kib() -> u64 {
         let status = std::fs::read_to_string("/proc/self/status").unwrap();

@@ -15,6 +15,7 @@ use serde::Deserialize;
 use crate::config::{OnPrometheusUnavailable, PrometheusConfig};
 use crate::rollout::decide::gate::{ALERT_CHECK_PREFIX, Check};
 use crate::status::HealthStatus;
+use crate::util::Spell;
 
 /// Alerts kept from one answer; a query that matches more names too little to act on.
 pub const MAX_ALERTS: usize = 100;
@@ -266,8 +267,8 @@ fn client(cfg: &PrometheusConfig) -> Result<reqwest::Client, String> {
 /// per spell, not once per look.
 #[derive(Debug, Default)]
 pub struct AlertGuard {
-    holding: bool,
-    ignoring: bool,
+    holding: Spell,
+    ignoring: Spell,
 }
 
 impl AlertGuard {
@@ -279,16 +280,16 @@ impl AlertGuard {
     ) -> Option<String> {
         let answer = query(cfg).await;
         let (hold, ignored) = verdict(cfg, &answer);
-        if let Some(why) = hold.as_ref().filter(|_| !self.holding) {
+        if let Some(why) = hold.as_ref().filter(|_| self.holding.starts(true)) {
             tracing::warn!(revision = %revision.short(), reason = %why,
                 "the alert gate holds this node back");
         }
-        if let Some(note) = ignored.as_ref().filter(|_| !self.ignoring) {
+        if let Some(note) = ignored.as_ref().filter(|_| self.ignoring.starts(true)) {
             tracing::warn!(revision = %revision.short(), detail = %note,
                 "Prometheus does not answer; the alert gate is ignored");
         }
-        self.holding = hold.is_some();
-        self.ignoring = ignored.is_some();
+        self.holding.starts(hold.is_some());
+        self.ignoring.starts(ignored.is_some());
         hold
     }
 }

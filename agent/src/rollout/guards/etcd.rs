@@ -13,12 +13,13 @@
 use crate::config::EtcdConfig;
 use crate::etcd::{Client, EtcdError, HandOver, Unfit, hand_over, observe};
 use crate::types::{Notices, Reason, Revision};
+use crate::util::Spell;
 
 /// What the guard remembers between looks: whether it held the node at the last look, so
 /// that the `EtcdUnhealthy` notice is given once per spell, not once per look.
 #[derive(Debug, Default)]
 pub struct EtcdGuard {
-    blocking: bool,
+    blocking: Spell,
 }
 
 /// One look's outcome.
@@ -80,8 +81,7 @@ impl EtcdGuard {
     fn told(&mut self, look: &EtcdAnswer) -> (Option<(Reason, String)>, Option<String>) {
         match look {
             EtcdAnswer::Wait(why) => {
-                let first = !self.blocking;
-                self.blocking = true;
+                let first = self.blocking.starts(true);
                 let reason = format!("etcd: {why}");
                 (
                     first.then(|| (Reason::EtcdUnhealthy, reason.clone())),
@@ -89,7 +89,7 @@ impl EtcdGuard {
                 )
             }
             EtcdAnswer::Pass(moved) => {
-                self.blocking = false;
+                self.blocking.starts(false);
                 let told = match moved {
                     HandOver::NotLeader => None,
                     HandOver::Moved { from, to } => Some((

@@ -199,14 +199,14 @@ impl Gatekeeper {
             Verdict::Wait(w) if w.waiting_for == WaitingFor::Held => Some(&w.reason),
             _ => None,
         };
-        if let Some(why) = held.filter(|_| !self.held_told) {
+        if let Some(why) = held.filter(|_| self.held_told.starts(true)) {
             tracing::info!(revision = %revision.short(), reason = %why,
                 "an operator's hold keeps this node out of the rollout");
             self.w
                 .notices
                 .emit(Reason::Held, Some(revision.as_str()), why.clone());
         }
-        self.held_told = held.is_some();
+        self.held_told.starts(held.is_some());
     }
 }
 

@@ -38,6 +38,7 @@ use crate::state::{Held, SlotBackend};
 use crate::status::{HealthMap, WaitingFor};
 use crate::types::{HaltCause, Reason, Revision, Role};
 use crate::util;
+use crate::util::Spell;
 use fleet_cache::FleetCache;
 use locker::Locker;
 
@@ -122,7 +123,7 @@ pub struct Gatekeeper {
     /// The etcd guard's memory between looks (when a hold started).
     etcd: crate::rollout::guards::etcd::EtcdGuard,
     /// The last answer was an operator's hold: its notice is given once per spell.
-    held_told: bool,
+    held_told: Spell,
     /// The alert gate's memory between looks (what it last logged).
     alerts: crate::rollout::guards::alerts::AlertGuard,
     /// The canaries of this node's group (`rollout.first`).
@@ -156,7 +157,7 @@ impl Gatekeeper {
             wait_until: None,
             owed_halt: None,
             etcd: Default::default(),
-            held_told: false,
+            held_told: Spell::default(),
             alerts: Default::default(),
             canaries: Default::default(),
         }
