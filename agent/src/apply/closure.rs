@@ -24,6 +24,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, ExitCode, Stdio};
 use std::time::{Duration, Instant};
 
+use crate::apply::process::wait_bounded;
 use crate::config::ClosureConfig;
 use crate::types::{ClosureInfo, ClosureOrigin, EndpointUrl, Goal, Revision, check_store_path};
 
@@ -296,19 +297,9 @@ fn run_step(
         }
         let _ = done_tx.send(());
     });
-    let start = Instant::now();
-    let code = loop {
-        match child.try_wait() {
-            Ok(Some(st)) => break st.code(),
-            Ok(None) if timeout.is_some_and(|t| start.elapsed() >= t) => {
-                let _ = child.kill();
-                let _ = child.wait();
-                break None;
-            }
-            Ok(None) => std::thread::sleep(Duration::from_millis(50)),
-            Err(e) => return Err(format!("waiting for {program}: {e}")),
-        }
-    };
+    let code = wait_bounded(&mut child, timeout, Duration::from_millis(50), None)
+        .map_err(|e| format!("waiting for {program}: {e}"))?
+        .code;
     // A process the step left behind (an activation may start some) can hold the pipe open
     // for ever: its last lines are waited for a moment, not until it ends.
     let _ = done_rx.recv_timeout(Duration::from_secs(2));

@@ -410,6 +410,47 @@ pub fn kill_group(pgid: i32) {
     }
 }
 
+/// How a blocking child that [`wait_bounded`] waited for ended.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Ended {
+    /// Its exit code; `None` when it was ended at the timeout or by a signal.
+    pub code: Option<i32>,
+    pub timed_out: bool,
+}
+
+/// Waits for a blocking `child`, looking every `poll`; past `timeout` it is killed (with its
+/// process group `pgid`, when it leads one) and waited for.
+pub fn wait_bounded(
+    child: &mut std::process::Child,
+    timeout: Option<Duration>,
+    poll: Duration,
+    pgid: Option<i32>,
+) -> std::io::Result<Ended> {
+    let start = std::time::Instant::now();
+    loop {
+        if let Some(st) = child.try_wait()? {
+            return Ok(Ended {
+                code: st.code(),
+                timed_out: false,
+            });
+        }
+        if timeout.is_some_and(|t| start.elapsed() >= t) {
+            match pgid {
+                Some(g) => kill_group(g),
+                None => {
+                    let _ = child.kill();
+                }
+            }
+            let _ = child.wait();
+            return Ok(Ended {
+                code: None,
+                timed_out: true,
+            });
+        }
+        std::thread::sleep(poll);
+    }
+}
+
 /// This boot's id, to tell whether a recorded pid belongs to it.
 pub fn boot_id() -> Option<String> {
     std::fs::read_to_string("/proc/sys/kernel/random/boot_id")

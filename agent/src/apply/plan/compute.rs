@@ -15,6 +15,7 @@ use std::time::{Duration, Instant};
 use serde::{Deserialize, Serialize};
 
 use super::{closure_diff, dry_activate};
+use crate::apply::process::wait_bounded;
 use crate::apply::system;
 use crate::types::Plan;
 
@@ -103,29 +104,17 @@ fn capture(argv: &[String], cwd: &Path, timeout: Duration) -> Result<Captured, S
     let pgid = i32::try_from(child.id()).unwrap_or(0);
     let out = reader(child.stdout.take());
     let err = reader(child.stderr.take());
-    let start = Instant::now();
-    let (code, timed_out) = loop {
-        match child.try_wait() {
-            Ok(Some(st)) => break (st.code(), false),
-            Ok(None) if start.elapsed() >= timeout => {
-                crate::apply::process::kill_group(pgid);
-                let _ = child.wait();
-                break (None, true);
-            }
-            Ok(None) => std::thread::sleep(Duration::from_millis(20)),
-            Err(e) => {
-                return Err(StepError::Wait {
-                    program: program.clone(),
-                    detail: e.to_string(),
-                });
-            }
-        }
-    };
+    let poll = Duration::from_millis(20);
+    let ended =
+        wait_bounded(&mut child, Some(timeout), poll, Some(pgid)).map_err(|e| StepError::Wait {
+            program: program.clone(),
+            detail: e.to_string(),
+        })?;
     // What the step left behind in its group goes with it: nothing of a plan runs on.
     crate::apply::process::kill_group(pgid);
     Ok(Captured {
-        code,
-        timed_out,
+        code: ended.code,
+        timed_out: ended.timed_out,
         stdout: out.recv_timeout(Duration::from_secs(2)).unwrap_or_default(),
         stderr: err.recv_timeout(Duration::from_secs(2)).unwrap_or_default(),
     })
