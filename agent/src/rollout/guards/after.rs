@@ -16,10 +16,8 @@ use k8s_openapi::api::coordination::v1::Lease;
 use tokio::sync::watch;
 
 use crate::config::Config;
-use crate::k8s::{
-    HEARTBEAT_GROUP_LABEL, HEARTBEAT_PASSED_ANNOTATION, KubeClients, describe, refusal, unavailable,
-};
-use crate::rollout::decide::admission::{self, Verdict};
+use crate::k8s::{HEARTBEAT_GROUP_LABEL, HEARTBEAT_PASSED_ANNOTATION, KubeClients};
+use crate::rollout::decide::admission::Verdict;
 use crate::rollout::lock::lease;
 use crate::types::Revision;
 
@@ -94,26 +92,21 @@ impl AfterGroups {
         let ns = &cfg.kubernetes.namespace;
         let api = kube::Api::<Lease>::namespaced(clients.main.clone(), ns);
         let selector = format!("{} in ({})", HEARTBEAT_GROUP_LABEL, groups.join(","));
-        let leases = match api
+        let leases = api
             .list(&kube::api::ListParams::default().labels(&selector))
             .await
-        {
-            Ok(l) => l.items,
-            Err(e) if unavailable(&e) => {
-                return Err(admission::unavailable(
+            .map_err(|e| {
+                super::list_failed(
                     cfg.rollout.on_api_unavailable,
-                    format!(
-                        "cannot read the heartbeats of group(s) {} (rollout.after): {}",
-                        groups.join(", "),
-                        describe(&e)
+                    &format!(
+                        "the heartbeats of group(s) {} (rollout.after)",
+                        groups.join(", ")
                     ),
-                ));
-            }
-            Err(e) => {
-                let what = format!("leases in namespace {ns}");
-                return Err(admission::refused(refusal("list", &what, &e)));
-            }
-        };
+                    &format!("leases in namespace {ns}"),
+                    &e,
+                )
+            })?
+            .items;
         let mut peers = Vec::with_capacity(leases.len());
         for l in &leases {
             peers.push(peer(l, revision, later).await);

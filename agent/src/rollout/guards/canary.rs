@@ -18,8 +18,8 @@ use tokio::sync::watch;
 
 use super::after::{Later, watch_heartbeats};
 use crate::config::Config;
-use crate::k8s::{HEARTBEAT_GROUP_LABEL, KubeClients, describe, refusal, unavailable};
-use crate::rollout::decide::admission::{self, Verdict};
+use crate::k8s::{HEARTBEAT_GROUP_LABEL, KubeClients};
+use crate::rollout::decide::admission::Verdict;
 use crate::rollout::fleet::state::FleetState;
 use crate::types::Revision;
 
@@ -219,14 +219,7 @@ async fn names(cfg: &Config, clients: &KubeClients) -> Result<BTreeSet<String>, 
 }
 
 fn read_error(cfg: &Config, what: &str, object: &str, e: &kube::Error) -> Verdict {
-    if unavailable(e) {
-        admission::unavailable(
-            cfg.rollout.on_api_unavailable,
-            format!("cannot read {what}: {}", describe(e)),
-        )
-    } else {
-        admission::refused(refusal("list", object, e))
-    }
+    super::list_failed(cfg.rollout.on_api_unavailable, what, object, e)
 }
 
 /// The canaries of `group` among `names`, from the heartbeats: a name whose heartbeat is in

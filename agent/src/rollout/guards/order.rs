@@ -17,8 +17,8 @@ use k8s_openapi::api::core::v1::Node;
 
 use super::after::Later;
 use crate::config::Config;
-use crate::k8s::{KubeClients, describe, refusal, unavailable};
-use crate::rollout::decide::admission::{self, Verdict};
+use crate::k8s::KubeClients;
+use crate::rollout::decide::admission::Verdict;
 use crate::rollout::fleet::state::FleetState;
 use crate::types::Revision;
 
@@ -96,16 +96,18 @@ pub(crate) async fn check(
         return Ok(None);
     };
     let api = kube::Api::<Node>::all(clients.main.clone());
-    let nodes = match api.list(&kube::api::ListParams::default()).await {
-        Ok(l) => l.items,
-        Err(e) if unavailable(&e) => {
-            return Err(admission::unavailable(
+    let nodes = api
+        .list(&kube::api::ListParams::default())
+        .await
+        .map_err(|e| {
+            super::list_failed(
                 cfg.rollout.on_api_unavailable,
-                format!("cannot read the Nodes for rollout.order: {}", describe(&e)),
-            ));
-        }
-        Err(e) => return Err(admission::refused(refusal("list", "nodes", &e))),
-    };
+                "the Nodes for rollout.order",
+                "nodes",
+                &e,
+            )
+        })?
+        .items;
     let group = cfg.rollout.group_for(cfg.node.role);
     let me_name = cfg.node_name();
     let mut walkers = Vec::new();
