@@ -776,15 +776,37 @@ fn the_fleet_from_a_workstation_is_the_nodes_view_without_daemon_or_root() {
         let v = cluster_json(&a);
         (node_in(&v, a_name)?["applied_revision"] == x.as_str()).then_some(())
     });
-    std::thread::sleep(std::time::Duration::from_secs(2));
+    // Until the watch itself printed x done: its output is read as it comes.
+    let printed = std::sync::Arc::new(std::sync::Mutex::new(String::new()));
+    let reader = {
+        let printed = std::sync::Arc::clone(&printed);
+        let stdout = watch.stdout.take().unwrap();
+        std::thread::spawn(move || {
+            use std::io::BufRead;
+            for line in std::io::BufReader::new(stdout)
+                .lines()
+                .map_while(Result::ok)
+            {
+                let mut p = printed.lock().unwrap();
+                p.push_str(&line);
+                p.push('\n');
+            }
+        })
+    };
+    wait_for("the watch printing x done", || {
+        let p = printed.lock().unwrap();
+        p.lines()
+            .any(|l| l.starts_with(&format!("revision {short}: 1/1 done;")))
+            .then_some(())
+    });
     nix::sys::signal::kill(
         nix::unistd::Pid::from_raw(watch.id() as i32),
         nix::sys::signal::Signal::SIGINT,
     )
     .unwrap();
     let status = watch.wait().unwrap();
-    let mut out = String::new();
-    std::io::Read::read_to_string(watch.stdout.as_mut().unwrap(), &mut out).unwrap();
+    reader.join().unwrap();
+    let out = printed.lock().unwrap().clone();
     assert!(
         status.success(),
         "--watch ends on SIGINT with 0: {status}\n{out}"

@@ -255,7 +255,12 @@ fn with_a_soak_no_node_starts_within_it_of_the_previous_gate_pass() {
         d.wait_applied(&head);
     }
     // The last soaked line is written after the last pass.
-    std::thread::sleep(Duration::from_secs(5));
+    wait_for("every pass soaked in the journal", || {
+        let lines = journal(&journal_path);
+        let count = |w: &str| lines.iter().filter(|(what, _)| what == w).count();
+        let passes = count("pass");
+        (passes >= names.len() && count("soaked") == passes).then_some(())
+    });
     drop(passes);
     let lines = journal(&journal_path);
     let mut soaking: Vec<&str> = Vec::new();
@@ -368,7 +373,13 @@ fn with_after_no_worker_starts_before_every_control_plane_node_passed() {
     for d in &order {
         d.wait_applied(&head);
     }
-    std::thread::sleep(Duration::from_millis(300));
+    wait_for("every node's pass in the journal", || {
+        let passes = journal(&journal_path)
+            .iter()
+            .filter(|(what, _)| what == "pass")
+            .count();
+        (passes >= order.len()).then_some(())
+    });
     drop(passes);
     let lines = journal(&journal_path);
     let first_worker_start = lines
