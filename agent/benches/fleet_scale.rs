@@ -349,7 +349,7 @@ async fn roll(n: &mut SimNode, revision: &Revision, hold: Duration, log: &Log) {
     release(n, &held, log).await;
 }
 
-async fn release(n: &mut SimNode, held: &ginx::state::Held, log: &Log) {
+async fn release(n: &mut SimNode, held: &ginx::state::TakenSlot, log: &Log) {
     loop {
         match n.gatekeeper.release(held).await {
             Ok(()) => break,

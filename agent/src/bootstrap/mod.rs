@@ -75,8 +75,8 @@ pub enum Event<'a> {
         why: &'a str,
         since: Instant,
     },
-    /// A stage's waits hold.
-    Held(&'a str),
+    /// A stage's waits are satisfied.
+    Satisfied(&'a str),
 }
 
 /// How a run ends.
@@ -449,7 +449,7 @@ impl Bootstrap {
                 recorded.insert(stage.name.clone(), sum.clone());
             }
         }
-        progress(Event::Held(&stage.name));
+        progress(Event::Satisfied(&stage.name));
         progress(Event::Line(&format!("stage {}: done", stage.name)));
         Ok(())
     }

@@ -270,7 +270,7 @@ impl Progress {
                     r.waiting_for = None;
                 });
             }
-            Event::Held(name) => {
+            Event::Satisfied(name) => {
                 self.said.clear();
                 self.update(|r| {
                     r.done.push(name.to_owned());

@@ -3,7 +3,7 @@
 use super::Reconciler;
 use crate::apply::system;
 use crate::rollout::decide::window::WindowState;
-use crate::state::{AfterGate, AttemptKind, Held, RebootPhase, State};
+use crate::state::{AfterGate, AttemptKind, RebootPhase, State, TakenSlot};
 use crate::status::{
     ApplyState, ApplyStatus, FreezeStatus, GateProgress, HaltStatus, HoldStatus, PauseStatus,
     Phase, Published, RebootStatus, RolloutStatus, SystemStatus, WaitingFor, WindowStatus,
@@ -72,7 +72,7 @@ pub(super) fn until_window_edge(
 /// The longest sleep toward a window's edge.
 const WINDOW_EDGE_RECHECK: std::time::Duration = std::time::Duration::from_secs(60);
 
-fn h_group(held: Option<&Held>) -> String {
+fn h_group(held: Option<&TakenSlot>) -> String {
     held.map(|h| h.group.clone()).unwrap_or_default()
 }
 

@@ -11,7 +11,7 @@ use tokio::sync::{mpsc, watch};
 
 use super::*;
 use crate::metrics::Metrics;
-use crate::state::{ApplyDrain, Held};
+use crate::state::{ApplyDrain, TakenSlot};
 use crate::status::HealthMap;
 use crate::types::Notices;
 
@@ -25,8 +25,8 @@ fn rev(c: char) -> Revision {
 
 /// A slot held under a FleetLock whose configuration is gone: given back without a request,
 /// so that the release path runs here without a server.
-fn held(slot: u32) -> Held {
-    Held {
+fn held(slot: u32) -> TakenSlot {
+    TakenSlot {
         backend: crate::state::SlotBackend::Fleetlock,
         group: "workers".into(),
         slot: Some(slot),

@@ -95,7 +95,7 @@ pub struct State {
     pub gate_failure: Option<GateFailure>,
     /// The rollout slot this node holds (or the FleetLock it took): kept across restarts, so
     /// that a restarted holder resumes with its slot instead of taking a second one.
-    pub rollout_held: Option<Held>,
+    pub rollout_held: Option<TakenSlot>,
     /// The reboot ginx is carrying out (drain, reboot, the gate after it); found at start-up,
     /// it goes on where it was.
     pub rebooting: Option<Rebooting>,
@@ -161,8 +161,10 @@ pub enum RebootPhase {
     /// Up in a new boot: the health gate runs.
     Verifying,
     /// The gate failed and the rolled-back system is unhealthy too: cordoned, the slot kept
-    /// until an operator acts (`ginxctl retry`) or a fixed revision passes its gate.
-    Held,
+    /// until an operator acts (`ginxctl retry`) or a fixed revision passes its gate. Stored and
+    /// shown as `held`, as earlier versions wrote it.
+    #[serde(rename = "held")]
+    Kept,
     /// Done: uncordon what ginx cordoned, release the slot.
     Finishing,
 }
@@ -173,7 +175,7 @@ impl RebootPhase {
             RebootPhase::Draining => "draining",
             RebootPhase::Rebooting => "rebooting",
             RebootPhase::Verifying => "verifying",
-            RebootPhase::Held => "held",
+            RebootPhase::Kept => "held",
             RebootPhase::Finishing => "finishing",
         }
     }
@@ -303,7 +305,7 @@ impl std::fmt::Display for SlotBackend {
 
 /// A held rollout lock.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-pub struct Held {
+pub struct TakenSlot {
     pub backend: SlotBackend,
     pub group: String,
     /// The slot (Lease backend).
@@ -712,12 +714,23 @@ mod tests {
                 r#"{{"backend":"{stored}","group":"workers","slot":1,"revision":"{}","since":"2026-12-01T12:00:00Z"}}"#,
                 "a".repeat(40)
             );
-            let held: Held = serde_json::from_str(&json).unwrap();
+            let held: TakenSlot = serde_json::from_str(&json).unwrap();
             assert_eq!(held.backend, backend);
             assert_eq!(serde_json::to_string(&held).unwrap(), json);
         }
         let odd = r#"{"backend":"etcd","group":"g","revision":"aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa","since":"2026-12-01T12:00:00Z"}"#;
-        assert!(serde_json::from_str::<Held>(odd).is_err());
+        assert!(serde_json::from_str::<TakenSlot>(odd).is_err());
+    }
+
+    #[test]
+    fn a_reboot_kept_for_an_operator_is_stored_as_earlier_versions_wrote_it() {
+        assert_eq!(
+            serde_json::to_string(&RebootPhase::Kept).unwrap(),
+            "\"held\""
+        );
+        let back: RebootPhase = serde_json::from_str("\"held\"").unwrap();
+        assert_eq!(back, RebootPhase::Kept);
+        assert_eq!(RebootPhase::Kept.as_str(), "held");
     }
 
     #[test]

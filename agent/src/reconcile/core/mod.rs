@@ -14,8 +14,8 @@ use jiff::Timestamp;
 
 use crate::config::RollbackPolicy;
 use crate::state::{
-    AfterGate, Applied, AttemptKind, Built, Failure, GateFailure, Held, InFlight, Interrupted,
-    Measured, Outcome, RebootRequired, State, Verifying,
+    AfterGate, Applied, AttemptKind, Built, Failure, GateFailure, InFlight, Interrupted, Measured,
+    Outcome, RebootRequired, State, TakenSlot, Verifying,
 };
 use crate::status::{ApplyState, WaitingFor};
 use crate::types::ClosureInfo;
@@ -529,7 +529,7 @@ impl Core {
     /// The rollout granted the apply with `lock` (none when the rollout takes no lock): it is
     /// recorded before the activation, so that a restarted holder takes its slot up again
     /// instead of a second one. Returns whether the record changed.
-    pub fn lock_granted(&mut self, lock: Option<Held>) -> Result<bool, TransitionError> {
+    pub fn lock_granted(&mut self, lock: Option<TakenSlot>) -> Result<bool, TransitionError> {
         if let Some(r) = &self.state.in_flight {
             return Err(TransitionError::AlreadyRunning(r.id));
         }
@@ -539,7 +539,7 @@ impl Core {
     }
 
     /// The slot was released: nothing is held any more.
-    pub fn lock_released(&mut self) -> Result<Held, TransitionError> {
+    pub fn lock_released(&mut self) -> Result<TakenSlot, TransitionError> {
         self.state
             .rollout_held
             .take()
@@ -1319,8 +1319,8 @@ mod tests {
         assert!(c.waiting.is_none());
     }
 
-    fn held(c: char) -> Held {
-        Held {
+    fn held(c: char) -> TakenSlot {
+        TakenSlot {
             backend: crate::state::SlotBackend::Kubernetes,
             group: "workers".into(),
             slot: Some(0),

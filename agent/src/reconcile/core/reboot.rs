@@ -9,7 +9,9 @@ use std::collections::BTreeMap;
 use jiff::Timestamp;
 
 use super::{Core, TransitionError};
-use crate::state::{AfterGate, Held, Measured, RebootDeferred, RebootPhase, Rebooting, Verifying};
+use crate::state::{
+    AfterGate, Measured, RebootDeferred, RebootPhase, Rebooting, TakenSlot, Verifying,
+};
 use crate::status::HealthStatus;
 
 impl Core {
@@ -17,7 +19,7 @@ impl Core {
     /// it begins with the drain. A reboot that was put off is not any more.
     pub fn begin_reboot(
         &mut self,
-        lock: Option<Held>,
+        lock: Option<TakenSlot>,
         reasons: Vec<String>,
         now: Timestamp,
     ) -> Result<(), TransitionError> {
@@ -144,7 +146,7 @@ impl Core {
         r.phase = match (passed, next) {
             (true, _) | (false, None | Some(AfterGate::RolledBack)) => RebootPhase::Finishing,
             (false, Some(AfterGate::RollBack)) => RebootPhase::Verifying,
-            (false, Some(AfterGate::RollbackUnhealthy | AfterGate::Manual)) => RebootPhase::Held,
+            (false, Some(AfterGate::RollbackUnhealthy | AfterGate::Manual)) => RebootPhase::Kept,
         };
         Ok(r.phase)
     }
@@ -183,7 +185,7 @@ impl Core {
         now: Timestamp,
     ) -> Result<(), TransitionError> {
         self.rebooting_in(
-            &[RebootPhase::Finishing, RebootPhase::Held],
+            &[RebootPhase::Finishing, RebootPhase::Kept],
             "finishing or held",
         )?;
         self.state.rebooting = None;
@@ -202,8 +204,8 @@ mod tests {
     use crate::config::RollbackPolicy;
     use crate::state::Outcome;
 
-    fn held(c: char) -> Held {
-        Held {
+    fn held(c: char) -> TakenSlot {
+        TakenSlot {
             backend: crate::state::SlotBackend::Kubernetes,
             group: "workers".into(),
             slot: Some(1),
@@ -362,7 +364,7 @@ mod tests {
         c.verify_after_reboot(gate('a', false)).unwrap();
         c.gate_failed(failing(), t(20), RollbackPolicy::Manual)
             .unwrap();
-        assert_eq!(c.reboot_gate_closed(false), Ok(RebootPhase::Held));
+        assert_eq!(c.reboot_gate_closed(false), Ok(RebootPhase::Kept));
 
         assert_eq!(
             core().reboot_gate_closed(true),

@@ -67,7 +67,7 @@ pub(super) fn turn(
             // The gate is the loop's (Decision::Verify); with none open and no rollback
             // coming (one that could not start), what comes next is decided here.
             RebootPhase::Verifying => st.verifying.is_none(),
-            RebootPhase::Held => st.gate_failure.is_none(),
+            RebootPhase::Kept => st.gate_failure.is_none(),
         };
     }
     if !may_begin() {
@@ -426,7 +426,7 @@ mod tests {
         );
         st.verifying = Some(verifying(true, false));
         assert!(!turn(&Decision::Idle, &st, || false, |_| false));
-        st.rebooting = Some(rebooting(RebootPhase::Held, &[]));
+        st.rebooting = Some(rebooting(RebootPhase::Kept, &[]));
         st.gate_failure = Some(gate_failure(AfterGate::Manual));
         assert!(
             !turn(&Decision::Idle, &st, || true, |_| false),

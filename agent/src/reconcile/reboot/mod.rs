@@ -198,7 +198,7 @@ impl Reconciler {
         match r.phase {
             RebootPhase::Draining => self.drain_step(r).await,
             RebootPhase::Rebooting => self.reboot_step(r).await,
-            RebootPhase::Finishing | RebootPhase::Held => self.finish_reboot(r).await,
+            RebootPhase::Finishing | RebootPhase::Kept => self.finish_reboot(r).await,
             RebootPhase::Verifying => {
                 self.after_reboot_gate(false);
                 Step::Again
@@ -507,7 +507,7 @@ impl Reconciler {
     pub(super) fn after_reboot_gate(&mut self, passed: bool) {
         // A failed gate that asks for a rollback waits for it: the rollback reboots into the
         // previous generation (see `finish`).
-        if self.transition(|c| c.reboot_gate_closed(passed)) == Ok(RebootPhase::Held) {
+        if self.transition(|c| c.reboot_gate_closed(passed)) == Ok(RebootPhase::Kept) {
             tracing::error!(
                 reason = "the health gate after the reboot failed",
                 "the node stays cordoned and keeps its slot until an operator acts (`ginxctl retry`) or a fixed revision passes its gate"

@@ -23,7 +23,7 @@ use super::window::{self, WindowState};
 use crate::config::{Freeze, OnApiUnavailable, Window};
 use crate::rollout::fleet::state::FleetState;
 use crate::rollout::lock::lease::LockError;
-use crate::state::{Held, SlotBackend};
+use crate::state::{SlotBackend, TakenSlot};
 use crate::status::WaitingFor;
 use crate::types::{HaltCause, Revision};
 
@@ -70,7 +70,7 @@ impl Effective {
 pub enum OwnSlot<'a> {
     None,
     /// Held and renewed.
-    Live(&'a Held),
+    Live(&'a TakenSlot),
     /// Taken, then lost (another node took it, or it went unrenewed for its duration).
     Lost,
 }
@@ -175,7 +175,7 @@ pub enum Next {
 #[derive(Debug, PartialEq)]
 pub enum Verdict {
     /// Go ahead, with the lock held (to be recorded in the state) or with none.
-    Go(Option<Held>),
+    Go(Option<TakenSlot>),
     /// Go ahead without the lock although the cluster exists: its API is unavailable and
     /// `rollout.on_api_unavailable = "proceed"` (the caller says so in the journal).
     GoWithoutApi(String),

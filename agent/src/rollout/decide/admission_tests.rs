@@ -31,8 +31,8 @@ fn monday_night() -> Vec<Window> {
     }]
 }
 
-fn held(r: &Revision) -> Held {
-    Held {
+fn held(r: &Revision) -> TakenSlot {
+    TakenSlot {
         backend: crate::state::SlotBackend::Kubernetes,
         group: "workers".into(),
         slot: Some(0),

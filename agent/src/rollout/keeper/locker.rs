@@ -21,7 +21,7 @@ use crate::rollout::lock::held_slot::HeldSlot;
 use crate::rollout::lock::lease::{LeaseLock, SlotPhase, Vanished};
 use crate::rollout::lock::slots::Observed;
 use crate::rollout::lock::{LockError, Released, RolloutLock, SlotError, Taken};
-use crate::state::{Held, SlotBackend};
+use crate::state::{SlotBackend, TakenSlot};
 use crate::types::Revision;
 use crate::util;
 
@@ -76,7 +76,7 @@ impl Locker {
         }
     }
 
-    pub fn held(&self) -> Option<&Held> {
+    pub fn held(&self) -> Option<&TakenSlot> {
         self.holding.as_ref().map(|h| &h.held)
     }
 
@@ -221,7 +221,7 @@ impl Locker {
         };
         self.soak_until = None;
         match lock.acquire(soak).await {
-            Ok(Taken::Held {
+            Ok(Taken::Slot {
                 slot,
                 resumed,
                 vanished,
@@ -262,7 +262,7 @@ impl Locker {
         } else {
             tracing::info!(group = %group, lock = %lock.slot_name(None), revision = %revision.short(), "FleetLock held");
         }
-        let held = Held {
+        let held = TakenSlot {
             backend: lock.backend(),
             group,
             slot,
@@ -330,13 +330,13 @@ impl Locker {
         &mut self,
         cfg: &Config,
         clients: &KubeClients,
-        held: &Held,
+        held: &TakenSlot,
         phase: SlotPhase,
     ) -> Result<Option<Option<Vanished>>, SlotError> {
         let lock: Arc<dyn RolloutLock> = Arc::new(self.lease_lock(cfg, clients));
         lock.set_doing(Some(held.revision.to_string()), phase);
         match lock.acquire(Duration::ZERO).await? {
-            Taken::Held {
+            Taken::Slot {
                 slot,
                 resumed,
                 vanished,
@@ -353,7 +353,7 @@ impl Locker {
                         "the slot held before the restart had expired; took a free one"
                     );
                 }
-                let held = Held {
+                let held = TakenSlot {
                     slot,
                     ..held.clone()
                 };
@@ -376,7 +376,7 @@ impl Locker {
 
     /// After a restart, a lock the server keeps until steady-state (FleetLock): nothing to
     /// renew, held as recorded.
-    pub fn resume_kept(&mut self, held: &Held) {
+    pub fn resume_kept(&mut self, held: &TakenSlot) {
         self.holding = Some(HeldSlot::kept(held.clone()));
     }
 
@@ -384,7 +384,7 @@ impl Locker {
     pub async fn release(
         &mut self,
         cfg: &Config,
-        held: &Held,
+        held: &TakenSlot,
         clients: Option<&KubeClients>,
     ) -> Result<(), SlotError> {
         let released = match held.backend {

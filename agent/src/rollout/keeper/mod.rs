@@ -34,7 +34,7 @@ pub use crate::rollout::guards::evidence::{GateStep, Look, Reach};
 use crate::rollout::lock::SlotError;
 use crate::rollout::lock::lease::SlotPhase;
 use crate::rollout::lock::slots::Observed;
-use crate::state::{Held, SlotBackend};
+use crate::state::{SlotBackend, TakenSlot};
 use crate::status::{HealthMap, WaitingFor};
 use crate::types::{HaltCause, Reason, Revision, Role};
 use crate::util;
@@ -77,7 +77,7 @@ pub struct Wiring {
 #[derive(Debug)]
 pub enum Permit {
     /// Go ahead; with the lock held (to be recorded in the state), or with none.
-    Granted(Option<Held>),
+    Granted(Option<TakenSlot>),
     Wait(WaitingFor, String),
 }
 
@@ -240,7 +240,7 @@ impl Gatekeeper {
     }
 
     /// The lock held, if any.
-    pub fn held(&self) -> Option<&Held> {
+    pub fn held(&self) -> Option<&TakenSlot> {
         self.locker.held()
     }
 
@@ -250,7 +250,7 @@ impl Gatekeeper {
         self.locker.lost()
     }
 
-    pub async fn permit(&mut self, revision: &Revision, held: Option<&Held>) -> Permit {
+    pub async fn permit(&mut self, revision: &Revision, held: Option<&TakenSlot>) -> Permit {
         self.permit_for(revision, held, Purpose::Apply).await
     }
 
@@ -261,7 +261,7 @@ impl Gatekeeper {
     pub async fn permit_for(
         &mut self,
         revision: &Revision,
-        held: Option<&Held>,
+        held: Option<&TakenSlot>,
         purpose: Purpose,
     ) -> Permit {
         let permit = self.decide(revision, held.is_some(), purpose).await;
@@ -336,7 +336,7 @@ impl Gatekeeper {
     /// After a restart, the lock the state says this node holds: its slot taken up again
     /// (renewed from now on, saying the node is in `phase`), or found lost to another node.
     /// `Ok(true)` when it is held.
-    pub async fn resume(&mut self, held: &Held, phase: SlotPhase) -> Result<bool, SlotError> {
+    pub async fn resume(&mut self, held: &TakenSlot, phase: SlotPhase) -> Result<bool, SlotError> {
         if self.locker.held().is_some() {
             return Ok(true);
         }
@@ -361,7 +361,7 @@ impl Gatekeeper {
     }
 
     /// Releases the lock held; an error leaves it held (the caller tries again).
-    pub async fn release(&mut self, held: &Held) -> Result<(), SlotError> {
+    pub async fn release(&mut self, held: &TakenSlot) -> Result<(), SlotError> {
         let cfg = self.cfg();
         let clients = match held.backend {
             SlotBackend::Kubernetes => self.clients(),

@@ -23,8 +23,8 @@ pub type LockFuture<'a, T> = Pin<Box<dyn Future<Output = Result<T, LockError>> +
 /// What came of asking for the lock.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Taken {
-    /// Held: `slot` for a slot Lease (resumed, or taken over from a holder that vanished).
-    Held {
+    /// Taken: `slot` for a slot Lease (resumed, or taken over from a holder that vanished).
+    Slot {
         slot: Option<u32>,
         resumed: bool,
         vanished: Option<Vanished>,
@@ -94,7 +94,7 @@ impl RolloutLock for LeaseLock {
                     index,
                     resumed,
                     vanished,
-                } => Taken::Held {
+                } => Taken::Slot {
                     slot: Some(index),
                     resumed,
                     vanished,
@@ -161,7 +161,7 @@ impl RolloutLock for FleetLock {
     fn acquire(&self, _soak: Duration) -> LockFuture<'_, Taken> {
         Box::pin(async move {
             match self.pre_reboot().await {
-                Ok(()) => Ok(Taken::Held {
+                Ok(()) => Ok(Taken::Slot {
                     slot: None,
                     resumed: false,
                     vanished: None,

@@ -13,10 +13,10 @@ use std::time::{Duration, Instant};
 use tokio::sync::watch;
 
 use crate::rollout::lock::{LockError, RolloutLock, SlotError};
-use crate::state::Held;
+use crate::state::TakenSlot;
 
 pub(crate) struct HeldSlot {
-    pub held: Held,
+    pub held: TakenSlot,
     /// The slot's renewal, for a lock that has a duration (a slot Lease).
     renew: Option<tokio::task::JoinHandle<()>>,
     /// The lock, for what a slot Lease needs done while held (fencing, the phase, a longer
@@ -32,7 +32,7 @@ pub(crate) struct HeldSlot {
 
 impl HeldSlot {
     /// A lock kept by its server until released (FleetLock): nothing to renew.
-    pub fn kept(held: Held) -> Self {
+    pub fn kept(held: TakenSlot) -> Self {
         Self {
             held,
             renew: None,
@@ -45,7 +45,11 @@ impl HeldSlot {
 
     /// A lock just taken or renewed, renewed from now on by a task of its own (when it has a
     /// duration) that bumps `changes` when the lock is lost.
-    pub fn renewed(held: Held, lock: Arc<dyn RolloutLock>, changes: watch::Sender<u64>) -> Self {
+    pub fn renewed(
+        held: TakenSlot,
+        lock: Arc<dyn RolloutLock>,
+        changes: watch::Sender<u64>,
+    ) -> Self {
         let renewed = Arc::new(Mutex::new(Instant::now()));
         let lost = Arc::new(AtomicBool::new(false));
         let renew = lock.duration().map(|_| {

@@ -414,7 +414,7 @@ impl LeaseLock {
             }
             let index = match choice {
                 Choice::Full(holders) => return Ok(Acquired::Full(holders)),
-                Choice::Held(i) => {
+                Choice::Own(i) => {
                     // Ours already: renew it at once, so that it cannot expire under us now.
                     match self.write(i, leases.get(&i).cloned(), true).await {
                         Ok(()) => {

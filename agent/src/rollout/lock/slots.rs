@@ -146,7 +146,7 @@ pub fn fnv(s: &str) -> u64 {
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Choice {
     /// This node holds this slot already.
-    Held(u32),
+    Own(u32),
     /// This slot is free: take it (create it when it does not exist).
     Take(u32),
     /// All taken; slot → holder.
@@ -160,7 +160,7 @@ pub enum Choice {
 pub fn choose(slots: &[Slot], node: &str, max: u32, pick: u32) -> Choice {
     // Ours even if it expired: nobody took it over, so the lock never left this node.
     if let Some(s) = slots.iter().find(|s| s.holder.as_deref() == Some(node)) {
-        return Choice::Held(s.index);
+        return Choice::Own(s.index);
     }
     let holders: BTreeMap<u32, String> = slots
         .iter()
@@ -288,7 +288,7 @@ mod tests {
     #[test]
     fn the_own_slot_is_resumed_not_a_second_taken() {
         let s = [slot(0, Some("makise"), 0), slot(1, Some("lucy"), 500)];
-        assert_eq!(choose(&s, "lucy", 3, 0), Choice::Held(1));
+        assert_eq!(choose(&s, "lucy", 3, 0), Choice::Own(1));
     }
 
     #[test]
