@@ -94,11 +94,8 @@ pub async fn plan_ref(cfg: &Arc<Config>, id: &str, reference: &str) -> PreviewAn
 /// The attempts this node's history recorded and the durations its state kept, each read
 /// without touching the file (the daemon owns them); none when it cannot be read.
 fn recorded(cfg: &Config) -> (Vec<crate::state::Attempt>, Durations) {
-    fn read<T: serde::de::DeserializeOwned>(path: PathBuf) -> Option<T> {
-        serde_json::from_slice(&std::fs::read(path).ok()?).ok()
-    }
-    let history: Option<History> = read(cfg.state_dir.join("history.json"));
-    let state: Option<State> = read(cfg.state_dir.join("state.json"));
+    let history: Option<History> = crate::state::peek(&cfg.state_dir.join("history.json"));
+    let state: Option<State> = crate::state::peek(&cfg.state_dir.join("state.json"));
     (
         history.map(|h| h.attempts).unwrap_or_default(),
         state.map(|s| s.took).unwrap_or_default(),

@@ -679,6 +679,16 @@ pub fn load<T: Document>(path: &Path) -> io::Result<(T, Option<MovedAside>)> {
     Ok((fresh, Some(MovedAside { to, reason, newer })))
 }
 
+/// Reads `path` without touching it, for a reader that does not own the file (a preview reads
+/// what the daemon wrote): the document when it parses and is of this ginx's version, else
+/// `None`. Streamed, as [`load`] reads.
+pub fn peek<T: Document>(path: &Path) -> Option<T> {
+    let file = fs::File::open(path).ok()?;
+    serde_json::from_reader::<_, T>(io::BufReader::new(file))
+        .ok()
+        .filter(|doc| doc.version() == T::VERSION)
+}
+
 /// Writes `doc` to `path` atomically and durably.
 pub fn save<T: Document>(path: &Path, doc: &T) -> io::Result<()> {
     let bytes = serde_json::to_vec_pretty(doc).map_err(io::Error::other)?;
@@ -731,6 +741,29 @@ mod tests {
         let back: RebootPhase = serde_json::from_str("\"held\"").unwrap();
         assert_eq!(back, RebootPhase::Kept);
         assert_eq!(RebootPhase::Kept.as_str(), "held");
+    }
+
+    #[test]
+    fn a_peek_reads_a_document_of_this_version_and_leaves_any_file_as_it_is() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("state.json");
+        assert!(peek::<State>(&p).is_none(), "no file");
+        let s = State {
+            suspended: true,
+            version: STATE_VERSION,
+            ..State::default()
+        };
+        save(&p, &s).unwrap();
+        assert_eq!(peek::<State>(&p), Some(s));
+        std::fs::write(&p, "{\"version\": 999}").unwrap();
+        assert!(peek::<State>(&p).is_none(), "another version");
+        std::fs::write(&p, "garbage").unwrap();
+        assert!(peek::<State>(&p).is_none());
+        assert_eq!(
+            std::fs::read_to_string(&p).unwrap(),
+            "garbage",
+            "left as it is"
+        );
     }
 
     #[test]
