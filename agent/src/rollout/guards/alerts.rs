@@ -195,12 +195,49 @@ pub fn verdict(cfg: &PrometheusConfig, answer: &Answer) -> (Option<String>, Opti
     }
 }
 
-/// Asks Prometheus once.
-pub async fn query(cfg: &PrometheusConfig) -> Answer {
-    let client = match client(cfg) {
-        Ok(c) => c,
-        Err(e) => return Answer::Refused(e),
-    };
+/// The HTTP client for Prometheus, built once and again only when `[rollout.gate.prometheus]`
+/// or its CA file changed: a TLS client is not set up anew for every look.
+#[derive(Debug, Default)]
+pub struct Client {
+    built: Option<(ClientKey, reqwest::Client)>,
+    /// How many clients were built (for the tests).
+    builds: u32,
+}
+
+/// What a client was built from: the section, and the CA file's modification time.
+#[derive(Clone, Debug, PartialEq)]
+struct ClientKey {
+    cfg: PrometheusConfig,
+    ca_modified: Option<std::time::SystemTime>,
+}
+
+impl Client {
+    /// Asks Prometheus once (the bearer token is read for each ask: it may be rotated).
+    pub async fn query(&mut self, cfg: &PrometheusConfig) -> Answer {
+        let key = ClientKey {
+            cfg: cfg.clone(),
+            ca_modified: cfg
+                .ca_file
+                .as_ref()
+                .and_then(|f| std::fs::metadata(f).ok()?.modified().ok()),
+        };
+        let client = match &self.built {
+            Some((k, c)) if *k == key => c.clone(),
+            _ => match client(cfg) {
+                Ok(c) => {
+                    self.built = Some((key, c.clone()));
+                    self.builds += 1;
+                    c
+                }
+                Err(e) => return Answer::Refused(e),
+            },
+        };
+        query(cfg, &client).await
+    }
+}
+
+/// Asks Prometheus once, through `client`.
+async fn query(cfg: &PrometheusConfig, client: &reqwest::Client) -> Answer {
     let mut url = cfg.url.url().clone();
     let path = format!("{}/api/v1/query", url.path().trim_end_matches('/'));
     url.set_path(&path);
@@ -269,6 +306,7 @@ fn client(cfg: &PrometheusConfig) -> Result<reqwest::Client, String> {
 pub struct AlertGuard {
     holding: Spell,
     ignoring: Spell,
+    client: Client,
 }
 
 impl AlertGuard {
@@ -278,7 +316,7 @@ impl AlertGuard {
         cfg: &PrometheusConfig,
         revision: &crate::types::Revision,
     ) -> Option<String> {
-        let answer = query(cfg).await;
+        let answer = self.client.query(cfg).await;
         let (hold, ignored) = verdict(cfg, &answer);
         if let Some(why) = hold.as_ref().filter(|_| self.holding.starts(true)) {
             tracing::warn!(revision = %revision.short(), reason = %why,
@@ -543,6 +581,28 @@ mod tests {
     }
 
     #[tokio::test]
+    async fn the_client_is_built_once_and_again_only_when_its_settings_change() {
+        let ok = r#"{"status":"success","data":{"resultType":"vector","result":[]}}"#;
+        let mut client = Client::default();
+        let mut c = cfg(OnPrometheusUnavailable::Wait);
+        for _ in 0..2 {
+            let (url, served) = one_answer(200, ok).await;
+            c.url = url.parse().unwrap();
+            let _ = client.query(&c).await;
+            served.await.unwrap();
+        }
+        assert_eq!(client.builds, 2, "a new URL is a new client");
+        let (url, served) = one_answer(200, ok).await;
+        c.url = url.parse().unwrap();
+        let _ = client.query(&c).await;
+        served.await.unwrap();
+        let builds = client.builds;
+        // The same URL again (its one answer given: this ask finds no server).
+        let _ = client.query(&c).await;
+        assert_eq!(client.builds, builds, "the same settings reuse the client");
+    }
+
+    #[tokio::test]
     async fn the_token_is_sent_as_a_bearer_trimmed_and_never_shown() {
         let dir = tempfile::tempdir().unwrap();
         let token = dir.path().join("token");
@@ -552,7 +612,7 @@ mod tests {
         let mut c = cfg(OnPrometheusUnavailable::Wait);
         c.url = url.parse().unwrap();
         c.bearer_token_file = Some(token.clone());
-        let answer = query(&c).await;
+        let answer = Client::default().query(&c).await;
         assert_eq!(
             answer,
             Answer::Firing {
@@ -576,7 +636,7 @@ mod tests {
         // Refused: the message points at the file and does not echo what was sent.
         let (url, served) = one_answer(401, "").await;
         c.url = url.parse().unwrap();
-        let Answer::Refused(why) = query(&c).await else {
+        let Answer::Refused(why) = Client::default().query(&c).await else {
             panic!("a 401 is a refusal")
         };
         served.await.unwrap();
@@ -589,7 +649,7 @@ mod tests {
 
         // A token file that cannot be read is named, and nothing is sent.
         c.bearer_token_file = Some(dir.path().join("absent"));
-        let Answer::Refused(why) = query(&c).await else {
+        let Answer::Refused(why) = Client::default().query(&c).await else {
             panic!("an unreadable token file is a refusal")
         };
         assert!(

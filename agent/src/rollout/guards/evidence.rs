@@ -64,6 +64,7 @@ pub(crate) struct Evidence {
     pub fast_probes: watch::Sender<Option<Duration>>,
     pub reach_source: Option<Reach>,
     last_reach: Option<(Instant, Check)>,
+    prometheus: super::alerts::Client,
 }
 
 impl Evidence {
@@ -77,6 +78,7 @@ impl Evidence {
             fast_probes,
             reach_source,
             last_reach: None,
+            prometheus: super::alerts::Client::default(),
         }
     }
 
@@ -117,7 +119,7 @@ impl Evidence {
         }
         // Asked last: the baseline's alerts are those firing right before the activation.
         if let Some(p) = &cfg.rollout.gate.prometheus {
-            let answer = super::alerts::query(p).await;
+            let answer = self.prometheus.query(p).await;
             out.extend(super::alerts::checks(
                 p,
                 &answer,
