@@ -219,6 +219,30 @@ pub fn heartbeat_node<'a>(pattern: &str, name: &'a str, lease: &Lease) -> Option
     (!node.is_empty() && holder == node).then_some(node)
 }
 
+/// How far each heartbeat trails the freshest of a set, in whole seconds. Renewal times are all
+/// written in the API server's time, so they compare with each other; never with this
+/// machine's clock.
+pub struct Freshness {
+    freshest: Option<jiff::Timestamp>,
+}
+
+impl Freshness {
+    pub fn of(leases: &[Lease]) -> Self {
+        Self {
+            freshest: leases.iter().filter_map(renewed).max(),
+        }
+    }
+
+    /// Seconds `lease` was renewed before the freshest; `None` when either was never renewed.
+    pub fn lag_secs(&self, lease: &Lease) -> Option<i64> {
+        Some(self.freshest?.duration_since(renewed(lease)?).as_secs())
+    }
+}
+
+fn renewed(l: &Lease) -> Option<jiff::Timestamp> {
+    l.spec.as_ref()?.renew_time.as_ref().map(|t| t.0)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

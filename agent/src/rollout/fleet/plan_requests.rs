@@ -140,22 +140,13 @@ pub fn answers_of(
     stale_secs: i64,
 ) -> BTreeMap<String, Option<PreviewAnswer>> {
     let (id, asked) = request;
-    let renewed = |l: &Lease| {
-        l.spec
-            .as_ref()
-            .and_then(|s| s.renew_time.as_ref())
-            .map(|t| t.0)
-    };
-    let freshest = leases.iter().filter_map(renewed).max();
+    let freshness = crate::k8s::heartbeat::Freshness::of(leases);
     leases
         .iter()
         .filter_map(|l| {
             let node =
                 crate::k8s::heartbeat::heartbeat_node(pattern, l.metadata.name.as_deref()?, l)?;
-            let alive = match (renewed(l), freshest) {
-                (Some(t), Some(f)) => f.duration_since(t).as_secs() <= stale_secs,
-                _ => false,
-            };
+            let alive = freshness.lag_secs(l).is_some_and(|lag| lag <= stale_secs);
             let group = l
                 .metadata
                 .labels

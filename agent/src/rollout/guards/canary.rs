@@ -235,8 +235,7 @@ async fn canaries_of(
     later: Option<&Later>,
 ) -> Vec<Canary> {
     let pattern = &cfg.kubernetes.lease_name;
-    let renewed = |l: &Lease| l.spec.as_ref()?.renew_time.as_ref().map(|t| t.0);
-    let freshest = leases.iter().filter_map(renewed).max();
+    let freshness = crate::k8s::heartbeat::Freshness::of(leases);
     let now = crate::util::now();
     let mut out = Vec::new();
     for name in names {
@@ -269,13 +268,7 @@ async fn canaries_of(
             .as_ref()
             .and_then(|s| s.lease_duration_seconds)
             .map_or(40, i64::from);
-        let stale_secs = match (renewed(l), freshest) {
-            (Some(t), Some(f)) => {
-                let lag = f.duration_since(t).as_secs();
-                (lag > duration).then_some(lag)
-            }
-            _ => None,
-        };
+        let stale_secs = freshness.lag_secs(l).filter(|lag| *lag > duration);
         out.push(Canary {
             node: name.clone(),
             found: true,
