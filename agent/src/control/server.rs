@@ -22,6 +22,7 @@ use super::protocol::{
 use crate::k8s::KubeClients;
 use crate::reconcile;
 use crate::rollout::fleet::Fleet;
+use crate::rollout::lock::LockError;
 use crate::source::PollerCmd;
 use crate::status::{BootstrapStatus, FleetStatus, Parts, Status};
 
@@ -275,10 +276,14 @@ impl Backend {
     ) -> Result<FleetReport, (ErrorKind, String)> {
         let fleet = self.fleet(command)?;
         let by = self.who(peer).await;
-        let updated = fleet
-            .pause(&by)
-            .await
-            .map_err(|e| (ErrorKind::Unavailable, e.to_string()))?;
+        let updated = fleet.pause(&by).await.map_err(|e| {
+            // A refusal (RBAC, a policy) is the caller's to fix, not a wait for the API.
+            let kind = match e {
+                LockError::Refused(_) => ErrorKind::Forbidden,
+                LockError::Unavailable(_) => ErrorKind::Unavailable,
+            };
+            (kind, e.to_string())
+        })?;
         if updated.changed {
             tracing::info!(by = %by, command = command.name(), configmap = %fleet.object(), "rollout paused fleet-wide");
         }
