@@ -20,7 +20,7 @@
 //! receive (lines of the watch responses), by resource, bookmarks apart.
 //!
 //! Per fleet size N (`SCALE_NODES`, default "100,300,1000"), `max_concurrent` =
-//! `SCALE_SLOTS` (50), phases:
+//! `SCALE_SLOTS` (50), `rollout.order` = `SCALE_ORDER` (unset by default), phases:
 //! 1. steady state, heartbeats only (no rollout yet, so no watches), `SCALE_STEADY_SECONDS`;
 //! 2. a rollout of every node, activations of `SCALE_ACTIVATION_SECONDS` (1 s): total against
 //!    the ideal ⌈N/slots⌉ × activation; slot Lease writes by kind (acquire, phase, renewal,
@@ -261,10 +261,14 @@ struct SimNode {
 }
 
 fn config_of(name: &str, kubeconfig: &Path, slots: u32) -> Config {
+    // `SCALE_ORDER` sets `rollout.order`: a guard that reads the Nodes at every look.
+    let order = std::env::var("SCALE_ORDER")
+        .map(|o| format!("order = \"{o}\"\n"))
+        .unwrap_or_default();
     let text = format!(
         "[node]\nname = \"{name}\"\nrole = \"worker\"\n\n\
          [kubernetes]\nkubeconfig = \"{}\"\n\n\
-         [rollout]\nlock = \"kubernetes\"\ngroup = \"{GROUP}\"\nmax_concurrent = {slots}\n\n\
+         [rollout]\nlock = \"kubernetes\"\ngroup = \"{GROUP}\"\nmax_concurrent = {slots}\n{order}\n\
          [sources.hephaestus]\nurl = \"/var/lib/simulated/hephaestus\"\n",
         kubeconfig.display()
     );

@@ -56,6 +56,7 @@ const SUB_LAYERS: &[(&str, &[(&str, u8)])] = &[(
         ("fleet", 2),
         ("decide", 3),
         ("cluster", 3),
+        ("view", 3),
         ("guards", 4),
         ("keeper", 5),
     ],
@@ -507,6 +508,10 @@ pub(crate) fn item_end(code: &str, start: usize) -> usize {
 const PURE: &[&str] = &[
     "rollout/decide/",
     "rollout/lock/slots.rs",
+    "rollout/view/projections.rs",
+    "rollout/guards/after.rs",
+    "rollout/guards/canary.rs",
+    "rollout/guards/order.rs",
     "etcd/view.rs",
     "reconcile/core/",
     "reconcile/outcome.rs",
@@ -519,7 +524,7 @@ const PURE: &[&str] = &[
 ];
 
 /// What a pure file may not name: the API client, the runtime, HTTP, files, processes, the
-/// network, logging, and any clock read.
+/// network, logging, and any clock read (`elapsed()` reads one too).
 const IMPURE: &[&str] = &[
     "kube::",
     "tokio::",
@@ -530,6 +535,7 @@ const IMPURE: &[&str] = &[
     "std::net",
     "tracing::",
     "::now(",
+    ".elapsed()",
     "SystemTime",
 ];
 

@@ -33,7 +33,7 @@ mod prometheus;
 mod reboot;
 pub mod reference;
 mod rollout;
-mod selector;
+pub mod selector;
 mod sources;
 mod system;
 mod window;

@@ -8,27 +8,78 @@ use crate::types::Invalid;
 
 /// `Err` says what is wrong and where in the selector.
 pub(super) fn check(s: &str) -> Result<(), Invalid> {
-    if s.trim().is_empty() {
-        return Err("is empty; remove it, or give a label selector like \"app=backup\"".into());
-    }
-    parse(s).map_err(|e| {
-        Invalid(format!(
-            "{s:?} is not a label selector: {e}; write one like \"app=backup\", \
-             \"tier in (db,cache)\" or \"!job\""
-        ))
-    })
+    Selector::parse(s).map(drop)
 }
 
-fn parse(s: &str) -> Result<(), Invalid> {
+/// A parsed label selector, matched against an object's labels as the API server matches
+/// them: every requirement must hold.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Selector(Vec<Requirement>);
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+struct Requirement {
+    key: String,
+    op: Op,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+enum Op {
+    Exists,
+    Absent,
+    Equal(String),
+    /// `!=`: absent, or another value.
+    NotEqual(String),
+    In(Vec<String>),
+    /// `notin`: absent, or none of the values.
+    NotIn(Vec<String>),
+    Greater(i64),
+    Less(i64),
+}
+
+impl Selector {
+    /// `Err` says what is wrong and where in the selector.
+    pub fn parse(s: &str) -> Result<Self, Invalid> {
+        if s.trim().is_empty() {
+            return Err("is empty; remove it, or give a label selector like \"app=backup\"".into());
+        }
+        parse(s).map(Selector).map_err(|e| {
+            Invalid(format!(
+                "{s:?} is not a label selector: {e}; write one like \"app=backup\", \
+                 \"tier in (db,cache)\" or \"!job\""
+            ))
+        })
+    }
+
+    /// Whether `labels` satisfy every requirement.
+    pub fn matches(&self, labels: &std::collections::BTreeMap<String, String>) -> bool {
+        self.0.iter().all(|r| {
+            let v = labels.get(&r.key);
+            let number = || v.and_then(|v| v.parse::<i64>().ok());
+            match &r.op {
+                Op::Exists => v.is_some(),
+                Op::Absent => v.is_none(),
+                Op::Equal(x) => v == Some(x),
+                Op::NotEqual(x) => v != Some(x),
+                Op::In(xs) => v.is_some_and(|v| xs.contains(v)),
+                Op::NotIn(xs) => v.is_none_or(|v| !xs.contains(v)),
+                Op::Greater(n) => number().is_some_and(|v| v > *n),
+                Op::Less(n) => number().is_some_and(|v| v < *n),
+            }
+        })
+    }
+}
+
+fn parse(s: &str) -> Result<Vec<Requirement>, Invalid> {
     let tokens = lex(s);
     let mut p = Parser {
         tokens: &tokens,
         at: 0,
     };
+    let mut out = Vec::new();
     loop {
-        p.requirement()?;
+        out.push(p.requirement()?);
         match p.next() {
-            None => return Ok(()),
+            None => return Ok(out),
             Some(Tok::Sym(",")) => {}
             Some(t) => {
                 return Err(Invalid(format!(
@@ -97,7 +148,7 @@ impl<'a> Parser<'_, 'a> {
         t
     }
 
-    fn requirement(&mut self) -> Result<(), Invalid> {
+    fn requirement(&mut self) -> Result<Requirement, Invalid> {
         let negated = self.peek() == Some(Tok::Sym("!"));
         if negated {
             self.at += 1;
@@ -108,21 +159,34 @@ impl<'a> Parser<'_, 'a> {
             None => return Err("expected a label key, found the end".into()),
         };
         qualified_name(key).map_err(|e| format!("label key {key:?} {e}"))?;
-        if negated || matches!(self.peek(), None | Some(Tok::Sym(","))) {
-            return Ok(());
+        let with = |op| Requirement {
+            key: key.to_owned(),
+            op,
+        };
+        if negated {
+            return Ok(with(Op::Absent));
         }
-        match self.next() {
-            Some(Tok::Sym("=" | "==" | "!=")) => self.exact_value(false),
-            Some(Tok::Sym(">" | "<")) => self.exact_value(true),
-            Some(Tok::Ident("in" | "notin")) => self.values(),
-            Some(t) => Err(Invalid(format!(
-                "expected an operator (=, ==, !=, in, notin, >, <) after {key:?}, found {t}"
-            ))),
-            None => Err(Invalid(format!("expected an operator after {key:?}"))),
+        if matches!(self.peek(), None | Some(Tok::Sym(","))) {
+            return Ok(with(Op::Exists));
         }
+        let op = match self.next() {
+            Some(Tok::Sym("=" | "==")) => Op::Equal(self.label()?),
+            Some(Tok::Sym("!=")) => Op::NotEqual(self.label()?),
+            Some(Tok::Sym(">")) => Op::Greater(integer(&self.exact_value()?)?),
+            Some(Tok::Sym("<")) => Op::Less(integer(&self.exact_value()?)?),
+            Some(Tok::Ident("in")) => Op::In(self.values()?),
+            Some(Tok::Ident("notin")) => Op::NotIn(self.values()?),
+            Some(t) => {
+                return Err(Invalid(format!(
+                    "expected an operator (=, ==, !=, in, notin, >, <) after {key:?}, found {t}"
+                )));
+            }
+            None => return Err(Invalid(format!("expected an operator after {key:?}"))),
+        };
+        Ok(with(op))
     }
 
-    fn exact_value(&mut self, integer: bool) -> Result<(), Invalid> {
+    fn exact_value(&mut self) -> Result<String, Invalid> {
         let value = match self.peek() {
             None | Some(Tok::Sym(",")) => "",
             Some(Tok::Ident(v)) => {
@@ -131,34 +195,36 @@ impl<'a> Parser<'_, 'a> {
             }
             Some(t) => return Err(Invalid(format!("expected a value, found {t}"))),
         };
-        if integer {
-            return value
-                .parse::<i64>()
-                .map(drop)
-                .map_err(|_| format!("{value:?} is not an integer, as > and < need"))
-                .map_err(Invalid);
-        }
-        label_value(value)
+        Ok(value.to_owned())
     }
 
-    fn values(&mut self) -> Result<(), Invalid> {
+    /// The value of `=`, `==` or `!=`: a label value.
+    fn label(&mut self) -> Result<String, Invalid> {
+        let v = self.exact_value()?;
+        label_value(&v)?;
+        Ok(v)
+    }
+
+    fn values(&mut self) -> Result<Vec<String>, Invalid> {
         match self.next() {
             Some(Tok::Sym("(")) => {}
             Some(t) => return Err(Invalid(format!("expected '(' after in/notin, found {t}"))),
             None => return Err("expected '(' after in/notin, found the end".into()),
         }
+        let mut out = Vec::new();
         loop {
             match self.peek() {
                 Some(Tok::Ident(v)) => {
                     self.at += 1;
                     label_value(v)?;
+                    out.push(v.to_owned());
                 }
-                Some(Tok::Sym("," | ")")) => {}
+                Some(Tok::Sym("," | ")")) => out.push(String::new()),
                 Some(t) => return Err(Invalid(format!("expected a value, found {t}"))),
                 None => return Err("unbalanced parentheses: ')' missing".into()),
             }
             match self.next() {
-                Some(Tok::Sym(")")) => return Ok(()),
+                Some(Tok::Sym(")")) => return Ok(out),
                 Some(Tok::Sym(",")) => {}
                 Some(t) => {
                     return Err(Invalid(format!(
@@ -169,6 +235,13 @@ impl<'a> Parser<'_, 'a> {
             }
         }
     }
+}
+
+/// The value of `>` or `<`.
+fn integer(value: &str) -> Result<i64, Invalid> {
+    value
+        .parse::<i64>()
+        .map_err(|_| Invalid(format!("{value:?} is not an integer, as > and < need")))
 }
 
 /// `[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?`, at most 63: a label name or value.
@@ -216,7 +289,44 @@ fn qualified_name(k: &str) -> Result<(), Invalid> {
 
 #[cfg(test)]
 mod tests {
-    use super::check;
+    use super::{Selector, check};
+
+    #[test]
+    fn a_selector_matches_labels_as_the_api_server_does() {
+        let labels: std::collections::BTreeMap<String, String> =
+            [("ginx.io/canary", "true"), ("tier", "db"), ("rank", "7")]
+                .into_iter()
+                .map(|(k, v)| (k.to_owned(), v.to_owned()))
+                .collect();
+        let m = |s: &str| Selector::parse(s).unwrap().matches(&labels);
+        for yes in [
+            "ginx.io/canary=true",
+            "ginx.io/canary==true,tier",
+            "tier in (cache,db)",
+            "tier notin (cache)",
+            "zone notin (a)",
+            "!zone",
+            "zone!=a",
+            "tier!=cache",
+            "rank>6",
+            "rank<8",
+        ] {
+            assert!(m(yes), "{yes}");
+        }
+        for no in [
+            "ginx.io/canary=false",
+            "zone",
+            "!tier",
+            "tier in (cache)",
+            "tier notin (db)",
+            "tier!=db",
+            "rank>7",
+            "tier>1",
+            "ginx.io/canary=true,zone=a",
+        ] {
+            assert!(!m(no), "{no}");
+        }
+    }
 
     #[test]
     fn selectors_the_api_takes_are_accepted() {

@@ -13,8 +13,11 @@
 //! - [`fleet`]: the `ginx-rollout` ConfigMap — its stored format, its keys (halts, pause, holds,
 //!   plan requests), its one event log, its writers;
 //! - [`decide`]: the pure decisions — admission, windows, freezes, the gate's verdict, a takeover;
-//! - [`guards`]: what the guards must ask the cluster or a peer (the `after` groups, canaries,
-//!   order, the quorum, etcd, Prometheus, the gate's evidence);
+//! - [`view`]: the read model — the fleet state, heartbeats and Nodes, each watched once and
+//!   handed out as one immutable snapshot;
+//! - [`guards`]: the guards beyond the fleet state — pure over the read model (the `after`
+//!   groups, canaries, order), or asking a peer first (the quorum, etcd, Prometheus, the gate's
+//!   evidence);
 //! - [`keeper`]: the controller `reconcile` talks to, and this node's side of the lock;
 //! - [`cluster`]: the fleet as `ginxctl cluster` shows it, read with an operator's credentials.
 
@@ -24,6 +27,7 @@ pub mod fleet;
 pub mod guards;
 mod keeper;
 pub mod lock;
+pub mod view;
 
 pub use fleet::state::{FailureRecord, FleetState, Halt, Pause};
 pub use fleet::{FleetEvent, Hold};

@@ -1,29 +1,34 @@
 //! Order across groups (`rollout.after`): a group waits until every node of the groups it
 //! comes after passed its gate on the revision (or on a later one). Every heartbeat Lease
 //! labelled with such a group counts (a node removed for good has its heartbeat Lease
-//! deleted); while waiting, those Leases are watched, so that the last pass wakes the group.
+//! deleted); while waiting, the read model watches them, so that the last pass wakes the group.
 //!
-//! Owns the read of those heartbeats, their watch, and the revision seen passed (it stays
-//! passed). Does not own whether one revision is later than another: the daemon answers
-//! that from the apply source's clone ([`Later`]).
+//! Owns the decision ([`verdict`], pure over the read model's heartbeats) and the revision seen
+//! passed (it stays passed). Does not own whether one revision is later than another: the
+//! daemon answers that from the apply source's clone ([`Later`]), before the decision.
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
 
-use k8s_openapi::api::coordination::v1::Lease;
-use tokio::sync::watch;
-
-use crate::config::Config;
-use crate::k8s::{HEARTBEAT_GROUP_LABEL, HEARTBEAT_PASSED_ANNOTATION, KubeClients};
-use crate::rollout::decide::admission::Verdict;
-use crate::rollout::lock::lease;
+use crate::k8s::HEARTBEAT_GROUP_LABEL;
+use crate::rollout::view::Heartbeat;
 use crate::types::Revision;
 
 /// `later(theirs, ours)`: whether `theirs` descends from `ours`.
 pub type Later =
     Arc<dyn Fn(Revision, Revision) -> Pin<Box<dyn Future<Output = bool> + Send>> + Send + Sync>;
+
+/// Whether a node that passed `passed` is done with `revision`: it passed it, or one of the
+/// revisions known to be later (`later`, asked before the decision).
+pub(crate) fn done(
+    passed: Option<&Revision>,
+    revision: &Revision,
+    later: &BTreeSet<Revision>,
+) -> bool {
+    passed.is_some_and(|p| p == revision || later.contains(p))
+}
 
 /// One node of a group this node's group comes after, as its heartbeat says.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -60,183 +65,60 @@ pub(crate) fn behind(peers: &[Peer], groups: &[String]) -> Vec<String> {
     out
 }
 
-#[derive(Default)]
-pub(crate) struct AfterGroups {
-    /// The revision every group was seen to have passed.
-    passed: Option<Revision>,
-    /// The watch of the groups' heartbeats (groups, clients generation), while waiting.
-    watching: Option<(Vec<String>, usize, watch::Sender<bool>)>,
-}
-
-impl AfterGroups {
-    /// Whether `groups` still have to be asked about `revision`; the watch stops when not.
-    pub fn pending(&mut self, groups: &[String], revision: &Revision) -> bool {
-        if groups.is_empty() || self.passed.as_ref() == Some(revision) {
-            self.watching = None;
-            return false;
-        }
-        true
-    }
-
-    /// Reads the groups' heartbeats: `Ok(None)` when every node passed `revision`, else who is
-    /// behind (and the heartbeats are watched); `Err` with the verdict for a failed read.
-    pub async fn check(
-        &mut self,
-        cfg: &Config,
-        clients: &KubeClients,
-        revision: &Revision,
-        later: Option<&Later>,
-        wake: (usize, &watch::Sender<u64>),
-    ) -> Result<Option<String>, Verdict> {
-        let groups = cfg.rollout.after_for(cfg.node.role);
-        let ns = &cfg.kubernetes.namespace;
-        let api = kube::Api::<Lease>::namespaced(clients.main.clone(), ns);
-        let selector = format!("{} in ({})", HEARTBEAT_GROUP_LABEL, groups.join(","));
-        let leases = api
-            .list(&kube::api::ListParams::default().labels(&selector))
-            .await
-            .map_err(|e| {
-                super::list_failed(
-                    cfg.rollout.on_api_unavailable,
-                    &format!(
-                        "the heartbeats of group(s) {} (rollout.after)",
-                        groups.join(", ")
-                    ),
-                    &format!("leases in namespace {ns}"),
-                    &e,
-                )
-            })?
-            .items;
-        let mut peers = Vec::with_capacity(leases.len());
-        for l in &leases {
-            peers.push(peer(l, revision, later).await);
-        }
-        let behind = behind(&peers, &groups);
-        if behind.is_empty() {
-            self.passed = Some(revision.clone());
-            self.watching = None;
-            return Ok(None);
-        }
-        self.watch(&groups, clients, ns, &selector, wake);
-        Ok(Some(format!(
+/// Whether every node of `groups` passed `revision` (or a later one): `None`, or who is behind.
+pub(crate) fn verdict(
+    heartbeats: &BTreeMap<String, Heartbeat>,
+    groups: &[String],
+    revision: &Revision,
+    later: &BTreeSet<Revision>,
+) -> Option<String> {
+    let peers: Vec<Peer> = heartbeats
+        .values()
+        .filter(|h| groups.contains(&h.group))
+        .map(|h| Peer {
+            group: h.group.clone(),
+            node: h.node().to_owned(),
+            passed: h.passed.clone(),
+            done: done(h.passed.as_ref(), revision, later),
+        })
+        .collect();
+    let behind = behind(&peers, groups);
+    (!behind.is_empty()).then(|| {
+        format!(
             "after {}: not every node passed its gate on {} yet: {}",
             groups.join(", "),
             revision.short(),
             behind.join(", ")
-        )))
+        )
+    })
+}
+
+/// The revision every group this one comes after was seen to have passed.
+#[derive(Default)]
+pub(crate) struct AfterGroups {
+    passed: Option<Revision>,
+}
+
+impl AfterGroups {
+    /// Whether `groups` still have to be asked about `revision`.
+    pub fn pending(&self, groups: &[String], revision: &Revision) -> bool {
+        !groups.is_empty() && self.passed.as_ref() != Some(revision)
     }
 
-    /// Watches the groups' heartbeat Leases (while waiting for them).
-    fn watch(
+    /// Answers from the read model's heartbeats, remembering a pass.
+    pub fn check(
         &mut self,
+        heartbeats: &BTreeMap<String, Heartbeat>,
         groups: &[String],
-        clients: &KubeClients,
-        ns: &str,
-        selector: &str,
-        (generation, changes): (usize, &watch::Sender<u64>),
-    ) {
-        if self
-            .watching
-            .as_ref()
-            .is_some_and(|(g, c, _)| g == groups && *c == generation)
-        {
-            return;
+        revision: &Revision,
+        later: &BTreeSet<Revision>,
+    ) -> Option<String> {
+        let why = verdict(heartbeats, groups, revision, later);
+        if why.is_none() {
+            self.passed = Some(revision.clone());
         }
-        let stop_tx = watch_heartbeats(clients, ns, selector, changes);
-        self.watching = Some((groups.to_vec(), generation, stop_tx));
+        why
     }
-}
-
-/// Watches the heartbeat Leases `selector` names, bumping `changes` when one's group or
-/// passed revision changes (not its renewals), until the returned sender is dropped.
-pub(crate) fn watch_heartbeats(
-    clients: &KubeClients,
-    ns: &str,
-    selector: &str,
-    changes: &watch::Sender<u64>,
-) -> watch::Sender<bool> {
-    let (stop_tx, mut stop) = watch::channel(false);
-    let api = kube::Api::<Lease>::namespaced(clients.watch.clone(), ns);
-    let changes = changes.clone();
-    let selector = selector.to_owned();
-    tokio::spawn(async move {
-        tokio::select! {
-            () = lease::watch_objects(api, selector, None, changes, Some(passed_of)) => {}
-            _ = stop.changed() => {}
-        }
-    });
-    stop_tx
-}
-
-/// A heartbeat Lease as a [`Peer`], asking `later` whether what it passed is later than ours.
-async fn peer(l: &Lease, revision: &Revision, later: Option<&Later>) -> Peer {
-    let group = l
-        .metadata
-        .labels
-        .as_ref()
-        .and_then(|m| m.get(HEARTBEAT_GROUP_LABEL))
-        .cloned()
-        .unwrap_or_default();
-    let node = l
-        .spec
-        .as_ref()
-        .and_then(|s| s.holder_identity.clone())
-        .unwrap_or_else(|| l.metadata.name.clone().unwrap_or_default());
-    let (passed, done) = passed(l, revision, later).await;
-    Peer {
-        group,
-        node,
-        passed,
-        done,
-    }
-}
-
-/// What a heartbeat Lease says its node passed, and whether that is `revision` or a later one
-/// (as `later` answers).
-pub(crate) async fn passed(
-    l: &Lease,
-    revision: &Revision,
-    later: Option<&Later>,
-) -> (Option<Revision>, bool) {
-    let value = l
-        .metadata
-        .annotations
-        .as_ref()
-        .and_then(|a| a.get(HEARTBEAT_PASSED_ANNOTATION));
-    passed_value(value.map(String::as_str), revision, later).await
-}
-
-/// A passed revision as written (an annotation's value), and whether it is `revision` or a
-/// later one.
-pub(crate) async fn passed_value(
-    value: Option<&str>,
-    revision: &Revision,
-    later: Option<&Later>,
-) -> (Option<Revision>, bool) {
-    let passed: Option<Revision> = value.and_then(|p| p.parse().ok());
-    let done = match (&passed, later) {
-        (Some(p), _) if p == revision => true,
-        (Some(p), Some(later)) => later(p.clone(), revision.clone()).await,
-        _ => false,
-    };
-    (passed, done)
-}
-
-/// What of a heartbeat Lease wakes a node waiting for its group: the group and the revision
-/// passed, not the renewals.
-fn passed_of(lease: &Lease) -> String {
-    let m = &lease.metadata;
-    format!(
-        "{} {}",
-        m.labels
-            .as_ref()
-            .and_then(|l| l.get(HEARTBEAT_GROUP_LABEL))
-            .map_or("", String::as_str),
-        m.annotations
-            .as_ref()
-            .and_then(|a| a.get(HEARTBEAT_PASSED_ANNOTATION))
-            .map_or("", String::as_str)
-    )
 }
 
 #[cfg(test)]
@@ -279,6 +161,41 @@ mod tests {
                 "quinn (control-plane, passed nothing yet)".to_owned()
             ]
         );
+    }
+
+    fn hb(node: &str, group: &str, passed: Option<char>) -> (String, Heartbeat) {
+        let h = Heartbeat {
+            name: format!("ginx-{node}"),
+            holder: Some(node.into()),
+            group: group.into(),
+            passed: passed.map(rev),
+            renewed: None,
+            duration_secs: 40,
+        };
+        (h.name.clone(), h)
+    }
+
+    #[test]
+    fn a_group_passes_when_every_node_passed_this_or_a_later_revision() {
+        let groups = ["control-plane".to_owned()];
+        let later: BTreeSet<Revision> = [rev('b')].into();
+        let hbs: BTreeMap<_, _> = [
+            hb("cp1", "control-plane", Some('a')),
+            hb("cp2", "control-plane", Some('b')),
+            hb("w1", "workers", None),
+        ]
+        .into();
+        assert_eq!(verdict(&hbs, &groups, &rev('a'), &later), None);
+        let mut g = AfterGroups::default();
+        assert!(g.pending(&groups, &rev('a')));
+        assert_eq!(g.check(&hbs, &groups, &rev('a'), &later), None);
+        assert!(!g.pending(&groups, &rev('a')), "a pass is remembered");
+        let why = verdict(&hbs, &groups, &rev('a'), &BTreeSet::new()).unwrap();
+        assert!(
+            why.contains("cp2 (control-plane, passed bbbbbbbbbbbb)"),
+            "{why}"
+        );
+        assert!(!why.contains("w1"), "{why}");
     }
 
     #[test]

@@ -5,22 +5,20 @@
 //! (on its monotonic clock). A canary that is held, down (its heartbeat not renewed), unknown
 //! or behind makes the group wait, named in the reason: it is never skipped.
 //!
-//! Owns the read of the canaries (their heartbeats, the selector's Nodes), the decision
-//! ([`verdict`], pure) and the watch of the group's heartbeats while it waits. A canary itself
-//! is not held back by this (the slots and the other guards are what it waits for).
+//! Owns the decision ([`verdict`], pure over the read model's heartbeats and Nodes) and the
+//! memory between looks (when every canary was first seen passed). The read model watches the
+//! group's heartbeats while it waits. A canary itself is not held back by this (the slots and
+//! the other guards are what it waits for).
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 use std::time::{Duration, Instant};
 
-use k8s_openapi::api::coordination::v1::Lease;
-use k8s_openapi::api::core::v1::Node;
-use tokio::sync::watch;
+use jiff::Timestamp;
 
-use super::after::{Later, watch_heartbeats};
 use crate::config::Config;
-use crate::k8s::{HEARTBEAT_GROUP_LABEL, KubeClients};
-use crate::rollout::decide::admission::Verdict;
+use crate::config::selector::Selector;
 use crate::rollout::fleet::state::FleetState;
+use crate::rollout::view::{Heartbeat, NodeFacts, projections::lag_secs};
 use crate::types::Revision;
 
 /// One canary of this node's group, as its heartbeat (and the fleet state) say.
@@ -110,8 +108,20 @@ pub(crate) struct CanaryGroup {
     /// When this node first saw every canary pass a revision.
     all_passed: Option<(Revision, Instant)>,
     soak_left: Option<(Instant, Duration)>,
-    /// The watch of the group's heartbeats (group, clients generation), while waiting.
-    watching: Option<(String, usize, watch::Sender<bool>)>,
+}
+
+/// What the canaries are read from: the read model's heartbeats and (for
+/// `rollout.first_selector`) Nodes, the fleet state (holds), the revisions known later than
+/// the one asked about, and the clocks.
+pub(crate) struct Seen<'a> {
+    pub heartbeats: &'a BTreeMap<String, Heartbeat>,
+    pub nodes: &'a BTreeMap<String, NodeFacts>,
+    pub fleet: Option<&'a FleetState>,
+    pub later: &'a BTreeSet<Revision>,
+    /// Monotonic, for the soak.
+    pub now: Instant,
+    /// The wall clock, for the holds' ends.
+    pub wall: Timestamp,
 }
 
 impl CanaryGroup {
@@ -121,53 +131,29 @@ impl CanaryGroup {
         if (r.first.is_empty() && r.first_selector.is_none())
             || self.passed.as_ref() == Some(revision)
         {
-            self.watching = None;
             self.soak_left = None;
             return false;
         }
         true
     }
 
-    /// How long until the soak after the canaries is over, while waiting for it.
-    pub fn soak_left(&self) -> Option<Duration> {
+    /// How long after `now` (monotonic) the soak after the canaries is over, while waiting for
+    /// it.
+    pub fn soak_left(&self, now: Instant) -> Option<Duration> {
         let (at, left) = self.soak_left?;
-        Some(left.saturating_sub(at.elapsed()))
+        Some(left.saturating_sub(now.saturating_duration_since(at)))
     }
 
-    /// Reads the canaries: `Ok(None)` when this node may start `revision`, else why not (the
-    /// group's heartbeats are then watched); `Err` with the verdict for a failed read.
-    pub async fn check(
-        &mut self,
-        cfg: &Config,
-        clients: &KubeClients,
-        fleet: Option<&FleetState>,
-        revision: &Revision,
-        later: Option<&Later>,
-        wake: (usize, &watch::Sender<u64>),
-    ) -> Result<Option<String>, Verdict> {
-        let me = cfg.node_name();
-        let names = names(cfg, clients).await?;
-        if names.contains(me) {
+    /// Whether the canaries let this node start `revision`: `None`, or why not.
+    pub fn check(&mut self, cfg: &Config, seen: &Seen<'_>, revision: &Revision) -> Option<String> {
+        let names = names(cfg, seen.nodes);
+        if names.contains(cfg.node_name()) {
             self.passed = Some(revision.clone());
-            return Ok(None);
+            return None;
         }
-        let ns = &cfg.kubernetes.namespace;
-        let api = kube::Api::<Lease>::namespaced(clients.main.clone(), ns);
-        let leases = api
-            .list(&kube::api::ListParams::default().labels(HEARTBEAT_GROUP_LABEL))
-            .await
-            .map_err(|e| {
-                read_error(
-                    cfg,
-                    "the canaries' heartbeats",
-                    &format!("leases in namespace {ns}"),
-                    &e,
-                )
-            })?
-            .items;
         let group = cfg.rollout.group_for(cfg.node.role);
-        let canaries = canaries_of(cfg, &leases, &names, &group, fleet, revision, later).await;
-        let now = Instant::now();
+        let canaries = canaries_of(cfg, seen, &names, &group, revision);
+        let now = seen.now;
         if canaries.iter().all(|c| c.done && c.held.is_none()) {
             if self.all_passed.as_ref().is_none_or(|(r, _)| r != revision) {
                 self.all_passed = Some((revision.clone(), now));
@@ -179,75 +165,63 @@ impl CanaryGroup {
         match verdict(&canaries, revision, cfg.rollout.soak.get(), since, now) {
             CanaryVerdict::Go => {
                 self.passed = Some(revision.clone());
-                self.watching = None;
                 self.soak_left = None;
-                Ok(None)
+                None
             }
             CanaryVerdict::Soak(why, left) => {
                 self.soak_left = Some((now, left));
-                Ok(Some(why))
+                Some(why)
             }
             CanaryVerdict::Wait(why) => {
                 self.soak_left = None;
-                let selector = format!("{HEARTBEAT_GROUP_LABEL}={group}");
-                if self
-                    .watching
-                    .as_ref()
-                    .is_none_or(|(g, c, _)| *g != group || *c != wake.0)
-                {
-                    let stop = watch_heartbeats(clients, ns, &selector, wake.1);
-                    self.watching = Some((group, wake.0, stop));
-                }
-                Ok(Some(why))
+                Some(why)
             }
         }
     }
 }
 
 /// The canaries' names: `rollout.first` and the Nodes `rollout.first_selector` selects.
-async fn names(cfg: &Config, clients: &KubeClients) -> Result<BTreeSet<String>, Verdict> {
+fn names(cfg: &Config, nodes: &BTreeMap<String, NodeFacts>) -> BTreeSet<String> {
     let mut names: BTreeSet<String> = cfg.rollout.first.iter().cloned().collect();
-    if let Some(sel) = &cfg.rollout.first_selector {
-        let api = kube::Api::<Node>::all(clients.main.clone());
-        let nodes = api
-            .list(&kube::api::ListParams::default().labels(sel))
-            .await
-            .map_err(|e| read_error(cfg, "the canaries (rollout.first_selector)", "nodes", &e))?;
-        names.extend(nodes.items.into_iter().filter_map(|n| n.metadata.name));
+    // The selector was checked at load; one that no longer parses selects nothing.
+    if let Some(sel) = cfg
+        .rollout
+        .first_selector
+        .as_deref()
+        .and_then(|s| Selector::parse(s).ok())
+    {
+        names.extend(
+            nodes
+                .iter()
+                .filter(|(_, n)| sel.matches(&n.labels))
+                .map(|(name, _)| name.clone()),
+        );
     }
-    Ok(names)
-}
-
-fn read_error(cfg: &Config, what: &str, object: &str, e: &kube::Error) -> Verdict {
-    super::list_failed(cfg.rollout.on_api_unavailable, what, object, e)
+    names
 }
 
 /// The canaries of `group` among `names`, from the heartbeats: a name whose heartbeat is in
 /// another group is that group's canary, not this one's; a name with no heartbeat at all is
 /// kept (and waited for: a typo must not let the group go without its canary).
-async fn canaries_of(
+fn canaries_of(
     cfg: &Config,
-    leases: &[Lease],
+    seen: &Seen<'_>,
     names: &BTreeSet<String>,
     group: &str,
-    fleet: Option<&FleetState>,
     revision: &Revision,
-    later: Option<&Later>,
 ) -> Vec<Canary> {
     let pattern = &cfg.kubernetes.lease_name;
-    let freshness = crate::k8s::heartbeat::Freshness::of(leases);
-    let now = crate::util::now();
     let mut out = Vec::new();
     for name in names {
-        let lease = leases.iter().find(|l| {
-            l.metadata.name.as_deref().is_some_and(|n| {
-                crate::k8s::heartbeat::heartbeat_node(pattern, n, l) == Some(name.as_str())
-            })
-        });
-        let held = fleet
-            .and_then(|f| f.hold_of(name, now))
+        let lease = seen
+            .heartbeats
+            .values()
+            .find(|h| h.node_by(pattern) == Some(name.as_str()));
+        let held = seen
+            .fleet
+            .and_then(|f| f.hold_of(name, seen.wall))
             .map(crate::rollout::fleet::holds::Hold::describe);
-        let Some(l) = lease else {
+        let Some(h) = lease else {
             out.push(Canary {
                 node: name.clone(),
                 found: false,
@@ -258,22 +232,15 @@ async fn canaries_of(
             });
             continue;
         };
-        let label = |k: &str| l.metadata.labels.as_ref().and_then(|m| m.get(k)).cloned();
-        if label(HEARTBEAT_GROUP_LABEL).as_deref() != Some(group) {
+        if h.group != group {
             continue;
         }
-        let (passed, done) = super::after::passed(l, revision, later).await;
-        let duration = l
-            .spec
-            .as_ref()
-            .and_then(|s| s.lease_duration_seconds)
-            .map_or(40, i64::from);
-        let stale_secs = freshness.lag_secs(l).filter(|lag| *lag > duration);
+        let stale_secs = lag_secs(seen.heartbeats.values(), h).filter(|lag| *lag > h.duration_secs);
         out.push(Canary {
             node: name.clone(),
             found: true,
-            passed,
-            done,
+            passed: h.passed.clone(),
+            done: super::after::done(h.passed.as_ref(), revision, seen.later),
             stale_secs,
             held,
         });
@@ -301,6 +268,88 @@ mod tests {
             stale_secs: None,
             held: None,
         }
+    }
+
+    fn heartbeat(node: &str, group: &str, passed: Option<char>, renewed: i64) -> Heartbeat {
+        Heartbeat {
+            name: format!("ginx-{node}"),
+            holder: Some(node.into()),
+            group: group.into(),
+            passed: passed.map(rev),
+            renewed: Some(Timestamp::from_second(renewed).unwrap()),
+            duration_secs: 40,
+        }
+    }
+
+    fn labelled(canary: bool) -> NodeFacts {
+        NodeFacts {
+            labels: [("ginx.io/canary".to_owned(), canary.to_string())].into(),
+            annotations: BTreeMap::new(),
+            conditions: [("Ready".to_owned(), ("True".to_owned(), String::new()))].into(),
+        }
+    }
+
+    /// From the read model alone: the selector picks the canaries among the Nodes, a canary of
+    /// another group is not this group's, one whose heartbeat lags is named as down, and a pass
+    /// of a later revision counts.
+    #[test]
+    fn canaries_are_judged_from_the_read_model() {
+        let mut cfg = Config::default();
+        cfg.node.name = Some("w9".into());
+        cfg.rollout.group = Some("workers".into());
+        cfg.rollout.first_selector = Some("ginx.io/canary=true".into());
+        cfg.rollout.soak = crate::config::Duration::from_secs(0);
+        let nodes: BTreeMap<String, NodeFacts> = [
+            ("w1".to_owned(), labelled(true)),
+            ("cp1".to_owned(), labelled(true)),
+            ("w9".to_owned(), labelled(false)),
+        ]
+        .into();
+        let mut heartbeats: BTreeMap<String, Heartbeat> = BTreeMap::new();
+        for h in [
+            heartbeat("w1", "workers", Some('b'), 1000),
+            heartbeat("cp1", "control-plane", None, 1000),
+            heartbeat("w9", "workers", None, 1000),
+        ] {
+            heartbeats.insert(h.name.clone(), h);
+        }
+        let later: BTreeSet<Revision> = [rev('b')].into();
+        fn seen<'a>(
+            heartbeats: &'a BTreeMap<String, Heartbeat>,
+            nodes: &'a BTreeMap<String, NodeFacts>,
+            later: &'a BTreeSet<Revision>,
+        ) -> Seen<'a> {
+            Seen {
+                heartbeats,
+                nodes,
+                fleet: None,
+                later,
+                now: Instant::now(),
+                wall: Timestamp::from_second(2000).unwrap(),
+            }
+        }
+        let mut group = CanaryGroup::default();
+        assert!(group.pending(&cfg, &rev('a')));
+        let none = BTreeSet::new();
+        let why = group
+            .check(&cfg, &seen(&heartbeats, &nodes, &none), &rev('a'))
+            .unwrap();
+        assert!(why.contains("canary w1 has not passed"), "{why}");
+        assert!(!why.contains("cp1"), "{why}");
+        assert_eq!(
+            group.check(&cfg, &seen(&heartbeats, &nodes, &later), &rev('a')),
+            None
+        );
+        assert!(!group.pending(&cfg, &rev('a')), "a pass is remembered");
+        let stale = heartbeat("w1", "workers", None, 900);
+        heartbeats.insert(stale.name.clone(), stale);
+        let why = group
+            .check(&cfg, &seen(&heartbeats, &nodes, &later), &rev('c'))
+            .unwrap();
+        assert!(
+            why.contains("canary w1 has not renewed its heartbeat for 100s"),
+            "{why}"
+        );
     }
 
     #[test]

@@ -6,20 +6,19 @@
 //! quarantined on the revision or no longer in the group is not waited for: the walk never
 //! stalls on a node that cannot go.
 //!
-//! Read from the Nodes (their labels, and the annotations each node's ginx writes: its group,
-//! the revision it passed, a quarantine). Owns the decision ([`ahead`], pure) and that read.
-//! The slots are untouched: order decides who may take one, `max_concurrent` still bounds how
-//! many are taken.
+//! Read from the read model's Nodes (their labels, and the annotations each node's ginx
+//! writes: its group, the revision it passed, a quarantine). Owns the decision ([`check`],
+//! pure). The slots are untouched: order decides who may take one, `max_concurrent` still
+//! bounds how many are taken.
 
 use std::cmp::Ordering;
+use std::collections::{BTreeMap, BTreeSet};
 
-use k8s_openapi::api::core::v1::Node;
+use jiff::Timestamp;
 
-use super::after::Later;
 use crate::config::Config;
-use crate::k8s::KubeClients;
-use crate::rollout::decide::admission::Verdict;
 use crate::rollout::fleet::state::FleetState;
+use crate::rollout::view::NodeFacts;
 use crate::types::Revision;
 
 /// `rollout.order = "name"`: by node name alone.
@@ -84,38 +83,32 @@ pub(crate) fn verdict(
     ))
 }
 
-/// Reads the group's Nodes and answers: `Ok(None)` to go, else why not.
-pub(crate) async fn check(
+/// Whether it is this node's turn in `rollout.order`, from the read model's Nodes: `None` to
+/// go, else why not. `wall` is the wall clock, for the holds' ends.
+pub(crate) fn check(
     cfg: &Config,
-    clients: &KubeClients,
+    nodes: &BTreeMap<String, NodeFacts>,
     fleet: Option<&FleetState>,
     revision: &Revision,
-    later: Option<&Later>,
-) -> Result<Option<String>, Verdict> {
-    let Some(order) = &cfg.rollout.order else {
-        return Ok(None);
-    };
-    let api = kube::Api::<Node>::all(clients.main.clone());
-    let nodes = api
-        .list(&kube::api::ListParams::default())
-        .await
-        .map_err(|e| {
-            super::list_failed(
-                cfg.rollout.on_api_unavailable,
-                "the Nodes for rollout.order",
-                "nodes",
-                &e,
-            )
-        })?
-        .items;
+    later: &BTreeSet<Revision>,
+    wall: Timestamp,
+) -> Option<String> {
+    let order = cfg.rollout.order.as_deref()?;
     let group = cfg.rollout.group_for(cfg.node.role);
     let me_name = cfg.node_name();
-    let mut walkers = Vec::new();
-    for n in &nodes {
-        if let Some(w) = walker(cfg, n, &group, order, fleet, revision, later).await {
-            walkers.push(w);
-        }
-    }
+    let seen = Facts {
+        prefix: &cfg.kubernetes.annotation_prefix,
+        group: &group,
+        order,
+        fleet,
+        revision,
+        later,
+        wall,
+    };
+    let walkers: Vec<Walker> = nodes
+        .iter()
+        .filter_map(|(name, n)| walker(&seen, name, n))
+        .collect();
     let me = walkers
         .iter()
         .find(|w| w.name == me_name)
@@ -126,61 +119,38 @@ pub(crate) async fn check(
             done: false,
             skipped: false,
         });
-    Ok(verdict(
-        &me,
-        &walkers,
-        cfg.rollout.max_concurrent,
-        order,
-        revision,
-    ))
+    verdict(&me, &walkers, cfg.rollout.max_concurrent, order, revision)
 }
 
-/// A Node as a walker of `group`, or `None` when its ginx reports another group.
-async fn walker(
-    cfg: &Config,
-    n: &Node,
-    group: &str,
-    order: &str,
-    fleet: Option<&FleetState>,
-    revision: &Revision,
-    later: Option<&Later>,
-) -> Option<Walker> {
-    let name = n.metadata.name.clone()?;
-    let prefix = &cfg.kubernetes.annotation_prefix;
-    let ann = |k: &str| {
-        n.metadata
-            .annotations
-            .as_ref()
-            .and_then(|a| a.get(&format!("{prefix}{k}")))
-            .cloned()
-    };
-    if ann("rollout-group").as_deref() != Some(group) {
+/// What a Node is judged against.
+struct Facts<'a> {
+    prefix: &'a str,
+    group: &'a str,
+    order: &'a str,
+    fleet: Option<&'a FleetState>,
+    revision: &'a Revision,
+    later: &'a BTreeSet<Revision>,
+    wall: Timestamp,
+}
+
+/// A Node as a walker of the group, or `None` when its ginx reports another group.
+fn walker(f: &Facts<'_>, name: &str, n: &NodeFacts) -> Option<Walker> {
+    let ann = |k: &str| n.annotation(f.prefix, k);
+    if ann("rollout-group") != Some(f.group) {
         return None;
     }
-    let key = if order == BY_NAME {
-        None
-    } else {
-        n.metadata
-            .labels
-            .as_ref()
-            .and_then(|l| l.get(order))
-            .cloned()
-    };
-    let passed = ann("passed-revision");
-    let (_, done) = super::after::passed_value(passed.as_deref(), revision, later).await;
-    let ready = n
-        .status
-        .as_ref()
-        .and_then(|s| s.conditions.as_ref())
-        .and_then(|c| c.iter().find(|c| c.type_ == "Ready"))
-        .is_some_and(|c| c.status == "True");
-    let quarantined = ann("quarantined").as_deref() == Some(revision.as_str());
-    let held = fleet.is_some_and(|f| f.hold_of(&name, crate::util::now()).is_some());
+    let key = (f.order != BY_NAME)
+        .then(|| n.labels.get(f.order).cloned())
+        .flatten();
+    let passed: Option<Revision> = ann("passed-revision").and_then(|p| p.parse().ok());
+    let done = super::after::done(passed.as_ref(), f.revision, f.later);
+    let quarantined = ann("quarantined") == Some(f.revision.as_str());
+    let held = f.fleet.is_some_and(|s| s.hold_of(name, f.wall).is_some());
     Some(Walker {
-        name,
+        name: name.to_owned(),
         key,
         done,
-        skipped: !ready || quarantined || held,
+        skipped: !n.ready() || quarantined || held,
     })
 }
 
@@ -199,6 +169,53 @@ mod tests {
 
     fn rev() -> Revision {
         "a".repeat(40).parse().unwrap()
+    }
+
+    fn node(group: &str, rack: &str, passed: Option<&Revision>, ready: bool) -> NodeFacts {
+        let mut annotations =
+            BTreeMap::from([("ginx.io/rollout-group".to_owned(), group.to_owned())]);
+        if let Some(p) = passed {
+            annotations.insert("ginx.io/passed-revision".into(), p.as_str().to_owned());
+        }
+        let status = if ready { "True" } else { "False" };
+        NodeFacts {
+            labels: [("rack".to_owned(), rack.to_owned())].into(),
+            annotations,
+            conditions: [("Ready".to_owned(), (status.to_owned(), String::new()))].into(),
+        }
+    }
+
+    /// From the read model alone: the walk by a label, a node of another group or not Ready
+    /// not waited for, a pass of a later revision counted.
+    #[test]
+    fn the_turn_is_judged_from_the_read_model() {
+        let mut cfg = Config::default();
+        cfg.node.name = Some("w3".into());
+        cfg.rollout.group = Some("workers".into());
+        cfg.rollout.order = Some("rack".into());
+        cfg.rollout.max_concurrent = 1;
+        cfg.kubernetes.annotation_prefix = "ginx.io/".into();
+        let r = rev();
+        let b: Revision = "b".repeat(40).parse().unwrap();
+        let mut nodes: BTreeMap<String, NodeFacts> = [
+            ("w1".to_owned(), node("workers", "r1", None, true)),
+            ("w2".to_owned(), node("workers", "r2", None, false)),
+            ("cp1".to_owned(), node("control-plane", "r0", None, true)),
+            ("w3".to_owned(), node("workers", "r3", None, true)),
+        ]
+        .into();
+        let wall = Timestamp::from_second(1000).unwrap();
+        let none = BTreeSet::new();
+        let why = check(&cfg, &nodes, None, &r, &none, wall).unwrap();
+        assert!(why.contains("w1 (r1) come(s) before this node"), "{why}");
+        assert!(!why.contains("w2") && !why.contains("cp1"), "{why}");
+        nodes.insert("w1".into(), node("workers", "r1", Some(&b), true));
+        assert!(
+            check(&cfg, &nodes, None, &r, &none, wall).is_some(),
+            "b is not known later"
+        );
+        let later = BTreeSet::from([b]);
+        assert_eq!(check(&cfg, &nodes, None, &r, &later, wall), None);
     }
 
     #[test]

@@ -2,6 +2,12 @@
 //! control-plane node must be Ready and report `GinxHealthy=True`, and the API must answer
 //! `/readyz` through the VIP. Taking a control-plane node down while another is unhealthy is
 //! how a rollout loses etcd quorum.
+//!
+//! Admission judges the Nodes as the read model watched them; the last look before a
+//! disruption lists them afresh, so that what it stakes the cluster on is the API's answer of
+//! that moment, not a watch's.
+
+use std::collections::BTreeMap;
 
 use k8s_openapi::api::core::v1::Node;
 use kube::Api;
@@ -9,6 +15,7 @@ use kube::api::ListParams;
 
 use crate::config::Config;
 use crate::k8s::{KubeClients, describe, readyz};
+use crate::rollout::view;
 
 /// The label kubeadm puts on control-plane nodes.
 pub const CONTROL_PLANE_LABEL: &str = "node-role.kubernetes.io/control-plane";
@@ -28,6 +35,19 @@ pub struct NodeFacts {
 }
 
 impl NodeFacts {
+    /// A Node as the read model keeps it.
+    pub fn seen(name: &str, node: &view::NodeFacts, cfg: &Config) -> Self {
+        let prefix = &cfg.kubernetes.annotation_prefix;
+        Self {
+            name: name.to_owned(),
+            control_plane: node.labels.contains_key(CONTROL_PLANE_LABEL)
+                || node.annotation(prefix, "role") == Some("control-plane"),
+            ready: node.conditions.get("Ready").map(|(s, _)| s.clone()),
+            healthy: node.conditions.get(&cfg.kubernetes.condition_type).cloned(),
+            group: node.annotation(prefix, "rollout-group").map(str::to_owned),
+        }
+    }
+
     pub fn of(node: &Node, cfg: &Config) -> Self {
         let meta = &node.metadata;
         let role_annotation = format!("{}role", cfg.kubernetes.annotation_prefix);
@@ -83,29 +103,21 @@ pub fn blockers(nodes: &[NodeFacts], me: &str, group: &str, condition: &str) -> 
     (!why.is_empty()).then(|| why.join("; "))
 }
 
-/// Checks the guard against the API: `Ok(None)` passes, `Ok(Some(reason))` waits, `Err` means
-/// the API could not be asked.
+/// Checks the guard: the Nodes as `seen` by the read model (`None`: listed afresh), then
+/// `/readyz` through the VIP. `Ok(None)` passes, `Ok(Some(reason))` waits, `Err` means the API
+/// could not be asked.
 pub async fn check(
     clients: &KubeClients,
     cfg: &Config,
+    seen: Option<&BTreeMap<String, view::NodeFacts>>,
 ) -> Result<Option<String>, crate::rollout::lock::lease::LockError> {
-    let nodes = Api::<Node>::all(clients.main.clone())
-        .list(&ListParams::default())
-        .await
-        .map_err(|e| {
-            if crate::k8s::unavailable(&e) {
-                crate::rollout::lock::lease::LockError::Unavailable(format!(
-                    "quorum guard: cannot list the nodes: {}",
-                    describe(&e)
-                ))
-            } else {
-                crate::rollout::lock::lease::LockError::Refused(format!(
-                    "quorum guard: {}",
-                    crate::k8s::refusal("list", "nodes", &e)
-                ))
-            }
-        })?;
-    let facts: Vec<NodeFacts> = nodes.items.iter().map(|n| NodeFacts::of(n, cfg)).collect();
+    let facts = match seen {
+        Some(nodes) => nodes
+            .iter()
+            .map(|(name, n)| NodeFacts::seen(name, n, cfg))
+            .collect(),
+        None => list(clients, cfg).await?,
+    };
     let group = cfg.rollout.group_for(cfg.node.role);
     if let Some(why) = blockers(
         &facts,
@@ -123,6 +135,30 @@ pub async fn check(
             "the API through the VIP does not answer /readyz".to_owned(),
         )),
     }
+}
+
+/// Every Node, listed now.
+async fn list(
+    clients: &KubeClients,
+    cfg: &Config,
+) -> Result<Vec<NodeFacts>, crate::rollout::lock::lease::LockError> {
+    let nodes = Api::<Node>::all(clients.main.clone())
+        .list(&ListParams::default())
+        .await
+        .map_err(|e| {
+            if crate::k8s::unavailable(&e) {
+                crate::rollout::lock::lease::LockError::Unavailable(format!(
+                    "quorum guard: cannot list the nodes: {}",
+                    describe(&e)
+                ))
+            } else {
+                crate::rollout::lock::lease::LockError::Refused(format!(
+                    "quorum guard: {}",
+                    crate::k8s::refusal("list", "nodes", &e)
+                ))
+            }
+        })?;
+    Ok(nodes.items.iter().map(|n| NodeFacts::of(n, cfg)).collect())
 }
 
 #[cfg(test)]

@@ -1,9 +1,12 @@
 //! The admission loop: [`Gatekeeper::decide`] asks `decide/admission.rs` what to do, does the I/O it
-//! asks for (the fleet state, the quorum and etcd guards, an owed halt, the `rollout.after` groups),
-//! records the answers and asks again, until admission answers or says to take the lock.
+//! asks for (the quorum and etcd guards, Prometheus, an owed halt) or looks at the read model
+//! (the fleet state, the `rollout.after` groups, canaries, order), records the answers and asks
+//! again, until admission answers or says to take the lock.
 
 use super::*;
 use crate::rollout::decide::admission::{Ask, Facts, Next, Owed};
+use crate::rollout::guards::{self, canary, order};
+use crate::rollout::view::Snapshot;
 
 impl Gatekeeper {
     /// Admission's loop: ask, do what it asks, record what came of it, ask again; then take
@@ -33,6 +36,15 @@ impl Gatekeeper {
                 .after
                 .pending(&cfg.rollout.after_for(cfg.node.role), revision);
             let canary_pending = self.canaries.pending(&cfg, revision);
+            if let Some(c) = &clients {
+                let generation = self.clients_generation;
+                let quorum = cfg.node.role == Role::ControlPlane && cfg.rollout.quorum_guard;
+                let nodes = quorum
+                    || cfg.rollout.order.is_some()
+                    || (canary_pending && cfg.rollout.first_selector.is_some());
+                let wanted = (after_pending || canary_pending, nodes);
+                self.view.watch_guards(wanted, &cfg, c, generation);
+            }
             let (windows, windows_key) = windows_for(&cfg, purpose);
             let ask = Ask {
                 revision,
@@ -58,6 +70,7 @@ impl Gatekeeper {
             let verdict = match admission::next(&ask, &learned.as_facts(), util::now()) {
                 Next::Answer(v) => v,
                 Next::Take => {
+                    self.view.stop_guards();
                     return self
                         .take(&cfg, revision, held_in_state, purpose, clients)
                         .await;
@@ -70,6 +83,9 @@ impl Gatekeeper {
                     Err(v) => v,
                 },
             };
+            if !matches!(verdict, Verdict::Wait(_)) {
+                self.view.stop_guards();
+            }
             return self.answer(verdict, backend, revision);
         }
     }
@@ -87,14 +103,19 @@ impl Gatekeeper {
         let policy = cfg.rollout.on_api_unavailable;
         match (step, clients) {
             (Next::ReadFleet, Some(c)) => {
-                self.fleet
-                    .watch(cfg, c, self.clients_generation, &self.changes_tx);
-                self.fleet.before_take(cfg, c).await?;
+                self.view.watch_fleet(cfg, c, self.clients_generation);
+                let watched = self.view.snapshot().fleet_state(&cfg.rollout.configmap);
+                self.fleet.before_take(cfg, c, watched).await?;
                 learned.fleet_read = true;
                 learned.fleet = self.fleet.state.clone();
             }
             (Next::CheckQuorum, Some(c)) => {
-                let answer = crate::rollout::guards::quorum::check(c, cfg)
+                let snapshot = self.view.listed().await;
+                let nodes = snapshot
+                    .nodes
+                    .current()
+                    .map_err(|e| guards::unread(policy, "the Nodes (quorum guard)", e))?;
+                let answer = crate::rollout::guards::quorum::check(c, cfg, Some(nodes))
                     .await
                     .map_err(|e| admission::lock_error(policy, e))?;
                 learned.quorum = Some(answer);
@@ -116,32 +137,10 @@ impl Gatekeeper {
                     .await
                     .map_err(|e| admission::lock_error(policy, e))?;
             }
-            (Next::CheckAfter, Some(c)) => {
-                let later = self.w.later.clone();
-                let wake = (self.clients_generation, &self.changes_tx);
-                let behind = self
-                    .after
-                    .check(cfg, c, revision, later.as_ref(), wake)
-                    .await?;
-                learned.after = Some(behind);
-            }
-            (Next::CheckCanaries, Some(c)) => {
-                let later = self.w.later.clone();
-                let wake = (self.clients_generation, &self.changes_tx);
-                let fleet = learned.fleet.as_ref();
-                let why = self
-                    .canaries
-                    .check(cfg, c, fleet, revision, later.as_ref(), wake)
-                    .await?;
-                learned.canaries = Some(why);
-            }
-            (Next::CheckOrder, Some(c)) => {
-                let later = self.w.later.clone();
-                let fleet = learned.fleet.as_ref();
-                let why =
-                    crate::rollout::guards::order::check(cfg, c, fleet, revision, later.as_ref())
-                        .await?;
-                learned.order = Some(why);
+            (step @ (Next::CheckAfter | Next::CheckCanaries | Next::CheckOrder), Some(_)) => {
+                let snapshot = self.view.listed().await;
+                let later = self.later_of(&snapshot, cfg, revision).await;
+                self.judge(step, cfg, &snapshot, &later, revision, learned)?;
             }
             // Admission asks for a read only when connected, and answers or takes itself.
             (
@@ -158,6 +157,102 @@ impl Gatekeeper {
             }
         }
         Ok(())
+    }
+
+    /// Answers a guard of the read model (`rollout.after`, canaries, order) from `snapshot`,
+    /// purely; `Err` with the verdict when the part it reads cannot be read.
+    fn judge(
+        &mut self,
+        step: Next,
+        cfg: &Config,
+        snapshot: &Snapshot,
+        later: &BTreeSet<Revision>,
+        revision: &Revision,
+        learned: &mut Learned,
+    ) -> Result<(), Verdict> {
+        let policy = cfg.rollout.on_api_unavailable;
+        let fleet = learned.fleet.as_ref();
+        let nodes_needed = step == Next::CheckOrder
+            || (step == Next::CheckCanaries && cfg.rollout.first_selector.is_some());
+        let empty = BTreeMap::new();
+        let nodes = match snapshot.nodes.current() {
+            Ok(n) => n,
+            Err(_) if !nodes_needed => &empty,
+            Err(e) => return Err(guards::unread(policy, "the Nodes", e)),
+        };
+        if step == Next::CheckOrder {
+            let wall = util::now();
+            learned.order = Some(order::check(cfg, nodes, fleet, revision, later, wall));
+            return Ok(());
+        }
+        let groups = cfg.rollout.after_for(cfg.node.role);
+        let heartbeats = snapshot.heartbeats.current().map_err(|e| {
+            let what = match step {
+                Next::CheckAfter => format!(
+                    "the heartbeats of group(s) {} (rollout.after)",
+                    groups.join(", ")
+                ),
+                _ => "the canaries' heartbeats".to_owned(),
+            };
+            guards::unread(policy, &what, e)
+        })?;
+        if step == Next::CheckAfter {
+            learned.after = Some(self.after.check(heartbeats, &groups, revision, later));
+            return Ok(());
+        }
+        let seen = canary::Seen {
+            heartbeats,
+            nodes,
+            fleet,
+            later,
+            now: std::time::Instant::now(),
+            wall: util::now(),
+        };
+        learned.canaries = Some(self.canaries.check(cfg, &seen, revision));
+        Ok(())
+    }
+
+    /// The revisions the snapshot's heartbeats and Nodes passed that are later than
+    /// `revision`, as the apply source's clone answers.
+    async fn later_of(
+        &mut self,
+        snapshot: &Snapshot,
+        cfg: &Config,
+        revision: &Revision,
+    ) -> BTreeSet<Revision> {
+        let prefix = &cfg.kubernetes.annotation_prefix;
+        let passed: BTreeSet<Revision> = snapshot
+            .heartbeats
+            .objects
+            .values()
+            .filter_map(|h| h.passed.clone())
+            .chain(
+                snapshot
+                    .nodes
+                    .objects
+                    .values()
+                    .filter_map(|n| n.annotation(prefix, "passed-revision")?.parse().ok()),
+            )
+            .filter(|p| p != revision)
+            .collect();
+        let mut out = BTreeSet::new();
+        for p in passed {
+            let pair = (p.clone(), revision.clone());
+            let known = self.later_known.contains(&pair);
+            let later = match (&self.w.later, known) {
+                (_, true) => true,
+                (Some(later), false) => later(p.clone(), revision.clone()).await,
+                (None, false) => false,
+            };
+            if later {
+                if self.later_known.len() >= LATER_KNOWN {
+                    self.later_known.clear();
+                }
+                self.later_known.insert(pair);
+                out.insert(p);
+            }
+        }
+        out
     }
 
     /// A verdict as the reconciler takes it, with what it means for the wake-ups and the
@@ -209,6 +304,9 @@ impl Gatekeeper {
         self.held_told.starts(held.is_some());
     }
 }
+
+/// At most this many "later" answers are remembered (then forgotten at once and asked again).
+const LATER_KNOWN: usize = 4096;
 
 /// What admission learned during one ask.
 #[derive(Default)]

@@ -34,7 +34,7 @@ impl Gatekeeper {
             && matches!(backend, Effective::Kubernetes | Effective::Fleetlock)
         {
             let answer = match self.clients() {
-                Some(c) => crate::rollout::guards::quorum::check(&c, &cfg)
+                Some(c) => crate::rollout::guards::quorum::check(&c, &cfg, None)
                     .await
                     .map_err(|e| admission::lock_error(cfg.rollout.on_api_unavailable, e)),
                 None => Err(admission::unavailable(

@@ -6,15 +6,16 @@
 //!   what next; the keeper does the I/O it asks for ([`Gatekeeper::permit_for`] is the loop);
 //! - `lock/` is the lock, Lease or FleetLock, behind one trait; `lock/held_slot.rs` keeps the one
 //!   held renewed and fenced, and `locker.rs` here is this node's side of it;
-//! - `fleet_cache.rs` reads and watches the fleet state, `guards/after.rs` the groups this one
-//!   comes after, `guards/evidence.rs` gathers what the gate looks at, `decide/takeover.rs`
-//!   says what a slot taken over from a vanished holder halts.
+//! - `view/` is the read model (the fleet state, heartbeats, Nodes, each watched once), which
+//!   the keeper starts and stops as the guards need it; `fleet_cache.rs` keeps the fleet state
+//!   as judged, read again after a take; `guards/evidence.rs` gathers what the gate looks at,
+//!   `decide/takeover.rs` says what a slot taken over from a vanished holder halts.
 //!
 //! It owns the watch that wakes a waiting node the moment a slot or the fleet state changes,
 //! the queue mark of a large group, and the halt a take-over owes the fleet. It hands out no
 //! API clients: the daemon hands those to whoever needs them.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -34,6 +35,7 @@ pub use crate::rollout::guards::evidence::{GateStep, Look, Reach};
 use crate::rollout::lock::SlotError;
 use crate::rollout::lock::lease::SlotPhase;
 use crate::rollout::lock::slots::Observed;
+use crate::rollout::view::View;
 use crate::state::{SlotBackend, TakenSlot};
 use crate::status::{HealthMap, WaitingFor};
 use crate::types::{HaltCause, Reason, Revision, Role};
@@ -103,7 +105,6 @@ fn has_cluster(cfg: &Config) -> bool {
 
 pub struct Gatekeeper {
     w: Wiring,
-    changes_tx: watch::Sender<u64>,
     changes: watch::Receiver<u64>,
     /// Bumped whenever the API clients are rebuilt.
     clients_generation: usize,
@@ -128,6 +129,11 @@ pub struct Gatekeeper {
     alerts: crate::rollout::guards::alerts::AlertGuard,
     /// The canaries of this node's group (`rollout.first`).
     canaries: crate::rollout::guards::canary::CanaryGroup,
+    /// The read model: the fleet state, heartbeats and Nodes as watched.
+    view: View,
+    /// Revision pairs `(theirs, ours)` the apply source answered `theirs` later than `ours`
+    /// (a yes does not change; a no is asked again, the commit may not be fetched yet).
+    later_known: BTreeSet<(Revision, Revision)>,
 }
 
 impl Gatekeeper {
@@ -145,7 +151,6 @@ impl Gatekeeper {
         );
         Self {
             w,
-            changes_tx,
             changes,
             clients_generation: 0,
             kube_pending: false,
@@ -160,6 +165,8 @@ impl Gatekeeper {
             held_told: Spell::default(),
             alerts: Default::default(),
             canaries: Default::default(),
+            view: View::new(changes_tx.clone()),
+            later_known: BTreeSet::new(),
         }
     }
 
@@ -206,7 +213,10 @@ impl Gatekeeper {
                 d.unsigned_abs()
             }
         });
-        let soak = match (self.locker.soak_left(), self.canaries.soak_left()) {
+        let soak = match (
+            self.locker.soak_left(),
+            self.canaries.soak_left(std::time::Instant::now()),
+        ) {
             (Some(a), Some(b)) => Some(a.min(b)),
             (a, b) => a.or(b),
         };
@@ -349,8 +359,8 @@ impl Gatekeeper {
         let Some(clients) = self.clients() else {
             return Err(SlotError::NoApi);
         };
-        self.fleet
-            .watch(&cfg, &clients, self.clients_generation, &self.changes_tx);
+        self.view
+            .watch_fleet(&cfg, &clients, self.clients_generation);
         let Some(vanished) = self.locker.resume(&cfg, &clients, held, phase).await? else {
             return Ok(false);
         };

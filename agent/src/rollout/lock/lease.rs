@@ -710,7 +710,13 @@ impl LeaseLock {
             let selector = format!("{},{}", self.selector(), next_label(&self.node));
             watch_objects(api, selector, None, changes, None)
         } else {
-            watch_objects(api, self.selector(), None, changes, Some(holder_of))
+            watch_objects(
+                api,
+                self.selector(),
+                None,
+                changes,
+                Some(|l| Some(holder_of(l))),
+            )
         };
         tokio::select! {
             () = watching => {}
