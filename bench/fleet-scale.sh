@@ -7,7 +7,8 @@
 # SCALE_NODES (default "100,300,1000") are the fleet sizes, each against a fresh control plane;
 # SCALE_STEADY_SECONDS (60) the steady-state windows, SCALE_HOLD_SECONDS (25) the held-slots
 # window, SCALE_SLOTS (50) max_concurrent, SCALE_ACTIVATION_SECONDS (1) the stand-in activation,
-# SCALE_ROLLOUT_SECONDS (300) how long a rollout may take before it is stopped and reported so.
+# SCALE_ROLLOUT_SECONDS (300) how long a rollout may take before it is stopped and reported so,
+# SCALE_ORDER (unset) `rollout.order` on every simulated node (e.g. "name").
 # BENCH_PROFILE=dev builds with the dev profile instead of the bench one (much quicker to build
 # on a small machine). The control plane comes from tests/control-plane (bash
 # tests/control-plane/build.sh), or GINX_CONTROL_PLANE names it.

@@ -213,10 +213,14 @@ pub async fn queue_mark(
 /// The node whose heartbeat Lease `name` is, by `pattern` (`kubernetes.lease_name`, with
 /// `{node}`): the name fits the pattern and the holder is that node, as ginx writes it.
 pub fn heartbeat_node<'a>(pattern: &str, name: &'a str, lease: &Lease) -> Option<&'a str> {
+    node_of(pattern, name, lease.spec.as_ref()?.holder_identity.as_deref())
+}
+
+/// [`heartbeat_node`] from the Lease's name and holder alone.
+pub fn node_of<'a>(pattern: &str, name: &'a str, holder: Option<&str>) -> Option<&'a str> {
     let (before, after) = pattern.split_once("{node}")?;
     let node = name.strip_prefix(before)?.strip_suffix(after)?;
-    let holder = lease.spec.as_ref()?.holder_identity.as_deref()?;
-    (!node.is_empty() && holder == node).then_some(node)
+    (!node.is_empty() && holder == Some(node)).then_some(node)
 }
 
 /// How far each heartbeat trails the freshest of a set, in whole seconds. Renewal times are all
@@ -228,14 +232,24 @@ pub struct Freshness {
 
 impl Freshness {
     pub fn of(leases: &[Lease]) -> Self {
+        Self::of_times(leases.iter().map(renewed))
+    }
+
+    /// The same from the renewal times alone.
+    pub fn of_times(renewals: impl Iterator<Item = Option<jiff::Timestamp>>) -> Self {
         Self {
-            freshest: leases.iter().filter_map(renewed).max(),
+            freshest: renewals.flatten().max(),
         }
     }
 
     /// Seconds `lease` was renewed before the freshest; `None` when either was never renewed.
     pub fn lag_secs(&self, lease: &Lease) -> Option<i64> {
-        Some(self.freshest?.duration_since(renewed(lease)?).as_secs())
+        self.lag_of(renewed(lease))
+    }
+
+    /// Seconds a heartbeat renewed at `renewed` trails the freshest.
+    pub fn lag_of(&self, renewed: Option<jiff::Timestamp>) -> Option<i64> {
+        Some(self.freshest?.duration_since(renewed?).as_secs())
     }
 }
 

@@ -87,6 +87,9 @@ impl<V> Reflection<V> {
 pub struct Store<K, V> {
     projection: Projection<K, V>,
     pub reflection: Reflection<V>,
+    /// The first list wakes the waiters: they do not read the reflection, only wake on it, and
+    /// may have missed a change made before the watch began.
+    first_wakes: bool,
 }
 
 impl<K: kube::Resource, V: Clone> Store<K, V> {
@@ -94,22 +97,30 @@ impl<K: kube::Resource, V: Clone> Store<K, V> {
         Store {
             projection,
             reflection: Reflection::default(),
+            first_wakes: false,
         }
     }
 
-    /// A list replaces every object; whether the waiters are woken (something they care
-    /// about differs, or it is the first list).
+    /// A list replaces every object; whether the waiters are woken: something they care about
+    /// differs, or the list comes after a failed one (they answered with the failure). The
+    /// first list wakes nobody whose readers read the reflection (they wait for it, or read for
+    /// themselves), and everybody when they only wake on it.
     pub fn listed(&mut self, items: &[K]) -> bool {
         let fresh: BTreeMap<String, V> = items
             .iter()
             .filter_map(|o| Some((name(o), (self.projection.keep)(o)?)))
             .collect();
         let old = &self.reflection.objects;
-        let wakes = self.reflection.listed != Listed::Yes
-            || old.len() != fresh.len()
-            || fresh
-                .iter()
-                .any(|(n, v)| old.get(n).is_none_or(|was| (self.projection.wakes)(was, v)));
+        let wakes = match self.reflection.listed {
+            Listed::NotYet => self.first_wakes,
+            Listed::Failed(_) => true,
+            Listed::Yes => {
+                old.len() != fresh.len()
+                    || fresh
+                        .iter()
+                        .any(|(n, v)| old.get(n).is_none_or(|was| (self.projection.wakes)(was, v)))
+            }
+        };
         self.reflection = Reflection {
             objects: Arc::new(fresh),
             listed: Listed::Yes,
@@ -206,9 +217,9 @@ impl<V: Clone + Send + Sync + 'static> Reflector<V> {
 /// What of an object wakes the waiters of [`watch_objects`] (`None`: any change).
 pub type Wake<K> = Option<fn(&K) -> Option<String>>;
 
-/// A reflector nobody reads, for its wake-ups alone: every change of the objects (or, with
-/// `wake`, of what `wake` says of one, and every object added or deleted) bumps `changes`.
-/// Runs until dropped.
+/// A reflector nobody reads, for its wake-ups alone: its first list, and every change of the
+/// objects after it (or, with `wake`, of what `wake` says of one, and every object added or
+/// deleted) bumps `changes`. Runs until dropped.
 pub async fn watch_objects<K>(
     api: Api<K>,
     labels: String,
@@ -234,7 +245,9 @@ pub async fn watch_objects<K>(
         resource: K::plural(&Default::default()).into_owned(),
     };
     let (tx, _) = watch::channel(Reflection::default());
-    run(source, Store::new(projection), tx, changes).await;
+    let mut store = Store::new(projection);
+    store.first_wakes = true;
+    run(source, store, tx, changes).await;
 }
 
 /// List, then watch from the list's `resourceVersion`, forever.
@@ -412,10 +425,10 @@ mod tests {
     }
 
     #[test]
-    fn the_first_list_wakes_and_a_list_that_changes_nothing_does_not() {
+    fn a_list_wakes_when_what_wakes_changed_or_after_a_failure() {
         let mut s = Store::new(projection());
         assert_eq!(s.reflection.current().unwrap_err(), None);
-        assert!(s.listed(&[cm("a", "x1")]), "first list, even of the same");
+        assert!(!s.listed(&[cm("a", "x1")]), "the first list: readers wait for it");
         assert!(!s.listed(&[cm("a", "x2")]), "nothing that wakes changed");
         assert_eq!(
             s.reflection.current().unwrap()["a"],
@@ -459,7 +472,7 @@ mod tests {
         s.failed(e.clone());
         assert_eq!(s.reflection.current().unwrap_err(), Some(&e));
         assert_eq!(s.reflection.objects["a"], "x");
-        s.listed(&[cm("a", "x")]);
+        assert!(s.listed(&[cm("a", "x")]), "waiters answered with the failure");
         assert!(s.reflection.current().is_ok());
     }
 

@@ -70,10 +70,13 @@ impl Gatekeeper {
             let verdict = match admission::next(&ask, &learned.as_facts(), util::now()) {
                 Next::Answer(v) => v,
                 Next::Take => {
-                    self.view.stop_guards();
-                    return self
+                    let permit = self
                         .take(&cfg, revision, held_in_state, purpose, clients)
                         .await;
+                    if matches!(permit, Permit::Granted(_)) {
+                        self.view.stop_guards();
+                    }
+                    return permit;
                 }
                 step => match self
                     .learn(step, &cfg, clients.as_ref(), revision, &mut learned)

@@ -144,8 +144,9 @@ impl View {
         });
     }
 
-    /// Stops the watches only the guards read (heartbeats, Nodes): once a node goes, nothing
-    /// waits on them.
+    /// Stops the watches only the guards read (heartbeats, Nodes): once a node was let go,
+    /// nothing waits on them. (Not before: a node that waits for a slot looks again, and a
+    /// watch made again at each look would cost more than the list it replaced.)
     pub fn stop_guards(&mut self) {
         self.heartbeats = None;
         self.nodes = None;

@@ -33,9 +33,7 @@ impl Heartbeat {
     /// The node whose heartbeat this is, by `pattern` (`kubernetes.lease_name`, with
     /// `{node}`): the name fits the pattern and the holder is that node.
     pub fn node_by(&self, pattern: &str) -> Option<&str> {
-        let (before, after) = pattern.split_once("{node}")?;
-        let node = self.name.strip_prefix(before)?.strip_suffix(after)?;
-        (!node.is_empty() && self.holder.as_deref() == Some(node)).then_some(node)
+        crate::k8s::heartbeat::node_of(pattern, &self.name, self.holder.as_deref())
     }
 
     /// The node as the `after` groups name it: the holder, else the Lease's name.
@@ -44,11 +42,10 @@ impl Heartbeat {
     }
 }
 
-/// How far each heartbeat of a set trails the freshest, in whole seconds: renewals are all the
-/// API server's time, so they compare with each other.
+/// How far `one` trails the freshest heartbeat of `all`, in whole seconds (see
+/// [`Freshness`](crate::k8s::heartbeat::Freshness)).
 pub fn lag_secs<'a>(all: impl Iterator<Item = &'a Heartbeat>, one: &Heartbeat) -> Option<i64> {
-    let freshest = all.filter_map(|h| h.renewed).max()?;
-    Some(freshest.duration_since(one.renewed?).as_secs())
+    crate::k8s::heartbeat::Freshness::of_times(all.map(|h| h.renewed)).lag_of(one.renewed)
 }
 
 fn heartbeat(l: &Lease) -> Option<Heartbeat> {
