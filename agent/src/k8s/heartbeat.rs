@@ -213,7 +213,11 @@ pub async fn queue_mark(
 /// The node whose heartbeat Lease `name` is, by `pattern` (`kubernetes.lease_name`, with
 /// `{node}`): the name fits the pattern and the holder is that node, as ginx writes it.
 pub fn heartbeat_node<'a>(pattern: &str, name: &'a str, lease: &Lease) -> Option<&'a str> {
-    node_of(pattern, name, lease.spec.as_ref()?.holder_identity.as_deref())
+    node_of(
+        pattern,
+        name,
+        lease.spec.as_ref()?.holder_identity.as_deref(),
+    )
 }
 
 /// [`heartbeat_node`] from the Lease's name and holder alone.

@@ -428,7 +428,10 @@ mod tests {
     fn a_list_wakes_when_what_wakes_changed_or_after_a_failure() {
         let mut s = Store::new(projection());
         assert_eq!(s.reflection.current().unwrap_err(), None);
-        assert!(!s.listed(&[cm("a", "x1")]), "the first list: readers wait for it");
+        assert!(
+            !s.listed(&[cm("a", "x1")]),
+            "the first list: readers wait for it"
+        );
         assert!(!s.listed(&[cm("a", "x2")]), "nothing that wakes changed");
         assert_eq!(
             s.reflection.current().unwrap()["a"],
@@ -472,7 +475,10 @@ mod tests {
         s.failed(e.clone());
         assert_eq!(s.reflection.current().unwrap_err(), Some(&e));
         assert_eq!(s.reflection.objects["a"], "x");
-        assert!(s.listed(&[cm("a", "x")]), "waiters answered with the failure");
+        assert!(
+            s.listed(&[cm("a", "x")]),
+            "waiters answered with the failure"
+        );
         assert!(s.reflection.current().is_ok());
     }
 
