@@ -119,20 +119,52 @@ pub struct Facts<'a> {
     pub fleet_read: bool,
     /// The fleet state as last read (this ask's read, or an older one outside a cluster).
     pub fleet: Option<&'a FleetState>,
-    /// The quorum guard's answer: `Some(None)` when it let the node through.
-    pub quorum: Option<Option<String>>,
+    /// The quorum guard's answer.
+    pub quorum: Option<Answer>,
     /// The etcd guard's answer (after the hand-over of the leadership, if this node's member
-    /// led): `Some(None)` when it let the node through.
-    pub etcd: Option<Option<String>>,
-    /// The alert gate's answer: `Some(None)` when nothing fires (or Prometheus is ignored).
-    pub alerts: Option<Option<String>>,
+    /// led).
+    pub etcd: Option<Answer>,
+    /// The alert gate's answer: `Go` when nothing fires (or Prometheus is ignored).
+    pub alerts: Option<Answer>,
     pub owed_halt: Owed,
-    /// The `rollout.after` groups' answer: `Some(None)` when all passed.
-    pub after: Option<Option<String>>,
-    /// The canaries' answer: `Some(None)` when this node may start the revision.
-    pub canaries: Option<Option<String>>,
-    /// The walk's answer (`rollout.order`): `Some(None)` when it is this node's turn.
-    pub order: Option<Option<String>>,
+    /// The `rollout.after` groups' answer: `Go` when all passed.
+    pub after: Option<Answer>,
+    /// The canaries' answer: `Go` when this node may start the revision.
+    pub canaries: Option<Answer>,
+    /// The walk's answer (`rollout.order`): `Go` when it is this node's turn.
+    pub order: Option<Answer>,
+}
+
+/// A guard's answer, as admission records it: the four outcomes a guard can have, kept apart
+/// so that a refusal can never be taken for an API that is away.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Answer {
+    /// It lets the node on.
+    Go,
+    /// It holds the node back, and why.
+    Wait(String),
+    /// It could not be asked: the API (or the watch it reads) is away. Waiting mends it, and
+    /// `rollout.on_api_unavailable` may go past it.
+    Unavailable(String),
+    /// The API refused what it needs (RBAC, a policy): the node waits, whatever
+    /// `on_api_unavailable` says.
+    Refused(String),
+}
+
+impl From<Option<String>> for Answer {
+    /// A guard's reason to wait, or none.
+    fn from(why: Option<String>) -> Self {
+        why.map_or(Answer::Go, Answer::Wait)
+    }
+}
+
+impl From<LockError> for Answer {
+    fn from(e: LockError) -> Self {
+        match e {
+            LockError::Unavailable(m) => Answer::Unavailable(m),
+            LockError::Refused(m) => Answer::Refused(m),
+        }
+    }
 }
 
 /// A `holder-vanished` halt this node owes the fleet (see `keeper.rs`'s take-over).
@@ -222,14 +254,8 @@ pub fn next(ask: &Ask<'_>, facts: &Facts<'_>, now: Timestamp) -> Next {
     if ask.cluster && !facts.fleet_read {
         if !ask.connected {
             let why = "no connection to the Kubernetes API yet".to_owned();
-            let verdict = unavailable(ask.on_api_unavailable, why);
-            // Going on without the API is never going on without etcd's look.
-            if matches!(verdict, Verdict::GoWithoutApi(_))
-                && let Some(step) = etcd_first(ask, facts, resuming)
-            {
-                return step;
-            }
-            return Next::Answer(verdict);
+            let verdict = Next::Answer(unavailable(ask.on_api_unavailable, why));
+            return etcd_before_going_without_api(verdict, ask, facts, resuming);
         }
         return Next::ReadFleet;
     }
@@ -251,7 +277,15 @@ pub fn next(ask: &Ask<'_>, facts: &Facts<'_>, now: Timestamp) -> Next {
     // A reboot passes the quorum guard even with the slot kept since its apply.
     let resuming_apply = ask.purpose == Purpose::Apply && resuming;
     let quorum = !resuming_apply && ask.quorum_guard && ask.connected;
-    if let Some(step) = guard(quorum, &facts.quorum, Next::CheckQuorum, WaitingFor::Quorum)
+    let quorum = guard(
+        ask,
+        quorum,
+        &facts.quorum,
+        Next::CheckQuorum,
+        WaitingFor::Quorum,
+    );
+    if let Some(step) = quorum
+        .map(|step| etcd_before_going_without_api(step, ask, facts, resuming))
         .or_else(|| etcd_first(ask, facts, resuming))
         .or_else(|| alerts_first(ask, facts, resuming))
         .or_else(|| owed_halt(ask, facts))
@@ -268,33 +302,67 @@ pub fn next(ask: &Ask<'_>, facts: &Facts<'_>, now: Timestamp) -> Next {
     let after = starting && ask.after_pending;
     let canaries = starting && ask.canary_pending;
     let order = starting && ask.ordered;
-    guard(after, &facts.after, Next::CheckAfter, WaitingFor::After)
-        .or_else(|| {
-            guard(
-                canaries,
-                &facts.canaries,
-                Next::CheckCanaries,
-                WaitingFor::Canary,
-            )
-        })
-        .or_else(|| guard(order, &facts.order, Next::CheckOrder, WaitingFor::Order))
-        .unwrap_or(Next::Take)
+    guard(
+        ask,
+        after,
+        &facts.after,
+        Next::CheckAfter,
+        WaitingFor::After,
+    )
+    .or_else(|| {
+        guard(
+            ask,
+            canaries,
+            &facts.canaries,
+            Next::CheckCanaries,
+            WaitingFor::Canary,
+        )
+    })
+    .or_else(|| {
+        guard(
+            ask,
+            order,
+            &facts.order,
+            Next::CheckOrder,
+            WaitingFor::Order,
+        )
+    })
+    .unwrap_or(Next::Take)
 }
 
-/// A guard that is asked once per ask: when it applies (`on`), ask it (`ask`) until its
-/// answer is in `fact`, then wait with `waiting_for` while it names a reason; `None` lets the
-/// node on.
+/// A guard that is asked once per ask: when it applies (`on`), ask it (`step`) until its
+/// answer is in `fact`; then wait with `waiting_for` while it names a reason, answer as
+/// `rollout.on_api_unavailable` says when it could not be asked, and wait when the API
+/// refused it; `None` lets the node on.
 fn guard(
+    ask: &Ask<'_>,
     on: bool,
-    fact: &Option<Option<String>>,
-    ask: Next,
+    fact: &Option<Answer>,
+    step: Next,
     waiting_for: WaitingFor,
 ) -> Option<Next> {
-    match fact {
-        _ if !on => None,
-        None => Some(ask),
-        Some(Some(why)) => Some(Next::Answer(Verdict::wait(waiting_for, why.clone()))),
-        Some(None) => None,
+    let verdict = match fact {
+        _ if !on => return None,
+        None => return Some(step),
+        Some(Answer::Go) => return None,
+        Some(Answer::Wait(why)) => Verdict::wait(waiting_for, why.clone()),
+        Some(Answer::Unavailable(why)) => unavailable(ask.on_api_unavailable, why.clone()),
+        Some(Answer::Refused(why)) => refused(why.clone()),
+    };
+    Some(Next::Answer(verdict))
+}
+
+/// Going on without the API is never going on without etcd's look: a step that would is
+/// preceded by it while etcd has not answered.
+fn etcd_before_going_without_api(
+    step: Next,
+    ask: &Ask<'_>,
+    facts: &Facts<'_>,
+    resuming: bool,
+) -> Next {
+    match step {
+        Next::Answer(Verdict::GoWithoutApi(_)) => etcd_first(ask, facts, resuming).unwrap_or(step),
+        other => other,
     }
 }
 
@@ -324,11 +392,7 @@ fn etcd_first(ask: &Ask<'_>, facts: &Facts<'_>, resuming: bool) -> Option<Next> 
     if !ask.etcd_guard || ask.purpose == Purpose::Apply && resuming {
         return None;
     }
-    match &facts.etcd {
-        None => Some(Next::CheckEtcd),
-        Some(Some(why)) => Some(Next::Answer(Verdict::wait(WaitingFor::Etcd, why.clone()))),
-        Some(None) => None,
-    }
+    guard(ask, true, &facts.etcd, Next::CheckEtcd, WaitingFor::Etcd)
 }
 
 /// What the alert gate has to say before the node goes on: ask Prometheus, or wait for the
@@ -338,11 +402,13 @@ fn alerts_first(ask: &Ask<'_>, facts: &Facts<'_>, resuming: bool) -> Option<Next
     if !ask.alerts || ask.purpose == Purpose::Apply && resuming {
         return None;
     }
-    match &facts.alerts {
-        None => Some(Next::CheckAlerts),
-        Some(Some(why)) => Some(Next::Answer(Verdict::wait(WaitingFor::Alerts, why.clone()))),
-        Some(None) => None,
-    }
+    guard(
+        ask,
+        true,
+        &facts.alerts,
+        Next::CheckAlerts,
+        WaitingFor::Alerts,
+    )
 }
 
 /// What the calendar says: a freeze holding, else outside every window.

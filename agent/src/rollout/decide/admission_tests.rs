@@ -247,7 +247,7 @@ fn every_wait_and_every_step_is_reached() {
                 ..ask(&r)
             },
             Facts {
-                quorum: Some(Some("lucy is not Ready".into())),
+                quorum: Some(Answer::Wait("lucy is not Ready".into())),
                 ..read(&empty)
             },
             wait(WaitingFor::Quorum),
@@ -293,7 +293,7 @@ fn every_wait_and_every_step_is_reached() {
                 ..ask(&r)
             },
             Facts {
-                etcd: Some(Some(
+                etcd: Some(Answer::Wait(
                     "etcd: etcd at https://127.0.0.1:2379 (refused)".into(),
                 )),
                 ..Facts::default()
@@ -318,7 +318,7 @@ fn every_wait_and_every_step_is_reached() {
                 ..ask(&r)
             },
             Facts {
-                etcd: Some(None),
+                etcd: Some(Answer::Go),
                 ..Facts::default()
             },
             Next::Answer(Verdict::Go(None)),
@@ -331,7 +331,7 @@ fn every_wait_and_every_step_is_reached() {
                 ..ask(&r)
             },
             Facts {
-                quorum: Some(None),
+                quorum: Some(Answer::Go),
                 ..read(&empty)
             },
             Next::CheckEtcd,
@@ -343,7 +343,7 @@ fn every_wait_and_every_step_is_reached() {
                 ..ask(&r)
             },
             Facts {
-                etcd: Some(Some("etcd: quinn has the alarm NOSPACE".into())),
+                etcd: Some(Answer::Wait("etcd: quinn has the alarm NOSPACE".into())),
                 ..read(&empty)
             },
             wait(WaitingFor::Etcd),
@@ -355,7 +355,7 @@ fn every_wait_and_every_step_is_reached() {
                 ..ask(&r)
             },
             Facts {
-                etcd: Some(None),
+                etcd: Some(Answer::Go),
                 ..read(&empty)
             },
             Next::Take,
@@ -403,7 +403,7 @@ fn every_wait_and_every_step_is_reached() {
                 ..ask(&r)
             },
             Facts {
-                after: Some(Some("lucy passed nothing yet".into())),
+                after: Some(Answer::Wait("lucy passed nothing yet".into())),
                 ..read(&empty)
             },
             wait(WaitingFor::After),
@@ -424,7 +424,7 @@ fn every_wait_and_every_step_is_reached() {
                 ..ask(&r)
             },
             Facts {
-                alerts: Some(Some("NodeDown fires".into())),
+                alerts: Some(Answer::Wait("NodeDown fires".into())),
                 ..read(&empty)
             },
             wait(WaitingFor::Alerts),
@@ -445,7 +445,7 @@ fn every_wait_and_every_step_is_reached() {
                 ..ask(&r)
             },
             Facts {
-                canaries: Some(Some("canary w1 has not passed it".into())),
+                canaries: Some(Answer::Wait("canary w1 has not passed it".into())),
                 ..read(&empty)
             },
             wait(WaitingFor::Canary),
@@ -466,7 +466,7 @@ fn every_wait_and_every_step_is_reached() {
                 ..ask(&r)
             },
             Facts {
-                order: Some(Some("w1 and w2 come first".into())),
+                order: Some(Answer::Wait("w1 and w2 come first".into())),
                 ..read(&empty)
             },
             wait(WaitingFor::Order),
@@ -758,7 +758,7 @@ fn the_alert_gate_is_asked_before_a_slot_and_its_answer_holds_or_lets_go() {
     };
     assert_eq!(next(&gated, &read(&empty), now), Next::CheckAlerts);
     let firing = Facts {
-        alerts: Some(Some("1 alert(s) fire".into())),
+        alerts: Some(Answer::Wait("1 alert(s) fire".into())),
         ..read(&empty)
     };
     assert_eq!(
@@ -766,7 +766,7 @@ fn the_alert_gate_is_asked_before_a_slot_and_its_answer_holds_or_lets_go() {
         Some(WaitingFor::Alerts)
     );
     let quiet = Facts {
-        alerts: Some(None),
+        alerts: Some(Answer::Go),
         ..read(&empty)
     };
     assert_eq!(next(&gated, &quiet, now), Next::Take);
@@ -815,7 +815,7 @@ fn canaries_are_asked_last_for_an_apply_and_their_answer_holds_or_lets_go() {
     };
     assert_eq!(next(&after, &read(&empty), now), Next::CheckAfter);
     let behind = Facts {
-        canaries: Some(Some("canary w3 has not passed".into())),
+        canaries: Some(Answer::Wait("canary w3 has not passed".into())),
         ..read(&empty)
     };
     assert_eq!(
@@ -823,7 +823,7 @@ fn canaries_are_asked_last_for_an_apply_and_their_answer_holds_or_lets_go() {
         Some(WaitingFor::Canary)
     );
     let passed = Facts {
-        canaries: Some(None),
+        canaries: Some(Answer::Go),
         ..read(&empty)
     };
     assert_eq!(next(&follower, &passed, now), Next::Take);
@@ -845,7 +845,7 @@ fn canaries_are_asked_last_for_an_apply_and_their_answer_holds_or_lets_go() {
     };
     assert_eq!(next(&ordered, &passed, now), Next::CheckOrder);
     let turn = Facts {
-        order: Some(Some("w1 comes before".into())),
+        order: Some(Answer::Wait("w1 comes before".into())),
         ..passed.clone()
     };
     assert_eq!(
@@ -853,7 +853,7 @@ fn canaries_are_asked_last_for_an_apply_and_their_answer_holds_or_lets_go() {
         Some(WaitingFor::Order)
     );
     let go = Facts {
-        order: Some(None),
+        order: Some(Answer::Go),
         ..passed
     };
     assert_eq!(next(&ordered, &go, now), Next::Take);
@@ -994,4 +994,79 @@ fn a_refused_lock_write_waits_even_where_an_unavailable_api_is_gone_past() {
         LockError::Unavailable("connection refused".into()),
     );
     assert!(!matches!(v, Verdict::Wait(_)), "{v:?}");
+}
+
+/// Every guard's answer that the API refused it waits as refused even under
+/// `on_api_unavailable = "proceed"`; one that could not be asked goes on without the API there,
+/// waits under `"wait"`, and never goes on before etcd's look on a node with the etcd guard.
+#[test]
+fn a_guard_refused_waits_and_one_unasked_follows_the_api_policy_after_etcd() {
+    let r = rev('a');
+    let fleet = FleetState::default();
+    let passed = Some(Answer::Go);
+    // Each guard on, every guard before it passed, its own answer `a`.
+    type Case = (
+        &'static str,
+        fn(&mut Ask<'_>),
+        fn(&mut Facts<'_>, Option<Answer>),
+    );
+    let cases: [Case; 6] = [
+        ("quorum", |a| a.quorum_guard = true, |f, a| f.quorum = a),
+        ("etcd", |a| a.etcd_guard = true, |f, a| f.etcd = a),
+        ("alerts", |a| a.alerts = true, |f, a| f.alerts = a),
+        ("after", |a| a.after_pending = true, |f, a| f.after = a),
+        (
+            "canaries",
+            |a| a.canary_pending = true,
+            |f, a| f.canaries = a,
+        ),
+        ("order", |a| a.ordered = true, |f, a| f.order = a),
+    ];
+    for (name, on, answer) in cases {
+        for policy in [OnApiUnavailable::Proceed, OnApiUnavailable::Wait] {
+            let mut a = Ask {
+                on_api_unavailable: policy,
+                ..ask(&r)
+            };
+            on(&mut a);
+            let mut f = read(&fleet);
+            answer(&mut f, Some(Answer::Refused("403 forbidden".into())));
+            let n = next(&a, &f, t(NOON));
+            assert_eq!(
+                waits_for(&n),
+                Some(WaitingFor::Refused),
+                "{name} {policy:?}: {n:?}"
+            );
+            answer(&mut f, Some(Answer::Unavailable("timed out".into())));
+            let n = next(&a, &f, t(NOON));
+            match policy {
+                OnApiUnavailable::Proceed => {
+                    assert!(
+                        matches!(n, Next::Answer(Verdict::GoWithoutApi(_))),
+                        "{name}: {n:?}"
+                    )
+                }
+                OnApiUnavailable::Wait => {
+                    assert_eq!(waits_for(&n), Some(WaitingFor::Api), "{name}: {n:?}")
+                }
+            }
+        }
+    }
+    // The quorum guard unasked, on a node whose etcd has not been looked at: etcd first.
+    let a = Ask {
+        on_api_unavailable: OnApiUnavailable::Proceed,
+        quorum_guard: true,
+        etcd_guard: true,
+        ..ask(&r)
+    };
+    let f = Facts {
+        quorum: Some(Answer::Unavailable("timed out".into())),
+        ..read(&fleet)
+    };
+    assert_eq!(next(&a, &f, t(NOON)), Next::CheckEtcd);
+    let f = Facts { etcd: passed, ..f };
+    assert!(matches!(
+        next(&a, &f, t(NOON)),
+        Next::Answer(Verdict::GoWithoutApi(_))
+    ));
 }

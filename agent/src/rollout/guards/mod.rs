@@ -11,33 +11,27 @@ pub mod evidence;
 pub mod order;
 pub mod quorum;
 
-use crate::config::OnApiUnavailable;
 use crate::k8s::ApiError;
-use crate::rollout::decide::admission::{self, Verdict};
+use crate::rollout::decide::admission::Answer;
 use crate::rollout::view::FIRST_LIST;
 
-/// The wait for a guard whose part of the read model cannot be read while reading `what`:
-/// `e` is its watch's failed list — unavailable when waiting may mend it (the API away, which
-/// `policy` may go past), else the API's refusal, which it never goes past; `None` while its
-/// first list has not answered (as good as unavailable).
-pub(crate) fn unread(policy: OnApiUnavailable, what: &str, e: Option<&ApiError>) -> Verdict {
+/// The answer of a guard whose part of the read model cannot be read while reading `what`:
+/// `e` is its watch's failed list — unavailable when waiting may mend it (the API away), else
+/// the API's refusal; `None` while its first list has not answered (as good as unavailable).
+pub(crate) fn unread(what: &str, e: Option<&ApiError>) -> Answer {
     match e {
-        Some(e) if !e.is_unavailable() => admission::refused(e.explained()),
-        Some(e) => admission::unavailable(policy, format!("cannot read {what}: {}", e.detail())),
-        None => admission::unavailable(
-            policy,
-            format!(
-                "cannot read {what}: its watch has not listed within {}s",
-                FIRST_LIST.as_secs()
-            ),
-        ),
+        Some(e) if !e.is_unavailable() => Answer::Refused(e.explained()),
+        Some(e) => Answer::Unavailable(format!("cannot read {what}: {}", e.detail())),
+        None => Answer::Unavailable(format!(
+            "cannot read {what}: its watch has not listed within {}s",
+            FIRST_LIST.as_secs()
+        )),
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::status::WaitingFor;
 
     fn api(code: u16, message: &str) -> ApiError {
         let e = kube::Error::Api(
@@ -48,41 +42,27 @@ mod tests {
         ApiError::new("list", "nodes", &e)
     }
 
-    /// Every guard that reads the read model (the `after` groups' heartbeats, the canaries, the
-    /// order's Nodes) answers its watch's refused list with a wait for it, even where an
-    /// unavailable API is gone past; only an API that does not answer is, and a watch that has
-    /// not listed yet counts as one.
+    /// A watch whose list was refused (RBAC, a policy) answers as refused, one whose API is
+    /// away or that has not listed yet as unavailable; admission's table test shows what each
+    /// becomes under `on_api_unavailable`.
     #[test]
-    fn a_refused_list_waits_even_under_proceed() {
+    fn a_refused_watch_is_a_refusal_and_an_absent_one_unavailable() {
         for code in [401, 403, 404] {
-            let v = unread(
-                OnApiUnavailable::Proceed,
-                "the Nodes",
-                Some(&api(code, "no")),
-            );
-            assert!(
-                matches!(&v, Verdict::Wait(w) if w.waiting_for == WaitingFor::Refused),
-                "{code}: {v:?}"
-            );
+            let a = unread("the Nodes", Some(&api(code, "no")));
+            assert!(matches!(a, Answer::Refused(_)), "{code}: {a:?}");
         }
         let policy = api(403, "ValidatingAdmissionPolicy 'ginx-node' denied request");
-        let v = unread(OnApiUnavailable::Proceed, "the Nodes", Some(&policy));
+        let a = unread("the Nodes", Some(&policy));
+        assert!(matches!(a, Answer::Refused(_)), "{a:?}");
+        let a = unread("the Nodes", Some(&api(503, "etcd is away")));
         assert!(
-            matches!(&v, Verdict::Wait(w) if w.waiting_for == WaitingFor::Refused),
-            "{v:?}"
+            matches!(&a, Answer::Unavailable(m) if m.contains("etcd is away")),
+            "{a:?}"
         );
-        let away = api(503, "etcd is away");
-        let v = unread(OnApiUnavailable::Proceed, "the Nodes", Some(&away));
-        assert!(matches!(v, Verdict::GoWithoutApi(_)), "{v:?}");
-        let v = unread(OnApiUnavailable::Wait, "the Nodes", Some(&away));
+        let a = unread("the Nodes", None);
         assert!(
-            matches!(&v, Verdict::Wait(w) if w.waiting_for == WaitingFor::Api),
-            "{v:?}"
-        );
-        let v = unread(OnApiUnavailable::Wait, "the Nodes", None);
-        assert!(
-            matches!(&v, Verdict::Wait(w) if w.waiting_for == WaitingFor::Api),
-            "{v:?}"
+            matches!(&a, Answer::Unavailable(m) if m.contains("has not listed")),
+            "{a:?}"
         );
     }
 }

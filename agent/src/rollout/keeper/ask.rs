@@ -4,7 +4,7 @@
 //! again, until admission answers or says to take the lock.
 
 use super::*;
-use crate::rollout::decide::admission::{Ask, Facts, Next, Owed};
+use crate::rollout::decide::admission::{Answer, Ask, Facts, Next, Owed};
 use crate::rollout::guards::{self, canary, order};
 use crate::rollout::view::Snapshot;
 
@@ -114,25 +114,24 @@ impl Gatekeeper {
             }
             (Next::CheckQuorum, Some(c)) => {
                 let snapshot = self.view.listed().await;
-                let nodes = snapshot
-                    .nodes
-                    .current()
-                    .map_err(|e| guards::unread(policy, "the Nodes (quorum guard)", e))?;
-                let answer = crate::rollout::guards::quorum::check(c, cfg, Some(nodes))
-                    .await
-                    .map_err(|e| admission::lock_error(policy, e))?;
+                let answer = match snapshot.nodes.current() {
+                    Ok(nodes) => crate::rollout::guards::quorum::check(c, cfg, Some(nodes))
+                        .await
+                        .map_or_else(Answer::from, Answer::from),
+                    Err(e) => guards::unread("the Nodes (quorum guard)", e),
+                };
                 learned.quorum = Some(answer);
             }
             (Next::CheckEtcd, _) => {
                 let answer = self.etcd.check(&cfg.etcd, &self.w.notices, revision).await;
-                learned.etcd = Some(answer);
+                learned.etcd = Some(answer.into());
             }
             (Next::CheckAlerts, _) => {
                 let answer = match &cfg.rollout.gate.prometheus {
                     Some(p) => self.alerts.check(p, revision).await,
                     None => None,
                 };
-                learned.alerts = Some(answer);
+                learned.alerts = Some(answer.into());
             }
             (Next::WriteOwedHalt, _) => {
                 learned.owed_halt = self
@@ -143,7 +142,7 @@ impl Gatekeeper {
             (step @ (Next::CheckAfter | Next::CheckCanaries | Next::CheckOrder), Some(_)) => {
                 let snapshot = self.view.listed().await;
                 let later = self.later_of(&snapshot, cfg, revision).await;
-                self.judge(step, cfg, &snapshot, &later, revision, learned)?;
+                self.judge(step, cfg, &snapshot, &later, revision, learned);
             }
             // Admission asks for a read only when connected, and answers or takes itself.
             (
@@ -163,7 +162,7 @@ impl Gatekeeper {
     }
 
     /// Answers a guard of the read model (`rollout.after`, canaries, order) from `snapshot`,
-    /// purely; `Err` with the verdict when the part it reads cannot be read.
+    /// purely, and records the answer: the guard's, or why the part it reads cannot be read.
     fn judge(
         &mut self,
         step: Next,
@@ -172,23 +171,17 @@ impl Gatekeeper {
         later: &BTreeSet<Revision>,
         revision: &Revision,
         learned: &mut Learned,
-    ) -> Result<(), Verdict> {
-        let policy = cfg.rollout.on_api_unavailable;
+    ) {
         let fleet = learned.fleet.as_ref();
         let nodes_needed = step == Next::CheckOrder
             || (step == Next::CheckCanaries && cfg.rollout.first_selector.is_some());
         let empty = BTreeMap::new();
-        let nodes = match snapshot.nodes.current() {
-            Ok(n) => n,
-            Err(_) if !nodes_needed => &empty,
-            Err(e) => return Err(guards::unread(policy, "the Nodes", e)),
-        };
-        if step == Next::CheckOrder {
-            let wall = util::now();
-            learned.order = Some(order::check(cfg, nodes, fleet, revision, later, wall));
-            return Ok(());
-        }
         let groups = cfg.rollout.after_for(cfg.node.role);
+        let nodes = match snapshot.nodes.current() {
+            Ok(n) => Ok(n),
+            Err(_) if !nodes_needed => Ok(&empty),
+            Err(e) => Err(guards::unread("the Nodes", e)),
+        };
         let heartbeats = snapshot.heartbeats.current().map_err(|e| {
             let what = match step {
                 Next::CheckAfter => format!(
@@ -197,22 +190,37 @@ impl Gatekeeper {
                 ),
                 _ => "the canaries' heartbeats".to_owned(),
             };
-            guards::unread(policy, &what, e)
-        })?;
-        if step == Next::CheckAfter {
-            learned.after = Some(self.after.check(heartbeats, &groups, revision, later));
-            return Ok(());
-        }
-        let seen = canary::Seen {
-            heartbeats,
-            nodes,
-            fleet,
-            later,
-            now: std::time::Instant::now(),
-            wall: util::now(),
+            guards::unread(&what, e)
+        });
+        let slot = match step {
+            Next::CheckAfter => &mut learned.after,
+            Next::CheckCanaries => &mut learned.canaries,
+            _ => &mut learned.order,
         };
-        learned.canaries = Some(self.canaries.check(cfg, &seen, revision));
-        Ok(())
+        let answer = match (step, nodes, heartbeats) {
+            (Next::CheckOrder, Ok(nodes), _) => {
+                order::check(cfg, nodes, fleet, revision, later, util::now()).into()
+            }
+            (Next::CheckAfter, _, Ok(heartbeats)) => self
+                .after
+                .check(heartbeats, &groups, revision, later)
+                .into(),
+            (_, Ok(nodes), Ok(heartbeats)) => {
+                let seen = canary::Seen {
+                    heartbeats,
+                    nodes,
+                    fleet,
+                    later,
+                    now: std::time::Instant::now(),
+                    wall: util::now(),
+                };
+                self.canaries.check(cfg, &seen, revision).into()
+            }
+            (Next::CheckOrder, Err(unread), _) | (_, Err(unread), _) | (_, _, Err(unread)) => {
+                unread
+            }
+        };
+        *slot = Some(answer);
     }
 
     /// The revisions the snapshot's heartbeats and Nodes passed that are later than
@@ -316,13 +324,13 @@ const LATER_KNOWN: usize = 4096;
 struct Learned {
     fleet_read: bool,
     fleet: Option<FleetState>,
-    quorum: Option<Option<String>>,
-    etcd: Option<Option<String>>,
-    alerts: Option<Option<String>>,
+    quorum: Option<Answer>,
+    etcd: Option<Answer>,
+    alerts: Option<Answer>,
     owed_halt: Owed,
-    after: Option<Option<String>>,
-    canaries: Option<Option<String>>,
-    order: Option<Option<String>>,
+    after: Option<Answer>,
+    canaries: Option<Answer>,
+    order: Option<Answer>,
 }
 
 impl Learned {
