@@ -251,13 +251,8 @@ pub fn next(ask: &Ask<'_>, facts: &Facts<'_>, now: Timestamp) -> Next {
         }
         Effective::Kubernetes | Effective::Fleetlock => {}
     }
-    if ask.cluster && !facts.fleet_read {
-        if !ask.connected {
-            let why = "no connection to the Kubernetes API yet".to_owned();
-            let verdict = Next::Answer(unavailable(ask.on_api_unavailable, why));
-            return etcd_before_going_without_api(verdict, ask, facts, resuming);
-        }
-        return Next::ReadFleet;
+    if let Some(step) = fleet_first(ask, facts, resuming) {
+        return step;
     }
     let resuming_own = ask.held_in_state || matches!(ask.own_slot, OwnSlot::Live(_));
     let whom = Whom {
@@ -295,9 +290,27 @@ pub fn next(ask: &Ask<'_>, facts: &Facts<'_>, now: Timestamp) -> Next {
     if let OwnSlot::Live(held) = ask.own_slot {
         return Next::Answer(Verdict::Go(Some(held.clone())));
     }
-    // Order across groups, then within the group: nothing of this group starts a revision
-    // before every node of the groups it comes after passed its gate on it, nor before its
-    // canaries did, nor before the nodes ahead of it in the order did.
+    starting_guards(ask, facts)
+}
+
+/// The fleet state is read first on a node of a cluster; without a connection to read it, the
+/// API policy decides (after etcd's look).
+fn fleet_first(ask: &Ask<'_>, facts: &Facts<'_>, resuming: bool) -> Option<Next> {
+    if !ask.cluster || facts.fleet_read {
+        return None;
+    }
+    if !ask.connected {
+        let why = "no connection to the Kubernetes API yet".to_owned();
+        let verdict = Next::Answer(unavailable(ask.on_api_unavailable, why));
+        return Some(etcd_before_going_without_api(verdict, ask, facts, resuming));
+    }
+    Some(Next::ReadFleet)
+}
+
+/// Order across groups, then within the group: nothing of this group starts a revision before
+/// every node of the groups it comes after passed its gate on it, nor before its canaries did,
+/// nor before the nodes ahead of it in the order did; then the take.
+fn starting_guards(ask: &Ask<'_>, facts: &Facts<'_>) -> Next {
     let starting = ask.purpose == Purpose::Apply && !ask.held_in_state && ask.connected;
     let after = starting && ask.after_pending;
     let canaries = starting && ask.canary_pending;

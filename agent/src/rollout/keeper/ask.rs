@@ -37,13 +37,7 @@ impl Gatekeeper {
                 .pending(&cfg.rollout.after_for(cfg.node.role), revision);
             let canary_pending = self.canaries.pending(&cfg, revision);
             if let Some(c) = &clients {
-                let generation = self.clients_generation;
-                let quorum = cfg.node.role == Role::ControlPlane && cfg.rollout.quorum_guard;
-                let nodes = quorum
-                    || cfg.rollout.order.is_some()
-                    || (canary_pending && cfg.rollout.first_selector.is_some());
-                let wanted = (after_pending || canary_pending, nodes);
-                self.view.watch_guards(wanted, &cfg, c, generation);
+                self.watch_for_guards(&cfg, c, after_pending, canary_pending);
             }
             let (windows, windows_key) = windows_for(&cfg, purpose);
             let ask = Ask {
@@ -91,6 +85,18 @@ impl Gatekeeper {
             }
             return self.answer(verdict, backend, revision);
         }
+    }
+
+    /// Keeps the read model's watches the pending guards read: the heartbeats for the `after`
+    /// groups and canaries, the Nodes for the quorum guard, the order and a canary selector.
+    fn watch_for_guards(&mut self, cfg: &Config, c: &KubeClients, after: bool, canaries: bool) {
+        let quorum = cfg.node.role == Role::ControlPlane && cfg.rollout.quorum_guard;
+        let nodes = quorum
+            || cfg.rollout.order.is_some()
+            || (canaries && cfg.rollout.first_selector.is_some());
+        let generation = self.clients_generation;
+        self.view
+            .watch_guards((after || canaries, nodes), cfg, c, generation);
     }
 
     /// Does what admission asked for and records what came of it; `Err` with the verdict
