@@ -1148,9 +1148,11 @@ fn run_nemesis(rounds: usize, seed: u64, group: &str, steer: Steering) -> Vec<St
         let killed = matches!(fault, Fault::Kill).then_some(victim).flatten();
         let cleared = if killed.is_some() {
             let left = halts(&cp);
+            // This round's revision is ours even when the victim was killed between setting
+            // its slot's phase to applying (which is what halts it) and the journal's `start`.
             let ours: Vec<&String> = left
                 .keys()
-                .filter(|k| lines(&journal).iter().any(|l| &l.revision == *k))
+                .filter(|k| *k == &r || lines(&journal).iter().any(|l| &l.revision == *k))
                 .collect();
             seen_halts.extend(left.clone());
             for rev in &ours {

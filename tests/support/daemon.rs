@@ -315,7 +315,11 @@ node_kubeconfig = "{node_kubeconfig}"
         cmd.arg("--config")
             .arg(&self.config)
             .env("NOTIFY_SOCKET", &notify_path)
-            .env("RUST_LOG", "info")
+            // GINX_TEST_RUST_LOG: the daemons' filter when a test is being looked into.
+            .env(
+                "RUST_LOG",
+                std::env::var("GINX_TEST_RUST_LOG").unwrap_or_else(|_| "info".into()),
+            )
             .env("GINX_STUB_DIR", &self.stub_dir)
             .env_remove("WATCHDOG_USEC")
             .env_remove("WATCHDOG_PID")

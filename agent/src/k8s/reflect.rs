@@ -330,6 +330,7 @@ where
     match source.api.list(&lp).await {
         Ok(list) => {
             let wakes = store.listed(&list.items);
+            tracing::debug!(resource = %source.resource, objects = list.items.len(), wakes, "listed for a watch");
             publish(tx, &store.reflection, changes, wakes);
             Ok(list.metadata.resource_version.unwrap_or_default())
         }
@@ -399,6 +400,7 @@ where
                 return Ok(None);
             }
         };
+        tracing::debug!(resource = %source.resource, wakes, "watch event");
         publish(tx, &store.reflection, changes, wakes);
     }
     Ok(Some(last))
