@@ -535,7 +535,12 @@ mod tests {
             "exec >/dev/null 2>&1; trap 'sleep 0.1; touch {}; exit 0' TERM; while :; do sleep 0.01; done",
             mark.display()
         );
-        let f = run(&script, Duration::from_millis(1000)).await;
+        // A grace far longer than the handler needs, so that a loaded machine (the suite runs
+        // tests in parallel) cannot make it miss; the wait ends when the command exits.
+        let mut graced = spec(&script, Duration::from_millis(1000));
+        graced.kill_grace = Duration::from_secs(10);
+        let running = start(graced).map_err(|f| f.exit).unwrap();
+        let f = running.wait(std::future::pending(), |_| {}).await;
         assert_eq!(f.exit, Exit::TimedOut);
         assert!(
             mark.exists(),
