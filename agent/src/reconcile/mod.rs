@@ -507,7 +507,7 @@ impl Reconciler {
     fn looks(&self) -> (Option<std::time::Duration>, Option<std::time::Duration>) {
         let cfg = self.config.borrow();
         let sentinel = (cfg.reboot.mode == crate::config::RebootMode::WhenRequired
-            && self.core.state().rebooting.is_none())
+            && self.core.state().phase.rebooting().is_none())
         .then_some(reboot::SENTINEL_POLL);
         (
             sentinel,

@@ -3,7 +3,7 @@
 use super::Reconciler;
 use crate::apply::system;
 use crate::rollout::decide::window::WindowState;
-use crate::state::{AfterGate, AttemptKind, RebootPhase, State, TakenSlot};
+use crate::state::{Activity, AfterGate, AttemptKind, RebootPhase, State, TakenSlot};
 use crate::status::{
     ApplyState, ApplyStatus, FreezeStatus, GateProgress, HaltStatus, HoldStatus, PauseStatus,
     Phase, Published, RebootStatus, RolloutStatus, SystemStatus, WaitingFor, WindowStatus,
@@ -78,24 +78,21 @@ fn h_group(held: Option<&TakenSlot>) -> String {
 
 /// The rollout phase status shows, from the persisted state and the apply's state.
 fn phase_of(st: &State, state: ApplyState) -> Phase {
-    let rebooting = st.rebooting.as_ref().map(|r| r.phase);
-    match (
-        &st.in_flight,
-        &st.verifying,
-        st.gate_failure.as_ref().map(|g| g.next),
-    ) {
-        (None, None, _) if rebooting == Some(RebootPhase::Draining) => Phase::Draining,
-        (None, None, _) if rebooting == Some(RebootPhase::Rebooting) => Phase::Rebooting,
-        (None, None, _) if rebooting == Some(RebootPhase::Finishing) => Phase::Verifying,
-        (Some(r), _, _) if r.kind == AttemptKind::Rollback => Phase::RollingBack,
-        (Some(r), _, _) if r.kind == AttemptKind::Build => Phase::Building,
-        (Some(_), _, _) => Phase::Applying,
-        (None, Some(v), _) if v.rollback => Phase::VerifyingRollback,
-        (None, Some(_), _) => Phase::Verifying,
-        (None, None, Some(AfterGate::RollBack)) => Phase::RollingBack,
-        (None, None, Some(AfterGate::RollbackUnhealthy)) => Phase::RollbackUnhealthy,
-        (None, None, Some(AfterGate::Manual)) => Phase::Failed,
-        (None, None, Some(AfterGate::RolledBack))
+    let rebooting = st.phase.rebooting().map(|r| r.phase);
+    let failed = st.gate_failure.as_ref().map(|g| g.next);
+    match (&st.phase.activity, failed) {
+        (Activity::Idle, _) if rebooting == Some(RebootPhase::Draining) => Phase::Draining,
+        (Activity::Idle, _) if rebooting == Some(RebootPhase::Rebooting) => Phase::Rebooting,
+        (Activity::Idle, _) if rebooting == Some(RebootPhase::Finishing) => Phase::Verifying,
+        (Activity::Attempt(r), _) if r.kind == AttemptKind::Rollback => Phase::RollingBack,
+        (Activity::Attempt(r), _) if r.kind == AttemptKind::Build => Phase::Building,
+        (Activity::Attempt(_), _) => Phase::Applying,
+        (Activity::Gate(v), _) if v.rollback => Phase::VerifyingRollback,
+        (Activity::Gate(_), _) => Phase::Verifying,
+        (Activity::Idle, Some(AfterGate::RollBack)) => Phase::RollingBack,
+        (Activity::Idle, Some(AfterGate::RollbackUnhealthy)) => Phase::RollbackUnhealthy,
+        (Activity::Idle, Some(AfterGate::Manual)) => Phase::Failed,
+        (Activity::Idle, Some(AfterGate::RolledBack))
             if st.gate_failure.as_ref().is_some_and(|g| g.quarantined) =>
         {
             Phase::Quarantined
@@ -164,7 +161,7 @@ impl Reconciler {
 
     /// The open gate's progress (`rollout.gate`), if a gate is open.
     fn gate_progress(&self, settle: std::time::Duration) -> Option<GateProgress> {
-        let v = self.core.state().verifying.as_ref()?;
+        let v = self.core.state().phase.gate()?;
         Some(GateProgress {
             revision: Some(v.revision.clone()),
             rollback: v.rollback,
@@ -244,7 +241,7 @@ impl Reconciler {
 
     fn reboot_status(&self, cfg: &crate::config::Config) -> RebootStatus {
         let st = self.core.state();
-        let r = st.rebooting.as_ref();
+        let r = st.phase.rebooting();
         let v = &self.reboot_view;
         let active = r.is_some_and(|r| r.phase == RebootPhase::Draining);
         let deferred = st
@@ -358,7 +355,7 @@ impl Reconciler {
         // An open gate cannot close either while the state cannot be written: its verdict
         // would not be on disk.
         let held = self.unsaved.is_some()
-            && st.in_flight.is_none()
+            && st.phase.attempt().is_none()
             && matches!(
                 state,
                 ApplyState::Pending | ApplyState::Failed | ApplyState::Verifying
@@ -370,7 +367,7 @@ impl Reconciler {
             .failure
             .as_ref()
             .filter(|f| Some(&f.revision) == desired.as_ref().map(|d| &d.revision));
-        let revision = match (&st.in_flight, state) {
+        let revision = match (st.phase.attempt(), state) {
             (Some(r), _) => Some(r.revision.clone()),
             (None, ApplyState::Succeeded) => st.applied.as_ref().map(|a| a.revision.clone()),
             _ => desired.as_ref().map(|d| d.revision.clone()),
@@ -381,8 +378,8 @@ impl Reconciler {
             source: cfg.apply.source.clone(),
             revision,
             goal: st
-                .in_flight
-                .as_ref()
+                .phase
+                .attempt()
                 .map(|r| r.goal)
                 .or(desired.as_ref().map(|d| d.goal))
                 .unwrap_or(cfg.apply.goal),
@@ -398,15 +395,15 @@ impl Reconciler {
             isolation: self.isolation.name().to_owned(),
             mode: cfg.apply.mode.as_str().to_owned(),
             closure: st
-                .in_flight
-                .as_ref()
+                .phase
+                .attempt()
                 .and_then(|r| r.closure.clone())
                 .or_else(|| st.closure.clone())
                 .filter(|_| cfg.apply.mode == crate::config::ApplyMode::Closure),
             plan: next_plan(st),
             drain: st
-                .apply_drain
-                .as_ref()
+                .phase
+                .live_drain()
                 .map(|d| crate::status::ApplyDrainStatus {
                     revision: d.revision.clone(),
                     because: d.because.clone(),
@@ -498,7 +495,7 @@ mod tests {
         let mut st = State::default();
         assert_eq!(phase_of(&st, ApplyState::Idle), Phase::Idle);
         assert_eq!(phase_of(&st, ApplyState::Waiting), Phase::Waiting);
-        st.rebooting = Some(crate::state::Rebooting {
+        st.phase.disrupting = crate::state::Disrupting::Reboot(crate::state::Rebooting {
             phase: RebootPhase::Draining,
             started_at: util::now(),
             reasons: Vec::new(),
@@ -511,7 +508,7 @@ mod tests {
             baseline: Default::default(),
         });
         assert_eq!(phase_of(&st, ApplyState::Succeeded), Phase::Draining);
-        st.rebooting = None;
+        st.phase.disrupting = crate::state::Disrupting::Nothing;
         st.gate_failure = Some(crate::state::GateFailure {
             revision: "a".repeat(40).parse().unwrap(),
             failing: Default::default(),

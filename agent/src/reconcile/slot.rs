@@ -121,13 +121,10 @@ impl Reconciler {
                 continue;
             }
             let running = st
-                .in_flight
-                .as_ref()
+                .phase
+                .attempt()
                 .is_some_and(|f| f.revision == halt.revision)
-                || st
-                    .verifying
-                    .as_ref()
-                    .is_some_and(|v| v.revision == halt.revision);
+                || st.phase.gate().is_some_and(|v| v.revision == halt.revision);
             let started = running
                 || self
                     .history
@@ -166,17 +163,17 @@ impl Reconciler {
         });
         let about_to = matches!(decision, Decision::Start(d) if d.revision == held.revision)
             && self.live_drain.put_off(&held.revision).is_none();
-        let needed = st.in_flight.is_some()
-            || st.verifying.is_some()
+        let needed = st.phase.attempt().is_some()
+            || st.phase.gate().is_some()
             || kept
             || about_to
             || self.reboot_keeps_slot();
         if needed {
             if self.gatekeeper.held().is_none() {
                 // After a restart: take the slot up again (and renew it from now on).
-                let phase = if st.rebooting.is_some() {
+                let phase = if st.phase.rebooting().is_some() {
                     SlotPhase::Rebooting
-                } else if st.verifying.is_some() {
+                } else if st.phase.gate().is_some() {
                     SlotPhase::Verifying
                 } else {
                     SlotPhase::Applying

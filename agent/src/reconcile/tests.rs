@@ -191,14 +191,17 @@ async fn a_slot_settled_is_published_at_once() {
 fn drained_under_slot(a: &Revision, at: Timestamp) -> State {
     State {
         rollout_held: Some(held(0)),
-        apply_drain: Some(ApplyDrain {
-            revision: a.clone(),
-            because: vec!["containerd".into()],
-            started_at: at,
-            cordoned: false,
-            drained_at: Some(at),
-            activated: false,
-        }),
+        phase: crate::state::Phase {
+            disrupting: crate::state::Disrupting::LiveDrain(ApplyDrain {
+                revision: a.clone(),
+                because: vec!["containerd".into()],
+                started_at: at,
+                cordoned: false,
+                drained_at: Some(at),
+                activated: false,
+            }),
+            ..Default::default()
+        },
         ..State::default()
     }
 }
@@ -249,7 +252,7 @@ async fn an_activation_held_briefly_at_the_last_look_keeps_its_slot_and_drain() 
     let wait = (WaitingFor::Quorum, "makise is not Ready".to_owned());
     assert_eq!(r.held_before_activation(&a, wait.clone()).await, wait);
     assert!(r.core.state().rollout_held.is_some());
-    assert!(r.core.state().apply_drain.is_some());
+    assert!(r.core.state().phase.live_drain().is_some());
     assert!(r.live_drain.put_off(&a).is_none());
 }
 
@@ -319,11 +322,5 @@ async fn a_rollback_reboot_held_at_the_last_look_keeps_its_slot_however_long() {
     assert_eq!(p.rollout.reboot.phase.as_deref(), Some("draining"));
     assert_eq!(p.rollout.reboot.deferred_until, None);
     assert_eq!(p.rollout.reboot.waiting_for.as_deref(), Some("etcd"));
-    assert!(
-        r.core
-            .state()
-            .rebooting
-            .as_ref()
-            .is_some_and(|r| r.rollback)
-    );
+    assert!(r.core.state().phase.rebooting().is_some_and(|r| r.rollback));
 }

@@ -24,7 +24,7 @@ impl Reconciler {
             std::time::Duration::from_secs(CLOCK_STEP_SECS.unsigned_abs()),
         );
         if let Some(step) = step
-            && self.core.state().verifying.is_none()
+            && self.core.state().phase.gate().is_none()
         {
             tracing::warn!(step = %format!("{step:#}"),
                 "the wall clock stepped; maintenance windows follow it, every duration ginx measures keeps its own (monotonic) time");
@@ -101,12 +101,7 @@ impl Reconciler {
     /// One look at the open gate. Returns whether it closed (passed or failed).
     pub(super) async fn step_gate(&mut self) -> bool {
         let cfg = std::sync::Arc::clone(&self.config.borrow());
-        let revision = self
-            .core
-            .state()
-            .verifying
-            .as_ref()
-            .map(|v| v.revision.clone());
+        let revision = self.core.state().phase.gate().map(|v| v.revision.clone());
         let look = Look {
             step: GateStep::Gate,
             revision: revision.as_ref(),
@@ -145,12 +140,7 @@ impl Reconciler {
         match verdict {
             Verdict::Pending { failing, .. } => {
                 self.gate_failing = failing;
-                let after = self
-                    .core
-                    .state()
-                    .verifying
-                    .as_ref()
-                    .and_then(|v| v.healthy_since);
+                let after = self.core.state().phase.gate().and_then(|v| v.healthy_since);
                 if after != before {
                     let _ = self.save_state();
                 }

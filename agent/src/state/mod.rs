@@ -21,8 +21,10 @@ use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
 
 mod durations;
+pub mod phase;
 
 pub use durations::{Durations, Measured};
+pub use phase::{Activity, Disrupting, Phase};
 
 use crate::status::HealthStatus;
 use crate::types::{ClosureInfo, Generation, Goal, Plan, Revision};
@@ -66,15 +68,15 @@ pub struct State {
     pub version: u32,
     /// Set by `ginxctl suspend`, cleared by `ginxctl resume`.
     pub suspended: bool,
+    /// What the node is doing now: an attempt or a gate, under a drain or a reboot.
+    #[serde(flatten)]
+    pub phase: Phase,
     /// The last revision applied successfully; never applied again.
     pub applied: Option<Applied>,
     /// Failures of the revision currently wanted, for backoff across restarts.
     pub failure: Option<Failure>,
     /// Interruptions of a revision (ginx or the machine stopped mid-attempt): retried once.
     pub interrupted: Option<Interrupted>,
-    /// An attempt that had started when this file was written. Found at start-up, it means
-    /// ginx stopped during that attempt.
-    pub in_flight: Option<InFlight>,
     /// Closure mode: the store path of the last attempt, what fetching it found.
     #[serde(default)]
     pub closure: Option<ClosureInfo>,
@@ -88,17 +90,11 @@ pub struct State {
     /// The revision `ginxctl rollback` rolled back from; not applied again until a new
     /// revision or `ginxctl retry`.
     pub rolled_back: Option<Revision>,
-    /// The health gate running after an activation (of a revision, or of the rolled-back
-    /// system). Found at start-up, the gate goes on where it was.
-    pub verifying: Option<Verifying>,
     /// The last health gate that failed, and what became of it.
     pub gate_failure: Option<GateFailure>,
     /// The rollout slot this node holds (or the FleetLock it took): kept across restarts, so
     /// that a restarted holder resumes with its slot instead of taking a second one.
     pub rollout_held: Option<TakenSlot>,
-    /// The reboot ginx is carrying out (drain, reboot, the gate after it); found at start-up,
-    /// it goes on where it was.
-    pub rebooting: Option<Rebooting>,
     /// A reboot whose drain was given up is not tried again before then.
     pub reboot_deferred: Option<RebootDeferred>,
     /// When the last reboot ginx carried out was done: a sentinel file older than that is the
@@ -110,10 +106,6 @@ pub struct State {
     /// The last revision whose health gate passed on this node (or that was applied without
     /// one): what `rollout.after` of other groups waits for.
     pub passed: Option<Revision>,
-    /// A drain before a live activation that its plan called for (`[disruption]`): found at
-    /// start-up, it goes on where it was, and the node cordoned by it is uncordoned by it.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub apply_drain: Option<ApplyDrain>,
     /// How long the recent drains, gates and reboots took here: a preview's estimate.
     #[serde(skip_serializing_if = "Durations::is_empty")]
     pub took: Durations,

@@ -7,7 +7,7 @@
 use jiff::Timestamp;
 
 use super::{Core, TransitionError};
-use crate::state::{ApplyDrain, Measured};
+use crate::state::{ApplyDrain, Disrupting, Measured};
 use crate::types::Revision;
 
 impl Core {
@@ -18,10 +18,14 @@ impl Core {
         because: Vec<String>,
         now: Timestamp,
     ) -> Result<(), TransitionError> {
-        if let Some(d) = &self.state.apply_drain {
-            return Err(TransitionError::AlreadyDraining(d.revision.clone()));
+        match &self.state.phase.disrupting {
+            Disrupting::LiveDrain(d) => {
+                return Err(TransitionError::AlreadyDraining(d.revision.clone()));
+            }
+            Disrupting::Reboot(_) => return Err(TransitionError::AlreadyRebooting),
+            Disrupting::Nothing => {}
         }
-        self.state.apply_drain = Some(ApplyDrain {
+        self.state.phase.disrupting = Disrupting::LiveDrain(ApplyDrain {
             revision: revision.clone(),
             because,
             started_at: now,
@@ -34,8 +38,8 @@ impl Core {
 
     fn apply_drain_mut(&mut self) -> Result<&mut ApplyDrain, TransitionError> {
         self.state
-            .apply_drain
-            .as_mut()
+            .phase
+            .live_drain_mut()
             .ok_or(TransitionError::NotDraining)
     }
 
@@ -69,10 +73,13 @@ impl Core {
 
     /// The drain is over (the node uncordoned if ginx cordoned it, or given up): what it was.
     pub fn end_apply_drain(&mut self) -> Result<ApplyDrain, TransitionError> {
-        self.state
-            .apply_drain
-            .take()
-            .ok_or(TransitionError::NotDraining)
+        if self.state.phase.live_drain().is_none() {
+            return Err(TransitionError::NotDraining);
+        }
+        match std::mem::take(&mut self.state.phase.disrupting) {
+            Disrupting::LiveDrain(d) => Ok(d),
+            _ => Err(TransitionError::NotDraining),
+        }
     }
 }
 
@@ -112,7 +119,7 @@ mod tests {
         assert!(d.cordoned && d.activated);
         assert_eq!(d.drained_at, Some(t(5)));
         assert_eq!(d.because, vec!["restarts kubelet.service".to_owned()]);
-        assert!(c.state().apply_drain.is_none());
+        assert!(c.state().phase.live_drain().is_none());
         assert_eq!(c.end_apply_drain(), Err(TransitionError::NotDraining));
     }
 }

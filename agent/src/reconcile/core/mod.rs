@@ -14,8 +14,8 @@ use jiff::Timestamp;
 
 use crate::config::RollbackPolicy;
 use crate::state::{
-    AfterGate, Applied, AttemptKind, Built, Failure, GateFailure, InFlight, Interrupted, Measured,
-    Outcome, RebootRequired, State, TakenSlot, Verifying,
+    Activity, AfterGate, Applied, AttemptKind, Built, Failure, GateFailure, InFlight, Interrupted,
+    Measured, Outcome, RebootRequired, State, TakenSlot, Verifying,
 };
 use crate::status::{ApplyState, WaitingFor};
 use crate::types::ClosureInfo;
@@ -162,7 +162,7 @@ impl Core {
     }
 
     pub fn running(&self) -> Option<&InFlight> {
-        self.state.in_flight.as_ref()
+        self.state.phase.attempt()
     }
 
     /// Whether `desired` is what was applied last (same revision, same goal).
@@ -191,11 +191,10 @@ impl Core {
     }
 
     pub fn decide(&self, desired: Option<&Desired>, now: Timestamp) -> Decision {
-        if self.state.in_flight.is_some() {
-            return Decision::Busy;
-        }
-        if self.state.verifying.is_some() {
-            return Decision::Verify;
+        match self.state.phase.activity {
+            Activity::Attempt(_) => return Decision::Busy,
+            Activity::Gate(_) => return Decision::Verify,
+            Activity::Idle => {}
         }
         if self
             .state
@@ -229,21 +228,18 @@ impl Core {
 
     /// Idle → applying.
     pub fn begin(&mut self, attempt: InFlight) -> Result<u64, TransitionError> {
-        if let Some(r) = &self.state.in_flight {
+        if let Some(r) = self.state.phase.attempt() {
             return Err(TransitionError::AlreadyRunning(r.id));
         }
         let id = self.state.next_attempt_id;
         self.state.next_attempt_id += 1;
-        if self.state.verifying.is_some() && attempt.kind == AttemptKind::Apply {
-            // A new revision while a gate is open: the gate is for what ran before.
-            self.state.verifying = None;
-        }
         if attempt.kind == AttemptKind::Apply {
             // A new apply supersedes what a failed gate left (even a kept slot: the node
             // applies with it).
             self.state.gate_failure = None;
         }
-        self.state.in_flight = Some(InFlight { id, ..attempt });
+        // A gate still open closes: it judged what ran before this attempt.
+        self.state.phase.activity = Activity::Attempt(InFlight { id, ..attempt });
         self.retry_now = None;
         self.reapply = false;
         self.waiting = None;
@@ -264,8 +260,8 @@ impl Core {
     pub fn update_running(&mut self, f: impl FnOnce(&mut InFlight)) -> Result<(), TransitionError> {
         let r = self
             .state
-            .in_flight
-            .as_mut()
+            .phase
+            .attempt_mut()
             .ok_or(TransitionError::NotRunning)?;
         f(r);
         Ok(())
@@ -281,8 +277,8 @@ impl Core {
     ) -> Result<InFlight, TransitionError> {
         let running = self
             .state
-            .in_flight
-            .as_ref()
+            .phase
+            .attempt()
             .ok_or(TransitionError::NotRunning)?;
         if running.id != id {
             return Err(TransitionError::WrongAttempt {
@@ -292,8 +288,8 @@ impl Core {
         }
         let done = self
             .state
-            .in_flight
-            .take()
+            .phase
+            .take_attempt()
             .ok_or(TransitionError::NotRunning)?;
         if done.kind == AttemptKind::Rollback {
             if let Some(g) = self.state.gate_failure.as_mut()
@@ -376,11 +372,12 @@ impl Core {
     /// Applied → verifying: the health gate opens for what the last attempt activated (the
     /// applied revision, or after a rollback the rolled-back system).
     pub fn begin_verifying(&mut self, v: Verifying) -> Result<(), TransitionError> {
-        if let Some(r) = &self.state.in_flight {
-            return Err(TransitionError::AlreadyRunning(r.id));
-        }
-        if let Some(open) = &self.state.verifying {
-            return Err(TransitionError::AlreadyVerifying(open.revision.clone()));
+        match &self.state.phase.activity {
+            Activity::Attempt(r) => return Err(TransitionError::AlreadyRunning(r.id)),
+            Activity::Gate(open) => {
+                return Err(TransitionError::AlreadyVerifying(open.revision.clone()));
+            }
+            Activity::Idle => {}
         }
         let active = if v.rollback {
             self.state.rolled_back.as_ref()
@@ -390,7 +387,7 @@ impl Core {
         if active != Some(&v.revision) {
             return Err(TransitionError::NotActive(v.revision));
         }
-        self.state.verifying = Some(v);
+        self.state.phase.activity = Activity::Gate(v);
         Ok(())
     }
 
@@ -402,8 +399,8 @@ impl Core {
     ) -> Result<T, TransitionError> {
         let v = self
             .state
-            .verifying
-            .as_mut()
+            .phase
+            .gate_mut()
             .ok_or(TransitionError::NotVerifying)?;
         Ok(look(v))
     }
@@ -413,8 +410,8 @@ impl Core {
     pub fn gate_passed(&mut self, now: Timestamp) -> Result<Verifying, TransitionError> {
         let v = self
             .state
-            .verifying
-            .take()
+            .phase
+            .take_gate()
             .ok_or(TransitionError::NotVerifying)?;
         if !v.rollback {
             self.state.gate_failure = None;
@@ -434,8 +431,8 @@ impl Core {
     ) -> Result<AfterGate, TransitionError> {
         let v = self
             .state
-            .verifying
-            .take()
+            .phase
+            .take_gate()
             .ok_or(TransitionError::NotVerifying)?;
         if v.rollback {
             let g = self.state.gate_failure.get_or_insert(GateFailure {
@@ -530,7 +527,7 @@ impl Core {
     /// recorded before the activation, so that a restarted holder takes its slot up again
     /// instead of a second one. Returns whether the record changed.
     pub fn lock_granted(&mut self, lock: Option<TakenSlot>) -> Result<bool, TransitionError> {
-        if let Some(r) = &self.state.in_flight {
+        if let Some(r) = self.state.phase.attempt() {
             return Err(TransitionError::AlreadyRunning(r.id));
         }
         let changed = self.state.rollout_held != lock;
@@ -584,8 +581,8 @@ impl Core {
     ) -> Result<(), TransitionError> {
         let running = self
             .state
-            .in_flight
-            .as_ref()
+            .phase
+            .attempt()
             .ok_or(TransitionError::NotRunning)?;
         if closure.is_some() {
             self.state.closure = closure;
@@ -605,7 +602,7 @@ impl Core {
         boot_id: Option<String>,
         now: Timestamp,
     ) -> Result<(), TransitionError> {
-        if let Some(r) = &self.state.in_flight {
+        if let Some(r) = self.state.phase.attempt() {
             return Err(TransitionError::AlreadyRunning(r.id));
         }
         self.state.expected_system = system;
@@ -643,15 +640,11 @@ impl Core {
 
     /// The state shown for the apply, given what the source offers.
     pub fn apply_state(&self, desired: Option<&Desired>) -> ApplyState {
-        if let Some(r) = &self.state.in_flight {
-            return if r.kind == AttemptKind::Build {
-                ApplyState::Building
-            } else {
-                ApplyState::Applying
-            };
-        }
-        if self.state.verifying.is_some() {
-            return ApplyState::Verifying;
+        match &self.state.phase.activity {
+            Activity::Attempt(r) if r.kind == AttemptKind::Build => return ApplyState::Building,
+            Activity::Attempt(_) => return ApplyState::Applying,
+            Activity::Gate(_) => return ApplyState::Verifying,
+            Activity::Idle => {}
         }
         match self.state.gate_failure.as_ref().map(|g| g.next) {
             Some(AfterGate::RollBack) => return ApplyState::Verifying,
@@ -1083,6 +1076,20 @@ mod tests {
     }
 
     #[test]
+    fn a_rollback_closes_the_open_gate_and_its_own_gate_opens_after_it() {
+        let mut c = core();
+        run(&mut c, 'a', 0, Outcome::Succeeded);
+        c.begin_verifying(gate('a', false)).unwrap();
+        rollback(&mut c, 20, Outcome::Succeeded);
+        // The gate of `a` judged what ran before the rollback: it is gone, not carried over
+        // to the rolled-back system.
+        assert!(c.state.phase.gate().is_none());
+        assert_eq!(c.decide(Some(&want('a')), t(30)), Decision::Idle);
+        c.begin_verifying(gate('a', true)).unwrap();
+        assert!(c.state.phase.gate().is_some_and(|g| g.rollback));
+    }
+
+    #[test]
     fn verifying_is_refused_for_what_is_not_active_or_twice() {
         let mut c = core();
         assert_eq!(
@@ -1474,9 +1481,6 @@ mod tests {
         run(&mut c, 'a', 0, Outcome::Succeeded);
         c.begin_verifying(gate('a', false)).unwrap();
         c.look_at_gate(|v| v.healthy_since = Some(t(15))).unwrap();
-        assert_eq!(
-            c.state.verifying.as_ref().unwrap().healthy_since,
-            Some(t(15))
-        );
+        assert_eq!(c.state.phase.gate().unwrap().healthy_since, Some(t(15)));
     }
 }

@@ -10,7 +10,8 @@ use jiff::Timestamp;
 
 use super::{Core, TransitionError};
 use crate::state::{
-    AfterGate, Measured, RebootDeferred, RebootPhase, Rebooting, TakenSlot, Verifying,
+    Activity, AfterGate, Disrupting, Measured, RebootDeferred, RebootPhase, Rebooting, TakenSlot,
+    Verifying, phase,
 };
 use crate::status::HealthStatus;
 
@@ -23,14 +24,16 @@ impl Core {
         reasons: Vec<String>,
         now: Timestamp,
     ) -> Result<(), TransitionError> {
-        if self.state.rebooting.is_some() {
-            return Err(TransitionError::AlreadyRebooting);
-        }
+        let drain = match &self.state.phase.disrupting {
+            Disrupting::Reboot(_) => return Err(TransitionError::AlreadyRebooting),
+            Disrupting::LiveDrain(d) => Some(d),
+            Disrupting::Nothing => None,
+        };
         if lock.is_some() {
             self.state.rollout_held = lock;
         }
         self.state.reboot_deferred = None;
-        self.state.rebooting = Some(Rebooting {
+        let reboot = Rebooting {
             phase: RebootPhase::Draining,
             started_at: now,
             reasons,
@@ -41,7 +44,8 @@ impl Core {
             reboot_at: None,
             rollback: false,
             baseline: BTreeMap::new(),
-        });
+        };
+        self.state.phase.disrupting = Disrupting::Reboot(phase::take_over(reboot, drain));
         Ok(())
     }
 
@@ -53,8 +57,8 @@ impl Core {
     ) -> Result<&mut Rebooting, TransitionError> {
         let r = self
             .state
-            .rebooting
-            .as_mut()
+            .phase
+            .rebooting_mut()
             .ok_or(TransitionError::NotRebooting)?;
         if !phases.contains(&r.phase) {
             return Err(TransitionError::WrongRebootPhase {
@@ -69,7 +73,8 @@ impl Core {
     /// deadline runs from the first time this is recorded.
     pub fn reboot_cordoned(&mut self, ours: bool, now: Timestamp) -> Result<(), TransitionError> {
         let r = self.rebooting_in(&[RebootPhase::Draining], "draining")?;
-        r.cordoned = ours;
+        // A live drain's cordon taken over stays ginx's.
+        r.cordoned |= ours;
         r.drain_started_at.get_or_insert(now);
         Ok(())
     }
@@ -107,13 +112,15 @@ impl Core {
     /// open from before the reboot is replaced).
     pub fn verify_after_reboot(&mut self, v: Verifying) -> Result<(), TransitionError> {
         self.rebooting_in(&[RebootPhase::Rebooting], "rebooting")?;
-        let open = self.state.verifying.take();
+        let open = self.state.phase.take_gate();
         let up = v.started_at;
         if let Err(e) = self.begin_verifying(v) {
-            self.state.verifying = open;
+            if let Some(open) = open {
+                self.state.phase.activity = Activity::Gate(open);
+            }
             return Err(e);
         }
-        if let Some(r) = self.state.rebooting.as_mut() {
+        if let Some(r) = self.state.phase.rebooting_mut() {
             r.phase = RebootPhase::Verifying;
             if let Some(commanded) = r.reboot_at {
                 self.state.took.record(Measured::Reboot, commanded, up);
@@ -126,8 +133,8 @@ impl Core {
     pub fn reboot_finishing(&mut self) -> Result<(), TransitionError> {
         let r = self
             .state
-            .rebooting
-            .as_mut()
+            .phase
+            .rebooting_mut()
             .ok_or(TransitionError::NotRebooting)?;
         r.phase = RebootPhase::Finishing;
         Ok(())
@@ -140,8 +147,8 @@ impl Core {
         let next = self.state.gate_failure.as_ref().map(|g| g.next);
         let r = self
             .state
-            .rebooting
-            .as_mut()
+            .phase
+            .rebooting_mut()
             .ok_or(TransitionError::NotRebooting)?;
         r.phase = match (passed, next) {
             (true, _) | (false, None | Some(AfterGate::RolledBack)) => RebootPhase::Finishing,
@@ -156,8 +163,8 @@ impl Core {
     pub fn reboot_into_rollback(&mut self) -> Result<(), TransitionError> {
         let r = self
             .state
-            .rebooting
-            .as_mut()
+            .phase
+            .rebooting_mut()
             .ok_or(TransitionError::NotRebooting)?;
         r.phase = RebootPhase::Draining;
         r.rollback = true;
@@ -172,7 +179,7 @@ impl Core {
         reason: String,
     ) -> Result<(), TransitionError> {
         self.rebooting_in(&[RebootPhase::Draining], "draining")?;
-        self.state.rebooting = None;
+        self.state.phase.disrupting = Disrupting::Nothing;
         self.state.reboot_deferred = Some(RebootDeferred { until, reason });
         Ok(())
     }
@@ -188,7 +195,7 @@ impl Core {
             &[RebootPhase::Finishing, RebootPhase::Kept],
             "finishing or held",
         )?;
-        self.state.rebooting = None;
+        self.state.phase.disrupting = Disrupting::Nothing;
         self.state.rebooted_at = Some(now);
         if !still_required {
             self.state.reboot = None;
@@ -215,7 +222,32 @@ mod tests {
     }
 
     fn phase(c: &Core) -> Option<RebootPhase> {
-        c.state.rebooting.as_ref().map(|r| r.phase)
+        c.state.phase.rebooting().map(|r| r.phase)
+    }
+
+    #[test]
+    fn a_reboot_takes_over_the_cordon_a_live_drain_left_and_no_drain_begins_under_it() {
+        let mut c = core();
+        c.begin_apply_drain(&rev('a'), vec!["containerd".into()], t(0))
+            .unwrap();
+        c.apply_drain_cordoned(true).unwrap();
+        c.apply_drained(t(1)).unwrap();
+        c.apply_drain_activated().unwrap();
+        run(&mut c, 'a', 2, Outcome::Succeeded);
+        c.begin_reboot(None, vec!["kernel".into()], t(10)).unwrap();
+        assert!(
+            c.state.phase.live_drain().is_none(),
+            "one disruption at a time"
+        );
+        // Cordoned already, by ginx's drain: the reboot's cordon is ginx's to lift.
+        c.reboot_cordoned(false, t(11)).unwrap();
+        assert!(c.state.phase.rebooting().is_some_and(|r| r.cordoned));
+        assert_eq!(
+            c.begin_apply_drain(&rev('b'), vec![], t(12)),
+            Err(TransitionError::AlreadyRebooting)
+        );
+        assert_eq!(c.end_apply_drain(), Err(TransitionError::NotDraining));
+        assert_eq!(phase(&c), Some(RebootPhase::Draining));
     }
 
     /// A core whose reboot is under way, drained and commanded in boot `b1`.
@@ -266,7 +298,7 @@ mod tests {
         c.begin_reboot(None, Vec::new(), t(10)).unwrap();
         c.reboot_cordoned(false, t(11)).unwrap();
         c.reboot_cordoned(true, t(20)).unwrap();
-        let r = c.state.rebooting.as_ref().unwrap();
+        let r = c.state.phase.rebooting().unwrap();
         assert_eq!((r.cordoned, r.drain_started_at), (true, Some(t(11))));
     }
 
@@ -278,7 +310,7 @@ mod tests {
         c.reboot_cordoned(true, t(11)).unwrap();
         c.reboot_drained(t(15)).unwrap();
         c.reboot_drained(t(25)).unwrap();
-        let r = c.state.rebooting.as_ref().unwrap();
+        let r = c.state.phase.rebooting().unwrap();
         assert_eq!(r.drained_at, Some(t(15)), "the first time it was drained");
         // The last look held it until 40: the drain took 4 s, not 29.
         c.reboot_commanded(None, BTreeMap::new(), t(40)).unwrap();
@@ -289,7 +321,7 @@ mod tests {
     #[test]
     fn draining_to_rebooting_records_the_boot_left() {
         let c = commanded();
-        let r = c.state.rebooting.as_ref().unwrap();
+        let r = c.state.phase.rebooting().unwrap();
         assert_eq!(r.phase, RebootPhase::Rebooting);
         assert_eq!(
             (r.boot_id.as_deref(), r.reboot_at),
@@ -315,7 +347,7 @@ mod tests {
         c.verify_after_reboot(v).unwrap();
         assert_eq!(phase(&c), Some(RebootPhase::Verifying));
         assert_eq!(c.state.took.reboots, [28], "commanded at 12, up at 40");
-        assert!(c.state.verifying.as_ref().unwrap().after_reboot);
+        assert!(c.state.phase.gate().unwrap().after_reboot);
         assert_eq!(
             c.verify_after_reboot(gate('a', false)),
             Err(TransitionError::WrongRebootPhase {
@@ -333,7 +365,7 @@ mod tests {
             Err(TransitionError::NotActive(rev('b')))
         );
         assert_eq!(phase(&c), Some(RebootPhase::Rebooting));
-        assert!(c.state.verifying.is_none());
+        assert!(c.state.phase.gate().is_none());
         c.reboot_finishing().unwrap();
         assert_eq!(phase(&c), Some(RebootPhase::Finishing));
     }
@@ -380,11 +412,11 @@ mod tests {
             .unwrap();
         c.reboot_gate_closed(false).unwrap();
         rollback(&mut c, 21, Outcome::Succeeded);
-        if let Some(r) = c.state.rebooting.as_mut() {
+        if let Some(r) = c.state.phase.rebooting_mut() {
             r.drained_at = Some(t(12));
         }
         c.reboot_into_rollback().unwrap();
-        let r = c.state.rebooting.as_ref().unwrap();
+        let r = c.state.phase.rebooting().unwrap();
         assert_eq!((r.phase, r.rollback), (RebootPhase::Draining, true));
         assert_eq!(
             r.drained_at, None,
@@ -401,7 +433,7 @@ mod tests {
         let mut c = core();
         c.begin_reboot(Some(held('a')), Vec::new(), t(10)).unwrap();
         c.drain_given_up(t(500), "pods refused".into()).unwrap();
-        assert!(c.state.rebooting.is_none());
+        assert!(c.state.phase.rebooting().is_none());
         assert_eq!(c.state.reboot_deferred.as_ref().unwrap().until, t(500));
         assert_eq!(
             c.drain_given_up(t(600), "again".into()),
@@ -420,7 +452,7 @@ mod tests {
         assert!(c.reboot_done(false, t(30)).is_err(), "not finishing yet");
         c.reboot_finishing().unwrap();
         c.reboot_done(true, t(30)).unwrap();
-        assert!(c.state.rebooting.is_none() && c.state.reboot.is_some());
+        assert!(c.state.phase.rebooting().is_none() && c.state.reboot.is_some());
         assert_eq!(c.state.rebooted_at, Some(t(30)));
 
         let mut c = commanded();

@@ -36,7 +36,7 @@ pub(super) fn may_begin(
     required: impl FnOnce() -> bool,
 ) -> bool {
     mode == RebootMode::WhenRequired
-        && st.rebooting.is_none()
+        && st.phase.rebooting().is_none()
         && !st.suspended
         && st
             .gate_failure
@@ -61,12 +61,12 @@ pub(super) fn turn(
     ) {
         return false;
     }
-    if let Some(r) = &st.rebooting {
+    if let Some(r) = st.phase.rebooting() {
         return match r.phase {
             RebootPhase::Draining | RebootPhase::Rebooting | RebootPhase::Finishing => true,
             // The gate is the loop's (Decision::Verify); with none open and no rollback
             // coming (one that could not start), what comes next is decided here.
-            RebootPhase::Verifying => st.verifying.is_none(),
+            RebootPhase::Verifying => st.phase.gate().is_none(),
             RebootPhase::Kept => st.gate_failure.is_none(),
         };
     }
@@ -150,7 +150,7 @@ pub(in crate::reconcile) fn drain_wanted(plan: Option<&Plan>) -> Option<Vec<Stri
 /// cordon), and no failed gate of that revision still holds the node (a rollback to come, an
 /// unhealthy rollback, a manual one).
 pub(in crate::reconcile) fn apply_drain_over(st: &State) -> bool {
-    let Some(d) = &st.apply_drain else {
+    let Some(d) = st.phase.live_drain() else {
         return false;
     };
     let held = st.gate_failure.as_ref().is_some_and(|g| {
@@ -161,9 +161,9 @@ pub(in crate::reconcile) fn apply_drain_over(st: &State) -> bool {
             )
     });
     d.activated
-        && st.in_flight.is_none()
-        && st.verifying.is_none()
-        && st.rebooting.is_none()
+        && st.phase.attempt().is_none()
+        && st.phase.gate().is_none()
+        && st.phase.rebooting().is_none()
         && !held
 }
 
@@ -366,7 +366,8 @@ mod tests {
         s.suspended = true;
         assert!(!may_begin(RebootMode::WhenRequired, &s, t(0), yes));
         let mut s = st.clone();
-        s.rebooting = Some(rebooting(RebootPhase::Draining, &[]));
+        s.phase.disrupting =
+            crate::state::Disrupting::Reboot(rebooting(RebootPhase::Draining, &[]));
         assert!(
             !may_begin(RebootMode::WhenRequired, &s, t(0), yes),
             "one is under way"
@@ -411,7 +412,10 @@ mod tests {
     #[test]
     fn a_reboot_under_way_takes_the_turn_unless_an_attempt_or_a_gate_runs() {
         let mut st = State {
-            rebooting: Some(rebooting(RebootPhase::Draining, &[])),
+            phase: crate::state::Phase {
+                disrupting: crate::state::Disrupting::Reboot(rebooting(RebootPhase::Draining, &[])),
+                ..Default::default()
+            },
             ..State::default()
         };
         let never = || -> bool { panic!("not asked while one is under way") };
@@ -419,14 +423,15 @@ mod tests {
         assert!(!turn(&Decision::Busy, &st, || true, |_| true));
         assert!(!turn(&Decision::Verify, &st, || true, |_| true));
         assert!(!turn(&Decision::RollBack, &st, || true, |_| true));
-        st.rebooting = Some(rebooting(RebootPhase::Verifying, &[]));
+        st.phase.disrupting =
+            crate::state::Disrupting::Reboot(rebooting(RebootPhase::Verifying, &[]));
         assert!(
             turn(&Decision::Idle, &st, || false, |_| false),
             "no gate open"
         );
-        st.verifying = Some(verifying(true, false));
+        st.phase.activity = crate::state::Activity::Gate(verifying(true, false));
         assert!(!turn(&Decision::Idle, &st, || false, |_| false));
-        st.rebooting = Some(rebooting(RebootPhase::Kept, &[]));
+        st.phase.disrupting = crate::state::Disrupting::Reboot(rebooting(RebootPhase::Kept, &[]));
         st.gate_failure = Some(gate_failure(AfterGate::Manual));
         assert!(
             !turn(&Decision::Idle, &st, || true, |_| false),
@@ -622,21 +627,24 @@ mod tests {
         use crate::state::{ApplyDrain, GateFailure, InFlight};
         let r = Revision::from_oid(git2::Oid::from_bytes(&[1; 20]).unwrap());
         let mut st = State {
-            apply_drain: Some(ApplyDrain {
-                revision: r.clone(),
-                because: vec![],
-                started_at: Timestamp::UNIX_EPOCH,
-                cordoned: true,
-                drained_at: Some(Timestamp::UNIX_EPOCH),
-                activated: false,
-            }),
+            phase: crate::state::Phase {
+                disrupting: crate::state::Disrupting::LiveDrain(ApplyDrain {
+                    revision: r.clone(),
+                    because: vec![],
+                    started_at: Timestamp::UNIX_EPOCH,
+                    cordoned: true,
+                    drained_at: Some(Timestamp::UNIX_EPOCH),
+                    activated: false,
+                }),
+                ..Default::default()
+            },
             ..State::default()
         };
         // Drained, not activated yet: the node stays cordoned.
         assert!(!apply_drain_over(&st));
-        st.apply_drain.as_mut().unwrap().activated = true;
+        st.phase.live_drain_mut().unwrap().activated = true;
         assert!(apply_drain_over(&st));
-        st.in_flight = Some(InFlight {
+        st.phase.activity = crate::state::Activity::Attempt(InFlight {
             id: 1,
             kind: crate::state::AttemptKind::Apply,
             source: "h".into(),
@@ -655,7 +663,7 @@ mod tests {
             closure: None,
         });
         assert!(!apply_drain_over(&st), "the activation runs");
-        st.in_flight = None;
+        st.phase.activity = crate::state::Activity::Idle;
         let failed = |next| GateFailure {
             revision: r.clone(),
             failing: BTreeMap::new(),

@@ -24,7 +24,7 @@ impl Reconciler {
             if let Some(step) = self.before_drain(&cfg, &r).await {
                 return step;
             }
-            let r = self.core.state().rebooting.clone().unwrap_or(r);
+            let r = self.core.state().phase.rebooting().cloned().unwrap_or(r);
             if let Some(step) = self.evict_all(&cfg, &r).await {
                 return step;
             }
@@ -271,7 +271,7 @@ impl Reconciler {
         let step = self
             .put_reboot_off(cfg, r, wait, timeout, Reason::DrainBlocked)
             .await;
-        if self.core.state().rebooting.is_none() {
+        if self.core.state().phase.rebooting().is_none() {
             let started = r.drain_started_at.unwrap_or(r.started_at);
             self.metrics
                 .drained(now.duration_since(started).as_secs_f64().max(0.0));

@@ -76,7 +76,7 @@ impl Reconciler {
         &mut self,
         revision: &Revision,
     ) -> Result<(), Wait> {
-        if let Some(d) = self.core.state().apply_drain.clone()
+        if let Some(d) = self.core.state().phase.live_drain().cloned()
             && d.revision != *revision
             && !d.activated
         {
@@ -92,6 +92,11 @@ impl Reconciler {
         let Some(because) = decide::drain_wanted(plan) else {
             return Ok(());
         };
+        if st.phase.rebooting().is_some() {
+            // A reboot kept after a failed gate keeps the node cordoned and drained; it gives
+            // the node back when it ends, after this activation.
+            return Ok(());
+        }
         if !self.gatekeeper.can_halt() {
             if self.live_drain.told_no_cluster.as_ref() != Some(revision) {
                 tracing::info!(revision = %revision.short(), because = %because.join(", "),
@@ -100,7 +105,7 @@ impl Reconciler {
             }
             return Ok(());
         }
-        let d = match self.core.state().apply_drain.clone() {
+        let d = match self.core.state().phase.live_drain().cloned() {
             Some(d) => d,
             None => self.begin_live_drain(revision, because)?,
         };
@@ -173,8 +178,9 @@ impl Reconciler {
         );
         self.core
             .state()
-            .apply_drain
-            .clone()
+            .phase
+            .live_drain()
+            .cloned()
             .ok_or((WaitingFor::Api, "the drain was not recorded".to_owned()))
     }
 
@@ -219,8 +225,8 @@ impl Reconciler {
         let drained = self
             .core
             .state()
-            .apply_drain
-            .as_ref()
+            .phase
+            .live_drain()
             .filter(|d| d.revision == *revision)
             .and_then(|d| d.drained_at);
         let since = drained
@@ -256,7 +262,7 @@ impl Reconciler {
         // Status shows the give-up with its reason from the first publish that shows it.
         self.core
             .set_waiting(Some((waiting_for, why.clone())), util::now());
-        if let Some(d) = self.core.state().apply_drain.clone()
+        if let Some(d) = self.core.state().phase.live_drain().cloned()
             && d.revision == *revision
             && let Err(e) = self.end_live_drain(&d).await
         {
@@ -326,7 +332,7 @@ impl Reconciler {
         if !decide::apply_drain_over(self.core.state()) {
             return;
         }
-        let Some(d) = self.core.state().apply_drain.clone() else {
+        let Some(d) = self.core.state().phase.live_drain().cloned() else {
             return;
         };
         match self.end_live_drain(&d).await {
@@ -342,8 +348,8 @@ impl Reconciler {
         let drained = self
             .core
             .state()
-            .apply_drain
-            .as_ref()
+            .phase
+            .live_drain()
             .is_some_and(|d| d.revision == *revision && d.drained_at.is_some());
         if drained {
             let _ = self.transition(|c| c.apply_drain_activated());

@@ -145,7 +145,7 @@ impl Reconciler {
     /// is required, allowed, and its window is open now.
     pub(super) fn reboot_keeps_slot(&self) -> bool {
         let cfg = Arc::clone(&self.config.borrow());
-        let rebooting = self.core.state().rebooting.is_some();
+        let rebooting = self.core.state().phase.rebooting().is_some();
         rebooting || {
             let window = window::state(cfg.reboot.windows(&cfg.rollout), util::now());
             decide::keeps_slot(false, self.reboot_may_begin(&cfg), &window)
@@ -192,7 +192,7 @@ impl Reconciler {
 
     /// One step of the reboot.
     pub(super) async fn step_reboot(&mut self) -> Step {
-        let Some(r) = self.core.state().rebooting.clone() else {
+        let Some(r) = self.core.state().phase.rebooting().cloned() else {
             return self.begin_reboot().await;
         };
         match r.phase {
@@ -227,7 +227,7 @@ impl Reconciler {
                 let result = self.transition(|c| c.begin_reboot(lock, reasons, now));
                 match result {
                     Ok(()) => {
-                        tracing::info!(reasons = ?self.core.state().rebooting.as_ref().map(|r| &r.reasons),
+                        tracing::info!(reasons = ?self.core.state().phase.rebooting().map(|r| &r.reasons),
                             "reboot: slot held; draining the node");
                         Step::Again
                     }
@@ -247,12 +247,12 @@ impl Reconciler {
         {
             return Step::After(wait);
         }
-        let baseline = match self.core.state().rebooting.as_ref() {
+        let baseline = match self.core.state().phase.rebooting() {
             Some(r) if !r.baseline.is_empty() => r.baseline.clone(),
             _ => gate::baseline(&self.gatekeeper.baseline_checks(None).await),
         };
         // Drained, about to go down: the guards asked again, etcd's leadership handed over.
-        let toward = match self.core.state().rebooting.as_ref() {
+        let toward = match self.core.state().phase.rebooting() {
             Some(r) if r.rollback => Toward::Back,
             _ => Toward::Forward,
         };
@@ -290,7 +290,7 @@ impl Reconciler {
         cfg: &Config,
         (what, why): (WaitingFor, String),
     ) -> Step {
-        let Some(r) = self.core.state().rebooting.clone() else {
+        let Some(r) = self.core.state().phase.rebooting().cloned() else {
             return Step::Again;
         };
         // A node going back from a failed revision is not given back to the cluster on it:
@@ -530,7 +530,7 @@ impl Reconciler {
     /// The rollback policy for the open gate, which may be one after a reboot.
     pub(super) fn reboot_gate_policy(&self, policy: RollbackPolicy) -> RollbackPolicy {
         let st = self.core.state();
-        decide::gate_policy(st.verifying.as_ref(), st.rebooting.as_ref(), policy)
+        decide::gate_policy(st.phase.gate(), st.phase.rebooting(), policy)
     }
 
     /// The last steps: uncordon what ginx cordoned, clear the reboot (the slot is released by
