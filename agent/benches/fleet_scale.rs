@@ -52,8 +52,9 @@ use ginx::k8s::{KubeClients, ServerClock};
 use ginx::metrics::Metrics;
 use ginx::rollout::lock::lease::SlotPhase;
 use ginx::rollout::lock::slots::Observed;
+use ginx::rollout::view::feed::{FleetFeed, Follows};
 use ginx::rollout::{Gatekeeper, Permit, Wiring};
-use ginx::status::HealthMap;
+use ginx::status::{HealthMap, KubeState, KubeStatus};
 use ginx::types::Revision;
 use http_body_util::BodyExt;
 use hyper::body::{Bytes, Frame};
@@ -258,6 +259,8 @@ struct SimNode {
     _config: watch::Sender<Arc<Config>>,
     _kube: watch::Sender<Option<KubeClients>>,
     _health: watch::Sender<HealthMap>,
+    _kube_status: watch::Sender<KubeStatus>,
+    _shutdown: watch::Sender<bool>,
 }
 
 fn config_of(name: &str, kubeconfig: &Path, slots: u32) -> Config {
@@ -449,6 +452,21 @@ fn start_fleet(
         let (kube_tx, kube) = watch::channel(Some(clients));
         let (health_tx, health) = watch::channel(HealthMap::new());
         let (fast_probes, _) = watch::channel(None);
+        // Every node's one watch of the fleet ConfigMap, as its daemon runs it.
+        let (kube_status_tx, kube_status) = watch::channel(KubeStatus {
+            state: KubeState::Connected,
+            ..KubeStatus::default()
+        });
+        let (shutdown_tx, shutdown) = watch::channel(false);
+        let fleet = {
+            let _runtime = rt.enter();
+            FleetFeed::spawn(Follows {
+                config: config.clone(),
+                clients: kube.clone(),
+                kube: kube_status,
+                shutdown,
+            })
+        };
         let gatekeeper = Gatekeeper::new(Wiring {
             notices: ginx::types::Notices::disabled(),
             config,
@@ -459,6 +477,7 @@ fn start_fleet(
             metrics: Arc::clone(&metrics),
             observed: Arc::new(Mutex::new(Observed::default())),
             later: None,
+            fleet,
         });
         let (tx, rx) = watch::channel(Order::Idle);
         orders.push(tx);
@@ -468,6 +487,8 @@ fn start_fleet(
             _config: config_tx,
             _kube: kube_tx,
             _health: health_tx,
+            _kube_status: kube_status_tx,
+            _shutdown: shutdown_tx,
         };
         tasks.push(rt.spawn(node_task(node, rx, Arc::clone(&log))));
     }

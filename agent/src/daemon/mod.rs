@@ -21,6 +21,7 @@ use crate::control::server::{self, Backend};
 use crate::k8s::KubeClients;
 use crate::metrics::Metrics;
 use crate::reconcile::{self, Reconciler, Wiring};
+use crate::rollout::view::feed::{FleetFeed, Follows};
 use crate::source::{self, PollerCmd, PollerConfig, PollerHandle, ReportMap, Workspace};
 use crate::status::{self, ApplyState, Published};
 use crate::types::{Notice, Notices};
@@ -209,7 +210,7 @@ struct ApplyLoop {
 }
 
 /// Makes the apply loop, which loads the state from `state_dir` (the error says so).
-fn apply_loop(shared: &Shared, state_dir: &Path) -> anyhow::Result<ApplyLoop> {
+fn apply_loop(shared: &Shared, state_dir: &Path, fleet: FleetFeed) -> anyhow::Result<ApplyLoop> {
     let (published_tx, published_rx) = watch::channel(Published::default());
     let (commands_tx, commands_rx) = mpsc::channel(32);
     let (restart_tx, restart_rx) = watch::channel(None);
@@ -231,6 +232,7 @@ fn apply_loop(shared: &Shared, state_dir: &Path) -> anyhow::Result<ApplyLoop> {
                 Arc::clone(&shared.workspace),
             )),
             notices: shared.notices.clone(),
+            fleet,
         },
         metrics: Arc::clone(&shared.metrics),
         notices: shared.notices.clone(),
@@ -282,18 +284,19 @@ async fn start(cfg: &Arc<Config>, config: watch::Receiver<Arc<Config>>) -> anyho
         workspace,
         pollers: Arc::new(Mutex::new(BTreeMap::new())),
     };
+    let (kube_status_tx, kube_status_rx) = watch::channel(status::KubeStatus::default());
+    let fleet = spawn_fleet_feed(&shared, kube_status_rx.clone());
     let ApplyLoop {
         reconciler,
         commands: commands_tx,
         published: published_rx,
         restart: restart_rx,
         fast_probes: fast_probes_rx,
-    } = apply_loop(&shared, &cfg.state_dir)?;
+    } = apply_loop(&shared, &cfg.state_dir, fleet.clone())?;
     let listener = server::bind(&cfg.socket, &cfg.control.group)?;
 
     let sources = Sources::start(&shared, cfg);
 
-    let (kube_status_tx, kube_status_rx) = watch::channel(status::KubeStatus::default());
     let (kubeadm_tx, kubeadm_rx) = watch::channel(None);
     let bootstrap_file = cfg.state_dir.join("bootstrap.json");
     let (bootstrap_tx, bootstrap_rx) = watch::channel(server::load_bootstrap(&bootstrap_file));
@@ -333,7 +336,7 @@ async fn start(cfg: &Arc<Config>, config: watch::Receiver<Arc<Config>>) -> anyho
     ));
     spawn_health_probes(&shared, fast_probes_rx);
     spawn_reporter(&shared, parts.clone(), kube_clients_tx, kube_status_tx);
-    spawn_previews(&shared, parts.kubernetes.clone(), previews_tx);
+    spawn_previews(&shared, parts.kubernetes.clone(), fleet, previews_tx);
     if let Some(l) = metrics_listener {
         spawn_metrics_server(&shared, l, parts);
     }
@@ -456,17 +459,29 @@ fn spawn_metrics_server(shared: &Shared, listener: tokio::net::TcpListener, part
     ));
 }
 
+/// Starts the one watch of the fleet ConfigMap that the rollout and the plan requests'
+/// answerer read, kept while the API accepts the node (`kube`).
+fn spawn_fleet_feed(shared: &Shared, kube: watch::Receiver<status::KubeStatus>) -> FleetFeed {
+    FleetFeed::spawn(Follows {
+        config: shared.config.clone(),
+        clients: shared.kube.clone(),
+        kube,
+        shutdown: shared.shutdown.clone(),
+    })
+}
+
 /// Starts answering the fleet's plan requests (`ginxctl plan REF`); the answers go to
 /// `answers`, which the reporter writes on the heartbeat.
 fn spawn_previews(
     shared: &Shared,
     kube: watch::Receiver<status::KubeStatus>,
+    fleet: FleetFeed,
     answers: watch::Sender<Vec<crate::types::PreviewAnswer>>,
 ) {
     tokio::spawn(
         crate::preview::answering::Answering {
             config: shared.config.clone(),
-            clients: shared.kube.clone(),
+            fleet,
             kube,
             answers,
             shutdown: shared.shutdown.clone(),

@@ -198,6 +198,11 @@ impl<V: Clone + Send + Sync + 'static> Reflector<V> {
         Reflector { rx, task }
     }
 
+    /// Follows the objects: the receiver sees every reflection handed out from now on.
+    pub fn subscribe(&self) -> watch::Receiver<Reflection<V>> {
+        self.rx.clone()
+    }
+
     /// The objects as last seen.
     pub fn now(&self) -> Reflection<V> {
         self.rx.borrow().clone()

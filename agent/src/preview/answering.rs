@@ -1,32 +1,28 @@
-//! The daemon's side of `ginxctl plan REF`: watch the fleet's ConfigMap for plan requests,
+//! The daemon's side of `ginxctl plan REF`: read the plan requests in the fleet's ConfigMap,
 //! answer each once (fetch, build, plan: [`plan_ref`](super::plan_ref)), one at a time, and
 //! publish the answers, which the reporter writes on the node's heartbeat Lease
 //! (`ginx.io/previews`).
 //!
-//! The ConfigMap is watched (one long-lived request per node, as the rollout's cache does) and
-//! read when the watch sees a change, and every [`LOOK_EVERY`] besides. Nothing here takes a
-//! slot, writes the state or the history, or activates anything.
+//! The requests come from the daemon's one watch of the ConfigMap (the rollout's read model,
+//! [`FleetFeed`]), looked at when it changes. Nothing here takes a slot, writes the state or
+//! the history, or activates anything.
 
+use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::sync::Arc;
-use std::time::Duration;
 
-use k8s_openapi::api::core::v1::ConfigMap;
 use tokio::sync::watch;
 
 use super::store::{self, Answered};
 use crate::config::Config;
-use crate::k8s::{KubeClients, watch_objects};
-use crate::rollout::fleet::plan_requests;
+use crate::rollout::view::FleetFeed;
 use crate::status::{KubeState, KubeStatus};
 use crate::types::{PlanRequest, PreviewAnswer, PreviewOutcome};
 
-/// The ConfigMap is read this often even when its watch says nothing.
-const LOOK_EVERY: Duration = Duration::from_secs(300);
-
 pub struct Answering {
     pub config: watch::Receiver<Arc<Config>>,
-    pub clients: watch::Receiver<Option<KubeClients>>,
+    /// The fleet ConfigMap as the daemon's one watch of it holds it.
+    pub fleet: FleetFeed,
     /// Requests are read only while the node's report is accepted (`connected`): a node the
     /// API refuses (a missing namespace, credentials without the rights) asks nothing more of
     /// it than the reporter does.
@@ -46,42 +42,19 @@ impl Answering {
         let file = answers_file(&self.config.borrow());
         let mut done = store::load(&file);
         self.answers.send_replace(done.answers.clone());
-        let (changes_tx, mut changes) = watch::channel(0u64);
-        let mut watch: Option<tokio::task::JoinHandle<()>> = None;
         loop {
-            let clients = self.clients.borrow_and_update().clone();
             let connected = self.kube.borrow_and_update().state == KubeState::Connected;
-            if let Some(c) = clients.as_ref().filter(|_| connected) {
-                let cfg = Arc::clone(&self.config.borrow());
-                if watch.is_none() {
-                    watch = Some(start_watch(&cfg, c, changes_tx.clone()));
-                }
-                if let Some(standing) = read(&cfg, c).await
-                    && self.answer_one(&cfg, &file, &mut done, &standing).await
-                {
-                    // Another may be waiting: look again at once.
-                    continue;
-                }
+            let cfg = Arc::clone(&self.config.borrow());
+            if let Some(standing) = connected.then(|| standing(&self.fleet, &cfg)).flatten()
+                && self.answer_one(&cfg, &file, &mut done, &standing).await
+            {
+                // Another may be waiting: look again at once.
+                continue;
             }
             tokio::select! {
-                r = changes.changed() => if r.is_err() { return },
-                r = self.clients.changed() => {
-                    if r.is_err() { return }
-                    if let Some(w) = watch.take() { w.abort() }
-                }
-                r = self.kube.changed() => {
-                    if r.is_err() { return }
-                    if self.kube.borrow().state != KubeState::Connected
-                        && let Some(w) = watch.take()
-                    {
-                        w.abort();
-                    }
-                }
-                () = tokio::time::sleep(LOOK_EVERY) => {}
-                _ = self.shutdown.changed() => {
-                    if let Some(w) = watch.take() { w.abort() }
-                    return;
-                }
+                () = self.fleet.changed() => {}
+                r = self.kube.changed() => if r.is_err() { return },
+                _ = self.shutdown.changed() => return,
             }
         }
     }
@@ -93,7 +66,7 @@ impl Answering {
         cfg: &Arc<Config>,
         file: &std::path::Path,
         done: &mut Answered,
-        standing: &std::collections::BTreeMap<String, PlanRequest>,
+        standing: &BTreeMap<String, PlanRequest>,
     ) -> bool {
         if done.retain(standing) {
             self.publish(file, done);
@@ -136,36 +109,15 @@ impl Answering {
     }
 }
 
-/// Watches the fleet's ConfigMap; each change bumps `changes`.
-fn start_watch(
-    cfg: &Config,
-    clients: &KubeClients,
-    changes: watch::Sender<u64>,
-) -> tokio::task::JoinHandle<()> {
-    let api = kube::Api::<ConfigMap>::namespaced(clients.watch.clone(), &cfg.kubernetes.namespace);
-    let fields = format!("metadata.name={}", cfg.rollout.configmap);
-    tokio::spawn(watch_objects(
-        api,
-        String::new(),
-        Some(fields),
-        changes,
-        None,
-    ))
-}
-
-/// The requests standing in the fleet's ConfigMap; `None` when it cannot be read now.
-async fn read(
-    cfg: &Config,
-    clients: &KubeClients,
-) -> Option<std::collections::BTreeMap<String, PlanRequest>> {
-    let api = kube::Api::<ConfigMap>::namespaced(clients.main.clone(), &cfg.kubernetes.namespace);
-    match api.get_opt(&cfg.rollout.configmap).await {
-        Ok(cm) => Some(plan_requests::decode(
-            &cm.and_then(|c| c.data).unwrap_or_default(),
-        )),
-        Err(e) => {
-            tracing::debug!(error = %e, "cannot read the plan requests now; looking again later");
-            None
-        }
-    }
+/// The requests standing in the fleet's ConfigMap; `None` while it is not read (not watched,
+/// not listed yet, or its list failed: the watch tries again and says so when it can).
+fn standing(fleet: &FleetFeed, cfg: &Config) -> Option<BTreeMap<String, PlanRequest>> {
+    let seen = fleet.now()?;
+    let objects = seen.current().ok()?;
+    Some(
+        objects
+            .get(&cfg.rollout.configmap)
+            .map(|f| f.requests.clone())
+            .unwrap_or_default(),
+    )
 }

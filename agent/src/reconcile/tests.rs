@@ -74,6 +74,7 @@ fn reconciler(dir: &std::path::Path, state: &State) -> (Reconciler, watch::Recei
             observed: Arc::default(),
             later: None,
             notices: Notices::disabled(),
+            fleet: crate::rollout::view::FleetFeed::idle(),
         },
         kube,
     })

@@ -112,7 +112,6 @@ impl Gatekeeper {
         let policy = cfg.rollout.on_api_unavailable;
         match (step, clients) {
             (Next::ReadFleet, Some(c)) => {
-                self.view.watch_fleet(cfg, c, self.clients_generation);
                 let watched = self.view.snapshot().fleet_state(&cfg.rollout.configmap);
                 self.fleet.before_take(cfg, c, watched).await?;
                 learned.fleet_read = true;

@@ -35,7 +35,7 @@ pub use crate::rollout::guards::evidence::{GateStep, Look, Reach};
 use crate::rollout::lock::SlotError;
 use crate::rollout::lock::lease::SlotPhase;
 use crate::rollout::lock::slots::Observed;
-use crate::rollout::view::View;
+use crate::rollout::view::{FleetFeed, View};
 use crate::state::{SlotBackend, TakenSlot};
 use crate::status::{HealthMap, WaitingFor};
 use crate::types::{HaltCause, Reason, Revision, Role};
@@ -73,6 +73,8 @@ pub struct Wiring {
     pub later: Option<Later>,
     /// Where what happens is told (Events, webhooks).
     pub notices: crate::types::Notices,
+    /// The daemon's one watch of the fleet ConfigMap.
+    pub fleet: FleetFeed,
 }
 
 /// The answer to "may I apply?".
@@ -144,6 +146,7 @@ impl Gatekeeper {
             w.fast_probes.clone(),
             w.reach_source.clone(),
         );
+        let view = View::new(changes_tx.clone(), w.fleet.clone());
         let locker = Locker::new(
             changes_tx.clone(),
             Arc::clone(&w.observed),
@@ -165,7 +168,7 @@ impl Gatekeeper {
             held_told: Spell::default(),
             alerts: Default::default(),
             canaries: Default::default(),
-            view: View::new(changes_tx.clone()),
+            view,
             later_known: BTreeSet::new(),
         }
     }
@@ -227,6 +230,7 @@ impl Gatekeeper {
         };
         tokio::select! {
             _ = self.changes.changed() => {}
+            () = self.view.fleet_changed() => {}
             _ = self.w.kube.changed() => self.kube_pending = true,
             () = tokio::time::sleep(util::jitter(recheck, 0.1)) => {}
             // The soak ending, or the next window opening, to the moment.
@@ -359,8 +363,6 @@ impl Gatekeeper {
         let Some(clients) = self.clients() else {
             return Err(SlotError::NoApi);
         };
-        self.view
-            .watch_fleet(&cfg, &clients, self.clients_generation);
         let Some(vanished) = self.locker.resume(&cfg, &clients, held, phase).await? else {
             return Ok(false);
         };
@@ -469,6 +471,7 @@ mod tests {
             later: None,
             metrics: Metrics::new(),
             observed: Arc::default(),
+            fleet: FleetFeed::idle(),
         });
         (g, kube_tx)
     }

@@ -2,8 +2,9 @@
 //! this node through a [`Reflector`] and handed out as one immutable [`Snapshot`]. No guard
 //! lists or watches by itself; it answers from the snapshot, as a pure function.
 //!
-//! - the fleet state (the `ginx-rollout` ConfigMap), decoded: watched while the node has a
-//!   cluster;
+//! - the fleet state (the `ginx-rollout` ConfigMap), decoded: watched once for the whole
+//!   daemon by the [`FleetFeed`] (the plan requests' answerer reads the same watch), while the
+//!   API accepts the node;
 //! - the heartbeat Leases (every node's group, the revision it passed, its renewal): watched
 //!   while a guard that reads them waits (`rollout.after`, canaries), since every renewal of
 //!   every node is an event, too many to follow all the time in a large fleet;
@@ -13,25 +14,27 @@
 //! What is kept of each object is a few fields ([`Heartbeat`], [`NodeFacts`]), not the object.
 //! Owns the watches' lifetimes and the projections; not what the guards decide of them.
 
+pub mod feed;
 pub mod projections;
 
 use std::time::Duration;
 
 use k8s_openapi::api::coordination::v1::Lease;
-use k8s_openapi::api::core::v1::{ConfigMap, Node};
+use k8s_openapi::api::core::v1::Node;
 use tokio::sync::watch;
 
 use crate::config::Config;
 use crate::k8s::KubeClients;
 use crate::k8s::reflect::{Reflection, Reflector, Source};
 use crate::rollout::fleet::state::FleetState;
-pub use projections::{Heartbeat, NodeFacts};
+pub use feed::FleetFeed;
+pub use projections::{FleetSeen, Heartbeat, NodeFacts};
 
 /// The read model at one moment: each part as its reflector last saw it (empty and
 /// [`NotYet`](crate::k8s::reflect::Listed::NotYet) when it is not watched).
 #[derive(Clone, Debug, Default)]
 pub struct Snapshot {
-    pub fleet: Reflection<FleetState>,
+    pub fleet: Reflection<FleetSeen>,
     pub heartbeats: Reflection<Heartbeat>,
     pub nodes: Reflection<NodeFacts>,
 }
@@ -39,10 +42,11 @@ pub struct Snapshot {
 impl Snapshot {
     /// The fleet state, once its ConfigMap was listed (none there: the empty state).
     pub fn fleet_state(&self, configmap: &str) -> Option<FleetState> {
-        self.fleet
-            .current()
-            .ok()
-            .map(|m| m.get(configmap).cloned().unwrap_or_default())
+        self.fleet.current().ok().map(|m| {
+            m.get(configmap)
+                .map(|f| f.state.clone())
+                .unwrap_or_default()
+        })
     }
 }
 
@@ -57,7 +61,7 @@ struct Key {
 /// The reflectors this node runs, started when first needed, stopped when dropped.
 pub struct View {
     changes: watch::Sender<u64>,
-    fleet: Option<(Key, Reflector<FleetState>)>,
+    fleet: FleetFeed,
     heartbeats: Option<(Key, Reflector<Heartbeat>)>,
     nodes: Option<(Key, Reflector<NodeFacts>)>,
 }
@@ -67,11 +71,11 @@ pub struct View {
 pub const FIRST_LIST: Duration = Duration::from_secs(10);
 
 impl View {
-    /// A change any reflector says matters bumps `changes`.
-    pub fn new(changes: watch::Sender<u64>) -> Self {
+    /// A change any reflector says matters bumps `changes`; the fleet state is `fleet`'s.
+    pub fn new(changes: watch::Sender<u64>, fleet: FleetFeed) -> Self {
         View {
             changes,
-            fleet: None,
+            fleet,
             heartbeats: None,
             nodes: None,
         }
@@ -80,11 +84,7 @@ impl View {
     /// The snapshot of what is watched now.
     pub fn snapshot(&self) -> Snapshot {
         Snapshot {
-            fleet: self
-                .fleet
-                .as_ref()
-                .map(|(_, r)| r.now())
-                .unwrap_or_default(),
+            fleet: self.fleet.now().unwrap_or_default(),
             heartbeats: self
                 .heartbeats
                 .as_ref()
@@ -98,19 +98,9 @@ impl View {
         }
     }
 
-    /// Watches the fleet state's ConfigMap (from now on, until the clients change).
-    pub fn watch_fleet(&mut self, cfg: &Config, clients: &KubeClients, generation: usize) {
-        let key = key(cfg, generation);
-        let source = || Source {
-            api: kube::Api::<ConfigMap>::namespaced(clients.watch.clone(), &key.namespace),
-            labels: String::new(),
-            fields: Some(format!("metadata.name={}", cfg.rollout.configmap)),
-            resource: format!("ConfigMap {}/{}", key.namespace, cfg.rollout.configmap),
-        };
-        let changes = &self.changes;
-        keep(&mut self.fleet, true, &key, || {
-            Reflector::start(source(), projections::FLEET, changes.clone())
-        });
+    /// Returns when the fleet state changed (or whether it is watched).
+    pub async fn fleet_changed(&mut self) {
+        self.fleet.changed().await;
     }
 
     /// Watches the heartbeat Leases while `heartbeats`, the Nodes while `nodes`; stops each
@@ -156,10 +146,7 @@ impl View {
     /// [`FIRST_LIST`] for each.
     pub async fn listed(&self) -> Snapshot {
         Snapshot {
-            fleet: match &self.fleet {
-                Some((_, r)) => r.first(FIRST_LIST).await,
-                None => Reflection::default(),
-            },
+            fleet: self.fleet.first(FIRST_LIST).await.unwrap_or_default(),
             heartbeats: match &self.heartbeats {
                 Some((_, r)) => r.first(FIRST_LIST).await,
                 None => Reflection::default(),

@@ -11,8 +11,9 @@ use k8s_openapi::api::core::v1::{ConfigMap, Node};
 use crate::k8s::reflect::Projection;
 use crate::k8s::{HEARTBEAT_GROUP_LABEL, HEARTBEAT_PASSED_ANNOTATION};
 use crate::rollout::fleet::configmap::decode_lenient;
+use crate::rollout::fleet::plan_requests;
 use crate::rollout::fleet::state::FleetState;
-use crate::types::Revision;
+use crate::types::{PlanRequest, Revision};
 
 /// A heartbeat Lease, as the guards read it.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -143,12 +144,24 @@ pub const NODES: Projection<Node, NodeFacts> = Projection {
     wakes: |a, b| a != b,
 };
 
-fn fleet(cm: &ConfigMap) -> Option<FleetState> {
-    Some(decode_lenient(cm.data.as_ref().unwrap_or(&BTreeMap::new())).0)
+/// The fleet ConfigMap, as its readers read it: the rollout's state, and the plan requests
+/// standing in it (each read only when sound).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct FleetSeen {
+    pub state: FleetState,
+    pub requests: BTreeMap<String, PlanRequest>,
 }
 
-/// The fleet state: any change wakes.
-pub const FLEET: Projection<ConfigMap, FleetState> = Projection {
+fn fleet(cm: &ConfigMap) -> Option<FleetSeen> {
+    let data = cm.data.clone().unwrap_or_default();
+    Some(FleetSeen {
+        state: decode_lenient(&data).0,
+        requests: plan_requests::decode(&data),
+    })
+}
+
+/// The fleet ConfigMap: any change wakes.
+pub const FLEET: Projection<ConfigMap, FleetSeen> = Projection {
     keep: fleet,
     wakes: |a, b| a != b,
 };
