@@ -8,10 +8,10 @@ use std::path::Path;
 
 use serde_json::Value;
 
-use crate::kubernetes::use_cluster;
 use crate::support::control_plane::{self, ControlPlane, RbacGuard};
 use crate::support::daemon::Daemon;
 use crate::support::prometheus::{Exporter, Prometheus};
+use crate::support::test_fleet::{NodeToml, use_cluster};
 use crate::support::tls::TestCa;
 use crate::support::{self, Env, wait_for};
 
@@ -39,13 +39,14 @@ fn gate(url: &str, gate_extra: &str, prom_extra: &str) -> String {
 fn worker(cp: &ControlPlane, name: &str, gate_toml: &str) -> Env {
     let env = Env::new();
     use_cluster(&env, cp, name, "");
-    env.dropin(
-        "80-rollout.toml",
-        &format!(
-            "[node]\nrole = \"worker\"\n\n[metrics]\nlisten = \"127.0.0.1:0\"\n\n\
-             [rollout]\nlock = \"auto\"\ngroup = \"{name}\"\nlease_duration = \"5s\"\n\n{gate_toml}"
-        ),
-    );
+    NodeToml::new()
+        .set("node.role", "worker")
+        .set("metrics.listen", "127.0.0.1:0")
+        .set("rollout.lock", "auto")
+        .set("rollout.group", name)
+        .set("rollout.lease_duration", "5s")
+        .merge("", gate_toml)
+        .write(&env, "80-rollout.toml");
     env
 }
 

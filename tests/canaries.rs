@@ -8,12 +8,12 @@
 
 use std::path::Path;
 
-use crate::kubernetes::use_cluster;
 use crate::rollout::most_at_once;
 use crate::support::Env;
-use crate::support::control_plane::{self, ControlPlane, RbacGuard};
+use crate::support::control_plane::ControlPlane;
 use crate::support::daemon::Daemon;
 use crate::support::kubelet::Kubelet;
+use crate::support::test_fleet::{NodeToml, TestFleet, fetch_from, use_cluster};
 
 const SOAK: f64 = 4.0;
 const CANARY: &str = "cnr-w3";
@@ -44,10 +44,7 @@ fn lines(path: &Path) -> Vec<Line> {
 
 fn worker(cp: &ControlPlane, origin: &Path, journal: &Path, name: &str, rollout: &str) -> Env {
     let env = Env::new();
-    env.dropin(
-        "20-remote.toml",
-        &format!("[sources.hephaestus]\nurl = \"{}\"\n", origin.display()),
-    );
+    fetch_from(&env, origin);
     use_cluster(&env, cp, name, "");
     // The gate command writes "verify NODE REVISION TIME" (and "baseline …" before).
     let gate = format!(
@@ -55,14 +52,13 @@ fn worker(cp: &ControlPlane, origin: &Path, journal: &Path, name: &str, rollout:
          echo $w {name} $GINX_REVISION $(date +%s.%N) >> {}",
         journal.display()
     );
-    env.dropin(
-        "80-rollout.toml",
-        &format!(
-            "[node]\nrole = \"worker\"\n\n[rollout]\nlock = \"auto\"\nlease_duration = \"5s\"\n\
-             {rollout}\n\n[rollout.gate]\nsettle = \"1s\"\ninterval = \"200ms\"\n\
-             command = [\"sh\", \"-c\", \"{gate}\"]\n"
-        ),
-    );
+    NodeToml::new()
+        .set("node.role", "worker")
+        .set("rollout.lock", "auto")
+        .set("rollout.lease_duration", "5s")
+        .gate(&gate)
+        .merge("rollout", rollout)
+        .write(&env, "80-rollout.toml");
     env.stub("journal", &journal.display().to_string());
     env.stub("journal_times", "");
     env.stub("sleep", "0.5");
@@ -104,12 +100,9 @@ fn canary_went_first(all: &[Line], revision: &str, canary: &str, nodes: usize, s
 
 #[test]
 fn a_canary_goes_first_and_its_gate_and_soak_hold_the_group() {
-    let Some(cp) = control_plane::shared() else {
+    let Some((cp, mut rbac, origin, journal)) = TestFleet::open() else {
         return;
     };
-    let mut rbac = RbacGuard::new(cp);
-    let origin = Env::new();
-    let journal = origin.root.join("journal");
     let names: Vec<String> = (1..=5).map(|i| format!("cnr-w{i}")).collect();
     let envs: Vec<Env> = names
         .iter()
@@ -182,12 +175,9 @@ fn a_canary_goes_first_and_its_gate_and_soak_hold_the_group() {
 /// cloud's node controller would; a revision walks through them by zone, then name.
 #[test]
 fn workers_take_a_revision_in_zone_order() {
-    let Some(cp) = control_plane::shared() else {
+    let Some((cp, mut rbac, origin, journal)) = TestFleet::open() else {
         return;
     };
-    let mut rbac = RbacGuard::new(cp);
-    let origin = Env::new();
-    let journal = origin.root.join("journal");
     let zones = [
         ("ord-w1", "c"),
         ("ord-w2", "a"),
@@ -253,12 +243,9 @@ fn workers_take_a_revision_in_zone_order() {
 /// sel-w1 between two revisions, and the canary with it.
 #[test]
 fn a_label_on_the_node_makes_the_canary_and_moving_it_moves_the_canary() {
-    let Some(cp) = control_plane::shared() else {
+    let Some((cp, mut rbac, origin, journal)) = TestFleet::open() else {
         return;
     };
-    let mut rbac = RbacGuard::new(cp);
-    let origin = Env::new();
-    let journal = origin.root.join("journal");
     let names = ["sel-w1", "sel-w2", "sel-w3"];
     let _kubelets: Vec<Kubelet> = names
         .iter()

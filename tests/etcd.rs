@@ -569,8 +569,12 @@ fn missing_certificates_a_wrong_ca_and_a_silent_endpoint_each_hold_with_a_reason
             .clone();
         (me["waiting_for"] == "etcd").then_some(())
     });
-    // Held, not just slow: a few seconds later still nothing rebooted.
-    std::thread::sleep(Duration::from_secs(3));
+    // Held, not just slow: after 15 more heartbeats (3 s of the daemon's work) still nothing
+    // rebooted.
+    let mark = cp.audit_mark();
+    for (name, _, _, _) in &cases {
+        cp.wait_renewals(name, mark, 15);
+    }
     for ((name, _, _, _), n) in cases.iter().zip(&nodes) {
         assert!(n.reboots().is_empty(), "{name} rebooted");
         let s = status(n).unwrap();
@@ -635,7 +639,8 @@ fn a_member_kept_behind_holds_the_control_plane_node_until_it_caught_up() {
     };
     let lag = behind(&etcd).expect("the member cut off answers its clients");
     assert!(lag > MAX_LAG, "{} is only {lag} behind", names[cut]);
-    std::thread::sleep(Duration::from_secs(2));
+    // Given 10 more heartbeats (2 s of the daemon's work) to apply, it still has not.
+    cp.wait_renewals(names[0], cp.audit_mark(), 10);
     let s = status(&n).unwrap();
     assert_eq!(
         s["apply"]["applied_revision"],

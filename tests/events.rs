@@ -9,10 +9,10 @@
 
 use serde_json::json;
 
-use crate::support::control_plane::{self, RbacGuard};
 use crate::support::kubelet::Kubelet;
 use crate::support::reboot::{namespace, node};
-use crate::support::{Env, wait_for};
+use crate::support::test_fleet::TestFleet;
+use crate::support::wait_for;
 
 /// The Events section of `kubectl describe node`: (type, reason, age column, from, message).
 fn described_events(out: &str) -> Vec<(String, String, String, String, String)> {
@@ -52,12 +52,9 @@ fn in_order(reasons: &[String], want: &[&str]) -> bool {
 
 #[test]
 fn kubectl_describe_node_shows_a_rollout_a_gate_failure_and_a_drain_blocked_by_a_budget() {
-    let Some(cp) = control_plane::shared() else {
+    let Some((cp, mut rbac, origin, journal)) = TestFleet::open() else {
         return;
     };
-    let mut rbac = RbacGuard::new(cp);
-    let origin = Env::new();
-    let journal = origin.root.join("journal");
     let name = "ev-a";
     let _kubelet = Kubelet::start(cp, name, "worker");
     let ns = "ev-pdb";

@@ -20,6 +20,7 @@ use crate::support::control_plane::{self, ControlPlane, RbacGuard};
 use crate::support::daemon::Daemon;
 use crate::support::faketime;
 use crate::support::kubelet::Kubelet;
+use crate::support::test_fleet::{NodeToml, TestFleet};
 use crate::support::webhook::Webhook;
 use crate::support::{Env, wait_for};
 
@@ -221,12 +222,7 @@ fn fleet(
         .iter()
         .map(|n| {
             rbac.watch(n);
-            let node = node(cp, &origin.repo.path, journal, n, "worker", group, "");
-            node.env.dropin(
-                "82-faults.toml",
-                "[rollout]\nlease_duration = \"5s\"\n\n[rollout.gate]\nsettle = \"1s\"\n",
-            );
-            node
+            node(cp, &origin.repo.path, journal, n, "worker", group, "")
         })
         .collect()
 }
@@ -266,15 +262,12 @@ fn history(d: &Daemon) -> Value {
 
 #[test]
 fn clock_skew_of_five_minutes_either_way_takes_no_live_slot() {
-    let Some(cp) = control_plane::shared() else {
+    let Some((cp, mut rbac, origin, journal)) = TestFleet::open() else {
         return;
     };
     if !faketime::available() {
         return;
     }
-    let mut rbac = RbacGuard::new(cp);
-    let origin = Env::new();
-    let journal = origin.root.join("journal");
     let names = ["fsk-lucy", "fsk-makise", "fsk-quinn"];
     let nodes = fleet(cp, &mut rbac, &origin, &journal, "fsk", &names);
     let go = held_at_activation(&nodes[0]);
@@ -377,12 +370,9 @@ fn wait_halt(cp: &ControlPlane, revision: &str, node: &str, cause: &str) -> Valu
 /// instead of applying it, and the holder says `lost`. After the heal the holder's activation
 /// finishes and gates, its passed gate lifts the halt, and only then does the other node apply.
 fn partition_of_the_holder(group: &str, during_gate: bool) {
-    let Some(cp) = control_plane::shared() else {
+    let Some((cp, mut rbac, origin, journal)) = TestFleet::open() else {
         return;
     };
-    let mut rbac = RbacGuard::new(cp);
-    let origin = Env::new();
-    let journal = origin.root.join("journal");
     let (an, bn) = (format!("{group}-a"), format!("{group}-b"));
     let nodes = fleet(cp, &mut rbac, &origin, &journal, group, &[&an, &bn]);
     // a's Node, for its annotation and condition.
@@ -493,12 +483,9 @@ fn partition_of_the_holder_during_its_gate() {
 /// naming the dead node) and never starts it; nor does a third. A later revision rolls out.
 #[test]
 fn sigkill_of_the_holder_mid_activation_halts_its_revision() {
-    let Some(cp) = control_plane::shared() else {
+    let Some((cp, mut rbac, origin, journal)) = TestFleet::open() else {
         return;
     };
-    let mut rbac = RbacGuard::new(cp);
-    let origin = Env::new();
-    let journal = origin.root.join("journal");
     let names = ["fsg-lucy", "fsg-makise", "fsg-quinn"];
     let nodes = fleet(cp, &mut rbac, &origin, &journal, "fsg", &names);
     let go = held_at_activation(&nodes[0]);
@@ -565,12 +552,9 @@ fn sigkill_of_the_holder_mid_activation_halts_its_revision() {
 /// moment the API server admits the node's slot write: the interleaving is certain, not timed.
 #[test]
 fn a_halt_written_while_the_slot_is_taken_is_seen_before_the_activation() {
-    let Some(cp) = control_plane::shared() else {
+    let Some((cp, mut rbac, origin, journal)) = TestFleet::open() else {
         return;
     };
-    let mut rbac = RbacGuard::new(cp);
-    let origin = Env::new();
-    let journal = origin.root.join("journal");
     let nodes = fleet(cp, &mut rbac, &origin, &journal, "fhs", &["fhs-quinn"]);
     let r = origin.repo.head();
     let _ = cp.kubectl_output(&["create", "configmap", "ginx-rollout", "-n", "ginx-system"]);
@@ -649,12 +633,9 @@ fn a_halt_written_while_the_slot_is_taken_is_seen_before_the_activation() {
 /// taker wrote is lifted by that gate.
 #[test]
 fn sigstop_of_the_holder_longer_than_its_lease_then_sigcont() {
-    let Some(cp) = control_plane::shared() else {
+    let Some((cp, mut rbac, origin, journal)) = TestFleet::open() else {
         return;
     };
-    let mut rbac = RbacGuard::new(cp);
-    let origin = Env::new();
-    let journal = origin.root.join("journal");
     let nodes = fleet(cp, &mut rbac, &origin, &journal, "fst", &["fst-a", "fst-b"]);
     nodes[0]
         .env
@@ -695,13 +676,10 @@ fn sigstop_of_the_holder_longer_than_its_lease_then_sigcont() {
 /// identity without RBAC (403) applies nothing, and the wait names what was refused.
 #[test]
 fn proceed_never_applies_past_a_refusal() {
-    let Some(cp) = control_plane::shared() else {
+    let Some((cp, mut rbac, origin, journal)) = TestFleet::open() else {
         return;
     };
-    let mut rbac = RbacGuard::new(cp);
     rbac.expect_forbidden("fpr-x");
-    let origin = Env::new();
-    let journal = origin.root.join("journal");
     let n = node(
         cp,
         &origin.repo.path,
@@ -738,15 +716,15 @@ fn gated_node(
     let n = fleet(cp, rbac, origin, journal, name, &[name]).remove(0);
     let ok = n.env.root.join("ok");
     std::fs::write(&ok, "").unwrap();
-    n.env.dropin(
-        "86-gate.toml",
-        &format!(
-            "[rollout.gate]\nsettle = \"{settle}\"\ninterval = \"200ms\"\n\
-             command = [\"sh\", \"-c\", \"{gate}; test -e {ok}\"]\n",
-            gate = crate::support::gate_writes(name, journal),
-            ok = ok.display()
-        ),
+    let gate = format!(
+        "{}; test -e {}",
+        crate::support::gate_writes(name, journal),
+        ok.display()
     );
+    NodeToml::new()
+        .gate(&gate)
+        .set("rollout.gate.settle", settle)
+        .write(&n.env, "86-gate.toml");
     let offset = n.env.root.join("faketime");
     let d = start_skewed(&n, &offset, "+0");
     d.wait_status("the gate open", |s| s["rollout"]["phase"] == "verifying");
@@ -766,15 +744,12 @@ fn wait_step_logged(d: &Daemon) {
 /// time on the monotonic clock); the step is logged once.
 #[test]
 fn a_wall_clock_step_during_a_gate_keeps_the_full_settle() {
-    let Some(cp) = control_plane::shared() else {
+    let Some((cp, mut rbac, origin, journal)) = TestFleet::open() else {
         return;
     };
     if !faketime::available() {
         return;
     }
-    let mut rbac = RbacGuard::new(cp);
-    let origin = Env::new();
-    let journal = origin.root.join("journal");
     let (_n, d, _ok, offset) = gated_node(cp, &mut rbac, &origin, &journal, "fws", "20s");
     let gate_lines = |l: &[Line]| l.iter().filter(|l| l.what == "verify").count();
     wait_for("two gate steps", || {
@@ -827,15 +802,12 @@ fn a_wall_clock_step_during_a_gate_keeps_the_full_settle() {
 /// check heals and the gate passes: no rollback, no halt of a good revision.
 #[test]
 fn a_wall_clock_step_with_a_failing_check_does_not_fail_the_gate() {
-    let Some(cp) = control_plane::shared() else {
+    let Some((cp, mut rbac, origin, journal)) = TestFleet::open() else {
         return;
     };
     if !faketime::available() {
         return;
     }
-    let mut rbac = RbacGuard::new(cp);
-    let origin = Env::new();
-    let journal = origin.root.join("journal");
     let (_n, d, ok, offset) = gated_node(cp, &mut rbac, &origin, &journal, "fwf", "2s");
     std::fs::remove_file(&ok).unwrap();
     d.wait_status("the command failing in the gate", |s| {

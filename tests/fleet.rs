@@ -14,10 +14,10 @@ use std::process::{Command, Output};
 
 use serde_json::Value;
 
-use crate::kubernetes::use_cluster;
 use crate::support::control_plane::{self, ControlPlane, RbacGuard};
 use crate::support::daemon::Daemon;
 use crate::support::kubelet::Kubelet;
+use crate::support::test_fleet::{NodeToml, use_cluster};
 use crate::support::{self, Env, wait_for};
 
 const REV_A: &str = "aaaaaaaa11111111111111111111111111111111";
@@ -76,11 +76,13 @@ fn namespace_like_ginx_system(cp: &ControlPlane, namespace: &str, without: &[&st
 fn start_node(cp: &ControlPlane, node: &str, role: &str, namespace: &str) -> (Env, Daemon) {
     let env = Env::new();
     use_cluster(&env, cp, node, &format!("namespace = \"{namespace}\""));
-    env.dropin(
-        "10-node.toml",
-        &format!("[node]\nname = \"{node}\"\nrole = \"{role}\"\n"),
-    );
-    env.dropin("20-control.toml", "[control]\ngroup = \"users\"\n");
+    NodeToml::new()
+        .set("node.name", node)
+        .set("node.role", role)
+        .write(&env, "10-node.toml");
+    NodeToml::new()
+        .set("control.group", "users")
+        .write(&env, "20-control.toml");
     let d = env.start();
     d.wait_status("connected", |s| s["kubernetes"]["state"] == "connected");
     (env, d)
@@ -486,13 +488,12 @@ fn an_open_gate_says_how_long_when_it_passes_and_when_it_gives_up() {
     let _kubelet = Kubelet::start(cp, node, "worker");
     let env = Env::new();
     use_cluster(&env, cp, node, &format!("namespace = \"{ns}\""));
-    env.dropin(
-        "10-node.toml",
-        &format!(
-            "[node]\nname = \"{node}\"\nrole = \"worker\"\n\n\
-             [rollout.gate]\nsettle = \"5m\"\ntimeout = \"10m\"\n"
-        ),
-    );
+    NodeToml::new()
+        .set("node.name", node)
+        .set("node.role", "worker")
+        .set("rollout.gate.settle", "5m")
+        .set("rollout.gate.timeout", "10m")
+        .write(&env, "10-node.toml");
     let d = env.start();
     let s = d.wait_status("the gate open and healthy", |s| {
         s["apply"]["state"] == "verifying" && s["rollout"]["gate"]["passes_at"].is_string()

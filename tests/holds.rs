@@ -11,9 +11,10 @@ use std::process::{Command, Output};
 use serde_json::Value;
 
 use crate::rollout::{Node, journal, node};
-use crate::support::control_plane::{self, ControlPlane, RbacGuard};
+use crate::support::control_plane::ControlPlane;
 use crate::support::kubelet::Kubelet;
-use crate::support::{self, Env, wait_for};
+use crate::support::test_fleet::TestFleet;
+use crate::support::{self, wait_for};
 
 fn text(b: &[u8]) -> String {
     String::from_utf8_lossy(b).into_owned()
@@ -92,11 +93,9 @@ fn starts(journal_path: &Path, node: &str) -> usize {
 
 #[test]
 fn a_hold_from_a_workstation_keeps_a_worker_out_of_two_revisions_until_it_lapses() {
-    let Some(cp) = control_plane::shared() else {
+    let Some((cp, mut rbac, origin, _)) = TestFleet::open() else {
         return;
     };
-    let mut rbac = RbacGuard::new(cp);
-    let origin = Env::new();
     let journal_path = origin.root.join("journal");
     let names = ["hld-w1", "hld-w2", "hld-w3"];
     let _kubelets: Vec<Kubelet> = names

@@ -8,19 +8,13 @@
 //! stand-in API server (tests/support/apiserver.rs) serves only what a real server cannot be
 //! made to do on cue: 500s, dropped connections, an unready `/readyz`, a VIP in a namespace.
 
-use std::path::PathBuf;
-
 use serde_json::Value;
 
 use crate::support::apiserver::ApiServer;
 use crate::support::control_plane::{self, AuditEvent, ControlPlane, RbacGuard};
 use crate::support::kubelet::Kubelet;
+pub(crate) use crate::support::test_fleet::{kube_dropin, use_cluster};
 use crate::support::{self, Env, fakes, wait_for};
-
-const PROBES_OFF: &str = "[health]\ninterval = \"200ms\"\n\
-[health.kubelet]\nenabled = false\n[health.apiserver]\nenabled = false\n\
-[health.cilium]\nenabled = false\n[health.systemd]\nenabled = false\n\
-[health.node_ready]\nenabled = false\n";
 
 /// Points ginx at the stand-in `api` with a token kubeconfig, fast renewals, every probe off.
 fn use_api(env: &Env, api: &ApiServer, extra: &str) {
@@ -29,30 +23,6 @@ fn use_api(env: &Env, api: &ApiServer, extra: &str) {
     // The stand-in knows one identity: the node's own is the same token.
     std::fs::copy(&kc, env.root.join("kubelet.conf")).unwrap();
     kube_dropin(env, &kc, extra);
-}
-
-pub(crate) fn kube_dropin(env: &Env, kubeconfig: &std::path::Path, extra: &str) {
-    env.dropin(
-        "70-kube.toml",
-        &format!(
-            "[kubernetes]\nkubeconfig = \"{}\"\nrenew_interval = \"200ms\"\nresync_interval = \"1h\"\n{extra}\n{PROBES_OFF}",
-            kubeconfig.display()
-        ),
-    );
-    // These tests are about reporting; the rollout lock (tests/rollout.rs, which overrides
-    // this in a later drop-in) would hold their applies on RBAC they are not given.
-    env.dropin("65-rollout-off.toml", "[rollout]\nlock = \"none\"\n");
-}
-
-/// Makes `env`'s ginx the node `node` of the real control plane, with ginx's own identity
-/// (`CN=ginx:<node>`, `O=ginx:nodes`), fast renewals and every probe off. Returns the path of
-/// its kubeconfig.
-pub(crate) fn use_cluster(env: &Env, cp: &ControlPlane, node: &str, extra: &str) -> PathBuf {
-    env.dropin("10-node.toml", &format!("[node]\nname = \"{node}\"\n"));
-    let kc = env.root.join("kubeconfig");
-    cp.ginx_kubeconfig(&kc, node);
-    kube_dropin(env, &kc, extra);
-    kc
 }
 
 /// The requests in `events` on the Lease `ginx-<node>` in ginx-system.

@@ -12,9 +12,10 @@ use std::time::Duration;
 
 use serde_json::{Value, json};
 
-use crate::support::control_plane::{self, ControlPlane, RbacGuard};
+use crate::support::control_plane::{self, ControlPlane};
 use crate::support::kubelet::Kubelet;
 use crate::support::reboot::{Node, Unschedulable, namespace, node, tend_until};
+use crate::support::test_fleet::{NodeToml, TestFleet};
 use crate::support::{Env, wait_for};
 
 fn status(n: &Node) -> Option<Value> {
@@ -113,12 +114,9 @@ fn metric(n: &Node, name: &str) -> f64 {
 
 #[test]
 fn a_drain_respects_the_pod_disruption_budget_and_gives_the_node_back_after_the_timeout() {
-    let Some(cp) = control_plane::shared() else {
+    let Some((cp, mut rbac, origin, journal)) = TestFleet::open() else {
         return;
     };
-    let mut rbac = RbacGuard::new(cp);
-    let origin = Env::new();
-    let journal = origin.root.join("journal");
     let names = ["rb-pdb-a", "rb-pdb-b"];
     let _kubelets: Vec<Kubelet> = names
         .iter()
@@ -301,12 +299,9 @@ fn a_drain_respects_the_pod_disruption_budget_and_gives_the_node_back_after_the_
 
 #[test]
 fn daemonset_and_mirror_pods_stay_and_an_admin_cordon_is_never_lifted() {
-    let Some(cp) = control_plane::shared() else {
+    let Some((cp, mut rbac, origin, journal)) = TestFleet::open() else {
         return;
     };
-    let mut rbac = RbacGuard::new(cp);
-    let origin = Env::new();
-    let journal = origin.root.join("journal");
     let name = "rb-ds";
     let _kubelet = Kubelet::start(cp, name, "worker");
     let ns = "rb-ds";
@@ -422,12 +417,9 @@ fn new_kernel(nodes: &[Node]) {
 
 #[test]
 fn a_new_kernel_reboots_three_control_plane_nodes_one_at_a_time() {
-    let Some(cp) = control_plane::shared() else {
+    let Some((cp, mut rbac, origin, journal)) = TestFleet::open() else {
         return;
     };
-    let mut rbac = RbacGuard::new(cp);
-    let origin = Env::new();
-    let journal = origin.root.join("journal");
     let names: Vec<String> = ["rb3-lucy", "rb3-makise", "rb3-quinn"]
         .map(String::from)
         .to_vec();
@@ -550,12 +542,9 @@ fn a_new_kernel_reboots_three_control_plane_nodes_one_at_a_time() {
 
 #[test]
 fn a_gate_failing_after_the_reboot_rolls_back_reboots_again_and_halts() {
-    let Some(cp) = control_plane::shared() else {
+    let Some((cp, mut rbac, origin, journal)) = TestFleet::open() else {
         return;
     };
-    let mut rbac = RbacGuard::new(cp);
-    let origin = Env::new();
-    let journal = origin.root.join("journal");
     let name = "rb-fail";
     let _kubelet = Kubelet::start(cp, name, "worker");
     rbac.watch(name);
@@ -638,12 +627,9 @@ fn a_gate_failing_after_the_reboot_rolls_back_reboots_again_and_halts() {
 
 #[test]
 fn a_holder_killed_mid_drain_resumes_with_its_slot_and_never_leaves_the_node_cordoned() {
-    let Some(cp) = control_plane::shared() else {
+    let Some((cp, mut rbac, origin, journal)) = TestFleet::open() else {
         return;
     };
-    let mut rbac = RbacGuard::new(cp);
-    let origin = Env::new();
-    let journal = origin.root.join("journal");
     let name = "rb-kill";
     let _kubelet = Kubelet::start(cp, name, "worker");
     rbac.watch(name);
@@ -704,12 +690,9 @@ fn a_holder_killed_mid_drain_resumes_with_its_slot_and_never_leaves_the_node_cor
 
 #[test]
 fn a_reboot_waits_for_its_window_and_starts_in_it() {
-    let Some(cp) = control_plane::shared() else {
+    let Some((cp, mut rbac, origin, journal)) = TestFleet::open() else {
         return;
     };
-    let mut rbac = RbacGuard::new(cp);
-    let origin = Env::new();
-    let journal = origin.root.join("journal");
     let name = "rb-win";
     let _kubelet = Kubelet::start(cp, name, "worker");
     rbac.watch(name);
@@ -777,10 +760,10 @@ fn planning_node(
         group,
         ["", ""],
     );
-    n.env.dropin(
-        "90-prebuild.toml",
-        &format!("[apply]\nprebuild = true\n{extra}"),
-    );
+    NodeToml::new()
+        .set("apply.prebuild", true)
+        .merge("apply", extra)
+        .write(&n.env, "90-prebuild.toml");
     n.env.stub("journal", &journal.display().to_string());
     n.env.stub("dry_activate", dry);
     n
@@ -794,12 +777,9 @@ fn planning_node(
 /// journal of activations.
 #[test]
 fn a_plan_that_restarts_containerd_drains_first_and_one_that_restarts_nginx_goes_live() {
-    let Some(cp) = control_plane::shared() else {
+    let Some((cp, mut rbac, origin, journal)) = TestFleet::open() else {
         return;
     };
-    let mut rbac = RbacGuard::new(cp);
-    let origin = Env::new();
-    let journal = origin.root.join("journal");
     let name = "dr-plan";
     let _kubelet = Kubelet::start(cp, name, "worker");
     let ns = "dr-plan";
@@ -897,12 +877,9 @@ fn a_plan_that_restarts_containerd_drains_first_and_one_that_restarts_nginx_goes
 /// waited on the hung process).
 #[test]
 fn a_plan_that_cannot_be_computed_takes_the_fallback_and_nothing_hangs() {
-    let Some(cp) = control_plane::shared() else {
+    let Some((cp, mut rbac, origin, journal)) = TestFleet::open() else {
         return;
     };
-    let mut rbac = RbacGuard::new(cp);
-    let origin = Env::new();
-    let journal = origin.root.join("journal");
     let name = "dr-unknown";
     let _kubelet = Kubelet::start(cp, name, "worker");
     let mut n = planning_node(
@@ -964,12 +941,9 @@ fn a_plan_that_cannot_be_computed_takes_the_fallback_and_nothing_hangs() {
 /// applied, no heartbeat carries a plan.
 #[test]
 fn every_node_publishes_its_plan_and_the_cluster_view_counts_them() {
-    let Some(cp) = control_plane::shared() else {
+    let Some((cp, mut rbac, origin, journal)) = TestFleet::open() else {
         return;
     };
-    let mut rbac = RbacGuard::new(cp);
-    let origin = Env::new();
-    let journal = origin.root.join("journal");
     let names = ["pl-a", "pl-b", "pl-c"];
     let said = [
         "would restart the following units: containerd.service\n",
@@ -1114,6 +1088,7 @@ fn a_plan_request_for_an_unmerged_branch_is_answered_by_every_node_and_activates
         .zip(said)
         .map(|(name, dry)| planning_node(cp, &origin, &journal, (name, "pp"), dry, ""))
         .collect();
+    let born = cp.audit_mark();
     for n in &mut nodes {
         n.start();
     }
@@ -1214,6 +1189,25 @@ fn a_plan_request_for_an_unmerged_branch_is_answered_by_every_node_and_activates
         })
         .collect();
     assert!(slots.is_empty(), "no slot written: {slots:?}");
+    // The rollout and the answerer read the fleet ConfigMap from one watch per node, listed
+    // once in the test's few minutes (the audit logs a watch only when it ends); the request
+    // was read from it, not fetched.
+    let on_fleet = |since, verb: &str, name: &str| {
+        cp.audit_since(since)
+            .into_iter()
+            .filter(|e| {
+                e.user == format!("ginx:{name}") && e.resource == "configmaps" && e.verb == verb
+            })
+            .count()
+    };
+    for name in names {
+        assert_eq!(
+            on_fleet(born, "list", name),
+            1,
+            "{name}'s lists of the ConfigMap"
+        );
+        assert_eq!(on_fleet(mark, "get", name), 0, "{name} fetched the request");
+    }
 
     // Asked again: answered from what was published, nothing built again.
     let calls_after: Vec<usize> = nodes.iter().map(|n| n.env.calls().len()).collect();

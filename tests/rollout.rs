@@ -11,10 +11,10 @@ use std::path::Path;
 
 use serde_json::Value;
 
-use crate::kubernetes::use_cluster;
-use crate::support::control_plane::{self, AuditEvent, ControlPlane, RbacGuard};
+use crate::support::control_plane::{self, AuditEvent, ControlPlane};
 use crate::support::daemon::Daemon;
 use crate::support::kubelet::Kubelet;
+use crate::support::test_fleet::{TestFleet, fetch_from, in_group, use_cluster};
 use crate::support::{Env, wait_for};
 
 /// A node of a test fleet.
@@ -34,21 +34,11 @@ pub(crate) fn node(
     extra: &str,
 ) -> Node {
     let env = Env::new();
-    env.dropin(
-        "20-remote.toml",
-        &format!("[sources.hephaestus]\nurl = \"{}\"\n", origin.display()),
-    );
+    fetch_from(&env, origin);
     use_cluster(&env, cp, name, "");
-    env.dropin(
-        "80-rollout.toml",
-        &format!(
-            "[node]\nrole = \"{role}\"\n\n[health.node_ready]\nenabled = true\n\n\
-             [rollout]\nlock = \"auto\"\ngroup = \"{group}\"\nlease_duration = \"5s\"\n{extra}\n\n\
-             [rollout.gate]\nsettle = \"1s\"\ninterval = \"200ms\"\n\
-             command = [\"sh\", \"-c\", \"{gate}\"]\n",
-            gate = crate::support::gate_writes(name, journal)
-        ),
-    );
+    in_group(name, role, group, journal)
+        .merge("rollout", extra)
+        .write(&env, "80-rollout.toml");
     env.stub("journal", &journal.display().to_string());
     env.stub("sleep", "0.5");
     Node { env }
@@ -156,11 +146,9 @@ fn start_all(nodes: &[Node]) -> Vec<Daemon> {
 
 #[test]
 fn one_commit_rolls_through_three_control_plane_nodes_one_at_a_time() {
-    let Some(cp) = control_plane::shared() else {
+    let Some((cp, mut rbac, origin, _)) = TestFleet::open() else {
         return;
     };
-    let mut rbac = RbacGuard::new(cp);
-    let origin = Env::new();
     let journal_path = origin.root.join("journal");
     let names = ["ro3-lucy", "ro3-makise", "ro3-quinn"];
     let _kubelets: Vec<Kubelet> = names
@@ -238,11 +226,9 @@ fn one_commit_rolls_through_three_control_plane_nodes_one_at_a_time() {
 
 #[test]
 fn five_workers_never_more_than_two_at_once() {
-    let Some(cp) = control_plane::shared() else {
+    let Some((cp, mut rbac, origin, _)) = TestFleet::open() else {
         return;
     };
-    let mut rbac = RbacGuard::new(cp);
-    let origin = Env::new();
     let journal_path = origin.root.join("journal");
     let nodes: Vec<Node> = (1..=5)
         .map(|i| {
@@ -283,11 +269,9 @@ fn five_workers_never_more_than_two_at_once() {
 /// heartbeat is queued.
 #[test]
 fn a_release_in_a_large_group_hands_the_slot_to_a_queued_node() {
-    let Some(cp) = control_plane::shared() else {
+    let Some((cp, mut rbac, origin, _)) = TestFleet::open() else {
         return;
     };
-    let mut rbac = RbacGuard::new(cp);
-    let origin = Env::new();
     let journal_path = origin.root.join("journal");
     let names: Vec<String> = (1..=7).map(|i| format!("rq7-w{i}")).collect();
     let nodes: Vec<Node> = names
@@ -429,11 +413,9 @@ pub(crate) fn breaks_on(n: &Node, revision: &str, heals: bool) {
 
 #[test]
 fn a_failed_gate_rolls_back_halts_the_revision_and_a_later_one_rolls_out() {
-    let Some(cp) = control_plane::shared() else {
+    let Some((cp, mut rbac, origin, _)) = TestFleet::open() else {
         return;
     };
-    let mut rbac = RbacGuard::new(cp);
-    let origin = Env::new();
     let journal_path = origin.root.join("journal");
     let a = node(
         cp,
@@ -548,11 +530,9 @@ fn a_failed_gate_rolls_back_halts_the_revision_and_a_later_one_rolls_out() {
 
 #[test]
 fn an_unhealthy_rolled_back_system_keeps_the_slot() {
-    let Some(cp) = control_plane::shared() else {
+    let Some((cp, mut rbac, origin, _)) = TestFleet::open() else {
         return;
     };
-    let mut rbac = RbacGuard::new(cp);
-    let origin = Env::new();
     let journal_path = origin.root.join("journal");
     let a = node(
         cp,
@@ -660,11 +640,9 @@ fn with_the_api_away_nothing_is_applied_and_before_the_cluster_no_lock_is_taken(
 
 #[test]
 fn the_quorum_guard_holds_a_control_plane_node_while_another_is_not_ready() {
-    let Some(cp) = control_plane::shared() else {
+    let Some((cp, mut rbac, origin, _)) = TestFleet::open() else {
         return;
     };
-    let mut rbac = RbacGuard::new(cp);
-    let origin = Env::new();
     let journal_path = origin.root.join("journal");
     let lucy = node(
         cp,
@@ -722,11 +700,9 @@ fn the_quorum_guard_holds_a_control_plane_node_while_another_is_not_ready() {
 
 #[test]
 fn a_killed_holder_s_slot_expires_and_it_never_takes_a_second() {
-    let Some(cp) = control_plane::shared() else {
+    let Some((cp, mut rbac, origin, _)) = TestFleet::open() else {
         return;
     };
-    let mut rbac = RbacGuard::new(cp);
-    let origin = Env::new();
     let journal_path = origin.root.join("journal");
     let a = node(
         cp,
@@ -819,11 +795,9 @@ fn a_killed_holder_s_slot_expires_and_it_never_takes_a_second() {
 /// nor watches again every few seconds.
 #[test]
 fn a_quiet_watch_outlasts_the_request_timeout() {
-    let Some(cp) = control_plane::shared() else {
+    let Some((cp, mut rbac, origin, _)) = TestFleet::open() else {
         return;
     };
-    let mut rbac = RbacGuard::new(cp);
-    let origin = Env::new();
     let journal_path = origin.root.join("journal");
     let n = node(
         cp,
@@ -843,8 +817,8 @@ fn a_quiet_watch_outlasts_the_request_timeout() {
     let d = n.env.start();
     d.wait_applied(&origin.repo.head());
     let mark = cp.audit_mark();
-    // Five request timeouts of quiet.
-    std::thread::sleep(std::time::Duration::from_secs(5));
+    // Five request timeouts of quiet: 25 heartbeats of the daemon's work.
+    cp.wait_renewals("row-quiet", mark, 25);
     let again: Vec<String> = cp
         .audit_since(mark)
         .into_iter()

@@ -15,6 +15,7 @@ use crate::support::control_plane::{self, RbacGuard};
 use crate::support::kubelet::Kubelet;
 use crate::support::nspawn::{self, Machine};
 use crate::support::reboot::Unschedulable;
+use crate::support::test_fleet::TestFleet;
 use crate::support::{Env, http, ssh, wait_for, wait_for_up_to};
 
 /// The watchdog's minute (WatchdogSec=60s as shipped) and RestartSec, with room.
@@ -983,12 +984,9 @@ fn booted_kernel(m: &Machine) -> String {
 #[test]
 fn real_reboots_one_machine_at_a_time() {
     let Some(image) = nspawn::image() else { return };
-    let Some(cp) = control_plane::shared() else {
+    let Some((cp, mut rbac, origin, journal)) = TestFleet::open() else {
         return;
     };
-    let mut rbac = RbacGuard::new(cp);
-    let origin = Env::new();
-    let journal = origin.root.join("journal");
     std::fs::write(&journal, "").unwrap();
     let names: Vec<String> = ["sdr-lucy", "sdr-makise", "sdr-quinn"]
         .map(String::from)

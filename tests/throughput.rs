@@ -16,9 +16,10 @@ use std::time::{Duration, Instant};
 use serde_json::Value;
 
 use crate::rollout::{Node, breaks_on, journal, node, writers};
-use crate::support::control_plane::{self, ControlPlane, RbacGuard};
+use crate::support::control_plane::{self, ControlPlane};
 use crate::support::daemon::Daemon;
 use crate::support::kubelet::Kubelet;
+use crate::support::test_fleet::TestFleet;
 use crate::support::{Env, wait_for};
 
 /// Appends `pass NODE` to the journal when a node's log says its health gate passed, and, with
@@ -141,11 +142,9 @@ fn calls(n: &Node) -> Vec<(String, String)> {
 /// fails to build on one node takes no slot there, and the others go on.
 #[test]
 fn a_build_comes_before_the_slot_and_a_failed_one_takes_none() {
-    let Some(cp) = control_plane::shared() else {
+    let Some((cp, mut rbac, origin, _)) = TestFleet::open() else {
         return;
     };
-    let mut rbac = RbacGuard::new(cp);
-    let origin = Env::new();
     let journal_path = origin.root.join("journal");
     let names = names("tpb-", 3);
     let nodes: Vec<Node> = names

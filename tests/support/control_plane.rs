@@ -541,6 +541,28 @@ impl ControlPlane {
         std::fs::metadata(&self.audit_log).map_or(0, |m| m.len())
     }
 
+    /// Waits until `node`'s ginx renewed its heartbeat Lease (`ginx-<node>` in ginx-system)
+    /// `n` times since `mark`: to let a daemon go round its loop a number of times before a
+    /// test checks that something did not happen, measured by the daemon's own work rather
+    /// than by this machine's clock.
+    pub fn wait_renewals(&self, node: &str, mark: u64, n: usize) {
+        let (user, lease) = (format!("ginx:{node}"), format!("ginx-{node}"));
+        super::wait_for(&format!("{n} heartbeat renewals by {node}"), || {
+            let renewals = self
+                .audit_since(mark)
+                .into_iter()
+                .filter(|e| {
+                    e.user == user
+                        && e.resource == "leases"
+                        && e.name == lease
+                        && matches!(e.verb.as_str(), "update" | "patch")
+                        && e.code < 300
+                })
+                .count();
+            (renewals >= n).then_some(())
+        });
+    }
+
     /// Every completed request since `mark` (see [`Self::audit_mark`]).
     pub fn audit_since(&self, mark: u64) -> Vec<AuditEvent> {
         self.audit_range(mark, u64::MAX)

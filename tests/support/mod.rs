@@ -27,6 +27,7 @@ pub mod soak;
 pub mod ssh;
 pub mod stacked;
 pub mod sweep;
+pub mod test_fleet;
 pub mod tls;
 pub mod vip;
 pub mod webhook;

@@ -14,6 +14,7 @@ use serde_json::Value;
 
 use super::control_plane::ControlPlane;
 use super::daemon::Daemon;
+use super::test_fleet::{fetch_from, in_group, use_cluster};
 use super::{Env, support_dir};
 
 /// A node whose ginx may reboot it.
@@ -47,43 +48,27 @@ pub fn node(
 ) -> Node {
     let [extra_rollout, extra_reboot] = extra;
     let env = Env::new();
-    env.dropin(
-        "20-remote.toml",
-        &format!("[sources.hephaestus]\nurl = \"{}\"\n", origin.display()),
-    );
-    env.dropin("10-node.toml", &format!("[node]\nname = \"{name}\"\n"));
-    let kc = env.root.join("kubeconfig");
-    cp.ginx_kubeconfig(&kc, name);
-    env.dropin(
-        "70-kube.toml",
-        &format!(
-            "[kubernetes]\nkubeconfig = \"{}\"\nrenew_interval = \"200ms\"\nresync_interval = \"1h\"\n\n\
-             [health]\ninterval = \"200ms\"\n[health.kubelet]\nenabled = false\n\
-             [health.apiserver]\nenabled = false\n[health.cilium]\nenabled = false\n\
-             [health.systemd]\nenabled = false\n",
-            kc.display()
-        ),
-    );
+    fetch_from(&env, origin);
+    use_cluster(&env, cp, name, "");
     env.fake_nix();
     let boot_id = env.stub_dir.join("boot_id");
     std::fs::write(&boot_id, "boot-0\n").unwrap();
-    env.dropin(
-        "80-rollout.toml",
-        &format!(
-            "[node]\nrole = \"{role}\"\n\n[health.node_ready]\nenabled = true\n\n\
-             [rollout]\nlock = \"auto\"\ngroup = \"{group}\"\nlease_duration = \"5s\"\n{extra_rollout}\n\n\
-             [rollout.gate]\nsettle = \"1s\"\ninterval = \"200ms\"\n\
-             command = [\"sh\", \"-c\", \"{gate}\"]\n\n\
-             [system]\nboot_id = \"{boot}\"\n\n\
-             [reboot]\nmode = \"when-required\"\nreboot_command = [\"{stub}\"]\n\
-             sentinel = \"{sentinel}\"\nlock_ttl = \"30s\"\n{extra_reboot}\n\n\
-             [metrics]\nlisten = \"127.0.0.1:0\"\n",
-            gate = crate::support::gate_writes(name, journal),
-            boot = boot_id.display(),
-            stub = support_dir().join("reboot-stub").display(),
-            sentinel = env.stub_dir.join("sentinel").display(),
-        ),
-    );
+    in_group(name, role, group, journal)
+        .set("system.boot_id", boot_id.display().to_string())
+        .set("reboot.mode", "when-required")
+        .set(
+            "reboot.reboot_command",
+            vec![support_dir().join("reboot-stub").display().to_string()],
+        )
+        .set(
+            "reboot.sentinel",
+            env.stub_dir.join("sentinel").display().to_string(),
+        )
+        .set("reboot.lock_ttl", "30s")
+        .set("metrics.listen", "127.0.0.1:0")
+        .merge("rollout", extra_rollout)
+        .merge("reboot", extra_reboot)
+        .write(&env, "80-rollout.toml");
     env.stub("journal", &journal.display().to_string());
     env.stub("sleep", "0.2");
     Node {
